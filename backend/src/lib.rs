@@ -1,0 +1,1 @@
+//! oxccl-backend: run-time dispatch over the built backends. (Being written.)

@@ -1,0 +1,9 @@
+//! # oxccl-channels
+//!
+//! What comes here (issue "Bootstrap, connections, semaphores and the three channels"):
+//! a TCP bootstrap with unique ids and launcher-environment init; connections over same-node
+//! IPC, InfiniBand (behind the `ib` feature; without it a stub that reports "InfiniBand
+//! support not built") and TCP; device-to-device and host-to-device semaphores; and the
+//! MemoryChannel, PortChannel (with its proxy thread) and SwitchChannel.
+//!
+//! Today the crate holds only this skeleton; its features already forward to the backends.

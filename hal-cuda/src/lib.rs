@@ -1,0 +1,1 @@
+//! oxccl-hal-cuda: the CUDA backend. (Being written.)

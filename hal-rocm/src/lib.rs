@@ -1,0 +1,1 @@
+//! oxccl-hal-rocm: the ROCm backend. (Being written.)

@@ -1,0 +1,1 @@
+//! Host-side atomic access to flags in host-visible memory. (Being written.)

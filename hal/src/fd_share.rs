@@ -1,0 +1,1 @@
+//! Passing file descriptors between processes over Unix sockets. (Being written.)

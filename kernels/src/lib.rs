@@ -1,0 +1,1 @@
+//! oxccl-kernels. (Being written.)

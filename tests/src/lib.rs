@@ -1,0 +1,1 @@
+//! Shared helpers for oxccl integration tests (multi-process launch on the host backend).
