@@ -69,6 +69,12 @@ pub trait Device<B: Backend>: Debug + Send + Sync {
     /// The device ordinal.
     fn id(&self) -> DeviceId;
 
+    /// The backend serving this device. Generic code picks code images by this, not by
+    /// `B::KIND`, so that the run-time dispatch backend answers per device.
+    fn backend(&self) -> BackendKind {
+        B::KIND
+    }
+
     /// What the device can do.
     fn capabilities(&self) -> &Capabilities;
 
