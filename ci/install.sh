@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian bookworm machine lacks to build and test oxccl without a GPU:
+# libclang (bindgen), rustfmt/clippy, the CUDA compiler from PyPI and the HIP toolchain from
+# Debian packages (ci/toolchains/). Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+need_apt=()
+for pkg in libclang-dev clang pkg-config; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
+done
+if [ ${#need_apt[@]} -gt 0 ]; then
+    echo "ci/install.sh: apt-get install ${need_apt[*]}"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
+fi
+
+if command -v rustup >/dev/null 2>&1; then
+    rustup component list --installed | grep -q '^rustfmt' || rustup component add rustfmt
+    rustup component list --installed | grep -q '^clippy' || rustup component add clippy
+fi
+
+for script in ci/toolchains/cuda.sh ci/toolchains/hip.sh; do
+    if [ -f "$script" ]; then
+        echo "ci/install.sh: $script"
+        bash "$script"
+    fi
+done

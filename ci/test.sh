@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The test command of README.md. Installs what is missing (ci/install.sh), then runs
+# `cargo fmt --check`, clippy with -D warnings and the tests for every feature set, sharing
+# one target directory so each feature build only recompiles what its features change.
+# Prints a summary table of the matrix and exits non-zero if any row failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
+export CARGO_TERM_COLOR=never
+export RUST_BACKTRACE=1
+START=$(date +%s)
+
+bash ci/install.sh || { echo "ci/test.sh: installing the toolchains failed"; exit 1; }
+# The toolchain scripts leave env files that point the builds at nvcc and the HIP prefix.
+for env_file in .toolchains/cuda/env.sh .toolchains/hip/env.sh; do
+    # shellcheck disable=SC1090
+    [ -f "$env_file" ] && . "$env_file"
+done
+
+ROWS=()
+FAILED=0
+run() {
+    local name=$1
+    shift
+    local t0=$SECONDS
+    echo
+    echo "=== $name: $*"
+    if "$@"; then
+        ROWS+=("$(printf '%-28s %-5s %5ss' "$name" pass $((SECONDS - t0)))")
+    else
+        ROWS+=("$(printf '%-28s %-5s %5ss' "$name" FAIL $((SECONDS - t0)))")
+        FAILED=1
+    fi
+}
+
+# The feature matrix. "host" is the default build, which is also the no-IB build.
+MATRIX=("host:" "cuda:cuda" "rocm:rocm" "cuda+rocm:cuda,rocm")
+
+run "fmt" cargo fmt --all --check
+for entry in "${MATRIX[@]}"; do
+    label=${entry%%:*}
+    features=${entry#*:}
+    args=(--workspace --all-targets)
+    [ -n "$features" ] && args+=(--features "$features")
+    run "clippy [$label]" cargo clippy "${args[@]}" -- -D warnings
+    run "test [$label]" cargo test "${args[@]}"
+done
+
+echo
+echo "== oxccl CI matrix ($(( $(date +%s) - START ))s) =="
+printf '%s\n' "${ROWS[@]}"
+exit $FAILED
