@@ -6,4 +6,5 @@
 //! support not built") and TCP; device-to-device and host-to-device semaphores; and the
 //! MemoryChannel, PortChannel (with its proxy thread) and SwitchChannel.
 //!
-//! Today the crate holds only this skeleton; its features already forward to the backends.
+//! Built so far: the [`bootstrap`]. Its features already forward to the backends.
+pub mod bootstrap;
