@@ -1,1 +1,4 @@
-//! oxccl-kernels. (Being written.)
+//! oxccl-kernels (being written).
+pub mod formats;
+pub mod pattern;
+pub mod reduce;

@@ -1,0 +1,233 @@
+//! Host reference of the mixed-precision element-wise reduction.
+//!
+//! For each element: every input is widened to the accumulation type (decode to f32, then
+//! round to the accumulation type), the inputs are combined in order
+//! `((x0 op x1) op x2) ...`, each step rounded to the accumulation type, `Avg` divides the
+//! sum by the number of inputs (rounded once more), and the result is rounded to the element
+//! type once at the end. The device code (`reduce.hpp`) does the same, so results match bit
+//! for bit.
+//!
+//! Rounding in an accumulation narrower than f32 is done as "compute in f32, round to the
+//! narrow type": for f16, bf16 and fp8 that is exactly the correctly rounded operation
+//! (f32 has more than twice their precision plus two bits, so the double rounding is
+//! innocuous for +, *, /), which is also what native f16 instructions give.
+
+use oxccl_hal::{AccumType, DataType, Error, ReduceOp, Result};
+
+use crate::formats;
+
+/// Where partial results live while reducing: the resolved form of an [`AccumType`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accumulator {
+    /// IEEE binary32.
+    F32,
+    /// IEEE binary16: every step rounds to f16.
+    F16,
+    /// The element type itself: every step rounds to the element type.
+    Element(DataType),
+}
+
+impl Accumulator {
+    /// The accumulator `accum` means for elements of `dtype`.
+    pub fn new(dtype: DataType, accum: AccumType) -> Accumulator {
+        match accum.resolve(dtype) {
+            AccumType::F32 => Accumulator::F32,
+            AccumType::F16 => Accumulator::F16,
+            AccumType::Native | AccumType::Auto => match dtype {
+                DataType::F32 => Accumulator::F32,
+                DataType::F16 => Accumulator::F16,
+                other => Accumulator::Element(other),
+            },
+        }
+    }
+
+    /// Rounds an f32 to this accumulator's precision.
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            Accumulator::F32 => x,
+            Accumulator::F16 => formats::f16::round(x),
+            Accumulator::Element(dtype) => formats::round(dtype, x),
+        }
+    }
+
+    /// One combining step, rounded to the accumulator (`Avg` combines as a sum).
+    pub fn combine(self, op: ReduceOp, acc: f32, x: f32) -> f32 {
+        self.round(apply(op, acc, x))
+    }
+}
+
+/// `a op b` in f32, without rounding to anything narrower.
+///
+/// Min and max compare with `<` / `>` and keep `a` on ties and unordered inputs, so the
+/// sign of equal zeros and a NaN in `a` are kept, and a NaN in `b` is ignored.
+pub fn apply(op: ReduceOp, a: f32, b: f32) -> f32 {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => a + b,
+        ReduceOp::Prod => a * b,
+        ReduceOp::Min => {
+            if b < a {
+                b
+            } else {
+                a
+            }
+        }
+        ReduceOp::Max => {
+            if b > a {
+                b
+            } else {
+                a
+            }
+        }
+    }
+}
+
+/// Reduces one element: `inputs` are bit patterns of `dtype`; returns the result's bits.
+///
+/// An empty input list gives an error.
+pub fn reduce_element(
+    dtype: DataType,
+    op: ReduceOp,
+    accum: AccumType,
+    inputs: &[u32],
+) -> Result<u32> {
+    let acc_kind = Accumulator::new(dtype, accum);
+    let widen = |bits: u32| acc_kind.round(formats::decode(dtype, bits));
+    let (first, rest) = inputs
+        .split_first()
+        .ok_or_else(|| Error::InvalidArgument("reduce of zero inputs".into()))?;
+    let mut acc = widen(*first);
+    for &x in rest {
+        acc = acc_kind.combine(op, acc, widen(x));
+    }
+    if op == ReduceOp::Avg {
+        acc = acc_kind.round(acc / inputs.len() as f32);
+    }
+    Ok(formats::encode(dtype, acc))
+}
+
+/// Reduces `count` elements of `dtype` from each buffer in `inputs` (little-endian bytes)
+/// into `output`.
+pub fn reduce(
+    dtype: DataType,
+    op: ReduceOp,
+    accum: AccumType,
+    inputs: &[&[u8]],
+    output: &mut [u8],
+    count: usize,
+) -> Result<()> {
+    let bytes = dtype.bytes(count)?;
+    if inputs.is_empty() {
+        return Err(Error::InvalidArgument("reduce of zero inputs".into()));
+    }
+    if inputs.iter().any(|b| b.len() < bytes) || output.len() < bytes {
+        return Err(Error::InvalidArgument(format!(
+            "reduce of {count} x {dtype}: a buffer is shorter than {bytes} bytes"
+        )));
+    }
+    let mut elems = vec![0u32; inputs.len()];
+    for i in 0..count {
+        for (slot, input) in elems.iter_mut().zip(inputs) {
+            *slot = formats::read_element(dtype, input, i).unwrap_or_default();
+        }
+        let r = reduce_element(dtype, op, accum, &elems)?;
+        formats::write_element(dtype, output, i, r)
+            .ok_or_else(|| Error::InvalidArgument("reduce output too short".into()))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(dtype: DataType, x: f32) -> u32 {
+        formats::encode(dtype, x)
+    }
+
+    #[test]
+    fn accumulators_resolve_per_issue() {
+        assert_eq!(
+            Accumulator::new(DataType::Fp8E4m3b15, AccumType::Auto),
+            Accumulator::F32
+        );
+        assert_eq!(
+            Accumulator::new(DataType::Fp8E4m3, AccumType::Auto),
+            Accumulator::F16
+        );
+        assert_eq!(
+            Accumulator::new(DataType::Fp8E5m2Fnuz, AccumType::Auto),
+            Accumulator::F16
+        );
+        assert_eq!(
+            Accumulator::new(DataType::Bf16, AccumType::Auto),
+            Accumulator::Element(DataType::Bf16)
+        );
+        assert_eq!(
+            Accumulator::new(DataType::F16, AccumType::Native),
+            Accumulator::F16
+        );
+        assert_eq!(
+            Accumulator::new(DataType::F32, AccumType::F16),
+            Accumulator::F16
+        );
+    }
+
+    #[test]
+    fn e4m3b15_sum_rounds_once_at_the_end() {
+        // 0.5 + 0.5 + ... leaves the format's range at once; in f32 the partial sums are
+        // exact, and the end result saturates only once.
+        let d = DataType::Fp8E4m3b15;
+        let x = e(d, 0.75);
+        let y = e(d, -0.5);
+        let r = reduce_element(d, ReduceOp::Sum, AccumType::Auto, &[x, x, y]).unwrap_or(0);
+        assert_eq!(formats::decode(d, r), 1.0);
+        // Native accumulation saturates after the first step: 1.875 - 0.5 = 1.375.
+        let r = reduce_element(d, ReduceOp::Sum, AccumType::Native, &[x, x, x, y]).unwrap_or(0);
+        assert_eq!(formats::decode(d, r), 1.375);
+    }
+
+    #[test]
+    fn f16_accumulation_rounds_every_step() {
+        let d = DataType::F32;
+        let big = e(d, 2048.0);
+        let one = e(d, 1.0);
+        // In f16, 2048 + 1 = 2048 (ulp 2 at 2048, tie to even), twice.
+        let r = reduce_element(d, ReduceOp::Sum, AccumType::F16, &[big, one, one]).unwrap_or(0);
+        assert_eq!(f32::from_bits(r), 2048.0);
+        let r = reduce_element(d, ReduceOp::Sum, AccumType::F32, &[big, one, one]).unwrap_or(0);
+        assert_eq!(f32::from_bits(r), 2050.0);
+    }
+
+    #[test]
+    fn ops() {
+        let d = DataType::Bf16;
+        let xs = [e(d, 3.0), e(d, -2.0), e(d, 5.0)];
+        let get = |op| formats::decode(d, reduce_element(d, op, AccumType::Auto, &xs).unwrap_or(0));
+        assert_eq!(get(ReduceOp::Sum), 6.0);
+        assert_eq!(get(ReduceOp::Prod), -30.0);
+        assert_eq!(get(ReduceOp::Min), -2.0);
+        assert_eq!(get(ReduceOp::Max), 5.0);
+        assert_eq!(get(ReduceOp::Avg), 2.0);
+        assert!(reduce_element(d, ReduceOp::Sum, AccumType::Auto, &[]).is_err());
+    }
+
+    #[test]
+    fn buffers() {
+        let d = DataType::F16;
+        let a: Vec<u8> = [1.0f32, 2.0, 3.0]
+            .iter()
+            .flat_map(|&x| (e(d, x) as u16).to_le_bytes())
+            .collect();
+        let b: Vec<u8> = [0.5f32, 0.25, -3.0]
+            .iter()
+            .flat_map(|&x| (e(d, x) as u16).to_le_bytes())
+            .collect();
+        let mut out = vec![0u8; 6];
+        assert!(reduce(d, ReduceOp::Sum, AccumType::Auto, &[&a, &b], &mut out, 3).is_ok());
+        let got: Vec<f32> = (0..3)
+            .map(|i| formats::decode(d, formats::read_element(d, &out, i).unwrap_or(0)))
+            .collect();
+        assert_eq!(got, vec![1.5, 2.25, 0.0]);
+        assert!(reduce(d, ReduceOp::Sum, AccumType::Auto, &[&a, &b], &mut out, 4).is_err());
+    }
+}
