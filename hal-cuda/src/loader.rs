@@ -1,0 +1,204 @@
+//! Finding and initializing the CUDA driver at run time.
+//!
+//! cudarc's `dynamic-loading` resolves `libcuda` lazily and panics when it is absent. Before
+//! the first cudarc call this module probes the same library names cudarc searches, with
+//! `libloading`, and checks that the library exports `cuInit`; a machine without a driver gets
+//! [`Error::RuntimeMissing`] instead of a panic. The first cudarc call (`cuInit`) also runs
+//! under `catch_unwind` as a backstop, in case cudarc resolves a different library than the
+//! probe did.
+
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::OnceLock;
+
+use cudarc::driver::sys;
+use oxccl_hal::{Error, Result};
+
+use crate::result;
+
+/// The library name users know; named in the error.
+const PRIMARY_NAME: &str = "libcuda.so.1";
+
+/// What the first initialization found; kept for the life of the process.
+enum Init {
+    /// The driver is loaded and `cuInit` succeeded.
+    Ready,
+    /// The driver is loaded but reports no device (`CUDA_ERROR_NO_DEVICE`).
+    NoDevice,
+    /// The driver library could not be loaded (message for [`Error::RuntimeMissing`]).
+    Missing(String),
+    /// `cuInit` returned an error other than "no device".
+    Failed(sys::CUresult),
+}
+
+static PROBED: OnceLock<std::result::Result<libloading::Library, String>> = OnceLock::new();
+static INIT: OnceLock<Init> = OnceLock::new();
+
+/// The library names to try, in cudarc's order (so the probe finds what cudarc will load).
+fn candidates() -> Vec<String> {
+    let mut names = cudarc::get_lib_name_candidates("cuda");
+    names.extend(cudarc::get_lib_name_candidates("nvcuda"));
+    names
+}
+
+/// Loads the first of `names` that exists and exports `cuInit`.
+///
+/// Returns [`Error::RuntimeMissing`] naming `libcuda.so.1` (and why it could not be used)
+/// when none does.
+pub(crate) fn probe(names: &[String]) -> Result<libloading::Library> {
+    let mut primary_error = None;
+    let mut last_error = None;
+    for name in names {
+        // SAFETY: loading the CUDA driver runs its initializers; that is exactly what cudarc
+        // does on its first call, and the library is kept loaded for the process lifetime.
+        match unsafe { libloading::Library::new(name) } {
+            Ok(lib) => {
+                // SAFETY: only the symbol's presence is checked; it is never called here.
+                let has_init =
+                    unsafe { lib.get::<unsafe extern "C" fn(u32) -> i32>(b"cuInit\0") }.is_ok();
+                if has_init {
+                    return Ok(lib);
+                }
+                last_error = Some(format!("{name} loaded but does not export cuInit"));
+            }
+            Err(e) => {
+                let text = error_chain(&e);
+                if name == PRIMARY_NAME {
+                    primary_error = Some(text.clone());
+                }
+                last_error = Some(text);
+            }
+        }
+    }
+    let why = primary_error
+        .or(last_error)
+        .unwrap_or_else(|| "no candidate library names".to_string());
+    Err(Error::RuntimeMissing(format!(
+        "no CUDA driver found ({PRIMARY_NAME} could not be loaded): {why}; tried {} names",
+        names.len()
+    )))
+}
+
+/// An error and its sources, joined ("dlopen failed: libcuda.so.1: cannot open ...").
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+fn probed() -> std::result::Result<&'static libloading::Library, String> {
+    match PROBED.get_or_init(|| probe(&candidates()).map_err(|e| e.to_string())) {
+        Ok(lib) => Ok(lib),
+        Err(msg) => Err(msg.clone()),
+    }
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_string()
+    }
+}
+
+fn first_init() -> Init {
+    let _span = tracing::info_span!("cuda.init").entered();
+    if let Err(msg) = probed() {
+        return Init::Missing(msg);
+    }
+    // SAFETY: cuInit(0) has no preconditions; the library is known to be loadable.
+    let outcome = panic::catch_unwind(AssertUnwindSafe(|| unsafe { sys::cuInit(0) }));
+    match outcome {
+        Ok(sys::CUresult::CUDA_SUCCESS) => Init::Ready,
+        Ok(sys::CUresult::CUDA_ERROR_NO_DEVICE) => Init::NoDevice,
+        Ok(code) => Init::Failed(code),
+        Err(payload) => Init::Missing(format!(
+            "no CUDA driver found ({PRIMARY_NAME} could not be loaded by cudarc): {}",
+            panic_text(payload.as_ref())
+        )),
+    }
+}
+
+/// Initializes the driver once. `Ok(true)` when devices may be present, `Ok(false)` when the
+/// driver reports none.
+pub(crate) fn init() -> Result<bool> {
+    match INIT.get_or_init(first_init) {
+        Init::Ready => Ok(true),
+        Init::NoDevice => Ok(false),
+        Init::Missing(msg) => Err(Error::RuntimeMissing(msg.clone())),
+        Init::Failed(code) => Err(result::error("cuInit", *code)),
+    }
+}
+
+/// Whether the driver library has been loaded (without trying to load it).
+pub(crate) fn driver_loaded() -> bool {
+    matches!(
+        INIT.get(),
+        Some(Init::Ready | Init::NoDevice | Init::Failed(_))
+    )
+}
+
+/// Whether the loaded driver exports `symbol`. cudarc panics when a missing symbol is
+/// called, so calls that need a recent driver check this first.
+pub(crate) fn has_symbol(symbol: &str) -> bool {
+    let Ok(lib) = probed() else {
+        return false;
+    };
+    let mut name = symbol.as_bytes().to_vec();
+    name.push(0);
+    // SAFETY: only the symbol's presence is checked; it is never called through this handle.
+    unsafe { lib.get::<unsafe extern "C" fn()>(name.as_slice()) }.is_ok()
+}
+
+/// Fails with [`Error::Unsupported`] when the driver lacks `symbol`.
+pub(crate) fn require_symbol(symbol: &'static str) -> Result<()> {
+    if has_symbol(symbol) {
+        Ok(())
+    } else {
+        Err(Error::Unsupported(format!(
+            "the installed CUDA driver does not export {symbol}; a newer driver is needed"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_library_is_runtime_missing_naming_libcuda() {
+        let names = vec![
+            "liboxccl-no-such-library.so".to_string(),
+            PRIMARY_NAME.replace("cuda", "cuda-oxccl-absent"),
+        ];
+        let err = probe(&names).err();
+        match err {
+            Some(Error::RuntimeMissing(msg)) => {
+                assert!(msg.starts_with("no CUDA driver found (libcuda.so.1 could not be loaded)"));
+                assert!(msg.contains("tried 2 names"), "{msg}");
+            }
+            other => panic!("expected RuntimeMissing, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn library_without_cuinit_is_not_accepted() {
+        // libc is always loadable and has no cuInit.
+        let err = probe(&["libc.so.6".to_string()]).err();
+        match err {
+            Some(Error::RuntimeMissing(msg)) => assert!(msg.contains("cuInit"), "{msg}"),
+            other => panic!("expected RuntimeMissing, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn candidates_include_the_soname() {
+        assert!(candidates().iter().any(|n| n == PRIMARY_NAME));
+    }
+}
