@@ -222,3 +222,271 @@ impl<O: IpcOpener> Drop for CachedImport<O> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ipc::IpcHandleKind;
+    use crate::types::BackendKind;
+    use proptest::prelude::*;
+    use std::collections::{HashMap, HashSet};
+
+    /// Counts opens and closes, and records every protocol violation it sees.
+    #[derive(Default)]
+    struct Books {
+        next_serial: u64,
+        /// Open mappings: serial -> handle id.
+        open: HashMap<u64, u64>,
+        opens: u64,
+        closes: u64,
+        violations: Vec<String>,
+    }
+
+    #[derive(Clone, Default)]
+    struct FakeOpener {
+        books: Arc<Mutex<Books>>,
+        fail_ids: Arc<HashSet<u64>>,
+        /// Under `Shared`, a key must never be open twice at once.
+        one_per_key: bool,
+    }
+
+    #[derive(Debug, PartialEq, Eq)]
+    struct FakeMapping {
+        serial: u64,
+        id: u64,
+    }
+
+    impl FakeOpener {
+        fn books(&self) -> MutexGuard<'_, Books> {
+            self.books.lock().unwrap()
+        }
+        fn open_count(&self) -> usize {
+            self.books().open.len()
+        }
+    }
+
+    impl IpcOpener for FakeOpener {
+        type Mapping = FakeMapping;
+
+        fn open(&self, handle: &IpcHandle) -> Result<FakeMapping> {
+            if self.fail_ids.contains(&handle.id) {
+                return Err(Error::Ipc(format!("fake open of {} fails", handle.id)));
+            }
+            let mut b = self.books();
+            if self.one_per_key && b.open.values().any(|&id| id == handle.id) {
+                b.violations
+                    .push(format!("key {} opened while already open", handle.id));
+            }
+            b.next_serial += 1;
+            let serial = b.next_serial;
+            b.open.insert(serial, handle.id);
+            b.opens += 1;
+            Ok(FakeMapping {
+                serial,
+                id: handle.id,
+            })
+        }
+
+        fn close(&self, mapping: &FakeMapping) -> Result<()> {
+            let mut b = self.books();
+            b.closes += 1;
+            if b.open.remove(&mapping.serial).is_none() {
+                b.violations.push(format!(
+                    "mapping {} of key {} closed twice or while not open",
+                    mapping.serial, mapping.id
+                ));
+            }
+            Ok(())
+        }
+    }
+
+    fn handle(id: u64) -> IpcHandle {
+        IpcHandle {
+            backend: BackendKind::Host,
+            kind: IpcHandleKind::HostMemfd,
+            owner_pid: 4321,
+            owner_nonce: 0x1234_5678_9abc_def0,
+            id,
+            len: 4096,
+            payload: Vec::new(),
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Import(u64),
+        Clone(usize),
+        Drop(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (1u64..=5).prop_map(Op::Import),
+            any::<usize>().prop_map(Op::Clone),
+            any::<usize>().prop_map(Op::Drop),
+        ]
+    }
+
+    /// Runs `ops` against a cache with `policy`, checking the open count after every step.
+    fn run_model(policy: CachePolicy, ops: &[Op]) -> std::result::Result<(), TestCaseError> {
+        let opener = FakeOpener {
+            one_per_key: matches!(policy, CachePolicy::Shared { .. }),
+            ..FakeOpener::default()
+        };
+        let cache = IpcCache::new(opener.clone(), policy);
+        // Live imports with the group they belong to (the import() call that opened them).
+        let mut live: Vec<(CachedImport<FakeOpener>, u64, usize)> = Vec::new();
+        let mut next_group = 0usize;
+        for op in ops {
+            match *op {
+                Op::Import(id) => {
+                    let imp = cache.import(&handle(id)).unwrap();
+                    prop_assert_eq!(imp.mapping().id, id);
+                    if let CachePolicy::Shared { .. } = policy {
+                        if let Some((other, _, _)) = live.iter().find(|(_, k, _)| *k == id) {
+                            prop_assert_eq!(other.mapping().serial, imp.mapping().serial);
+                        }
+                    }
+                    next_group += 1;
+                    live.push((imp, id, next_group));
+                }
+                Op::Clone(i) if !live.is_empty() => {
+                    let (imp, id, group) = &live[i % live.len()];
+                    let copy = imp.clone();
+                    prop_assert_eq!(copy.mapping().serial, imp.mapping().serial);
+                    live.push((copy, *id, *group));
+                }
+                Op::Drop(i) if !live.is_empty() => {
+                    let n = live.len();
+                    drop(live.swap_remove(i % n));
+                }
+                _ => {}
+            }
+            let expected = match policy {
+                CachePolicy::Shared { .. } => live
+                    .iter()
+                    .map(|(_, k, _)| *k)
+                    .collect::<HashSet<_>>()
+                    .len(),
+                CachePolicy::PassThrough => live
+                    .iter()
+                    .map(|(_, _, g)| *g)
+                    .collect::<HashSet<_>>()
+                    .len(),
+            };
+            prop_assert_eq!(opener.open_count(), expected, "after {:?}", op);
+            prop_assert_eq!(cache.live(), expected);
+        }
+        live.clear();
+        let b = opener.books();
+        prop_assert!(b.violations.is_empty(), "{:?}", b.violations);
+        prop_assert!(b.open.is_empty(), "still open: {:?}", b.open);
+        prop_assert_eq!(b.opens, b.closes);
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn open_count_matches_the_model(ops in proptest::collection::vec(op(), 1..64)) {
+            run_model(CachePolicy::Shared { max_live: None }, &ops)?;
+            run_model(CachePolicy::PassThrough, &ops)?;
+        }
+    }
+
+    #[test]
+    fn threads_importing_and_dropping_end_with_nothing_open() {
+        for policy in [
+            CachePolicy::Shared { max_live: None },
+            CachePolicy::PassThrough,
+        ] {
+            let opener = FakeOpener {
+                one_per_key: matches!(policy, CachePolicy::Shared { .. }),
+                ..FakeOpener::default()
+            };
+            let cache = IpcCache::new(opener.clone(), policy);
+            let threads: Vec<_> = (0..8u64)
+                .map(|t| {
+                    let cache = cache.clone();
+                    std::thread::spawn(move || {
+                        let mut held = Vec::new();
+                        for i in 0..500u64 {
+                            let id = 1 + (i * 7 + t) % 3;
+                            held.push(cache.import(&handle(id)).unwrap());
+                            if i % 3 == 0 {
+                                held.push(held[held.len() - 1].clone());
+                            }
+                            if held.len() > 4 {
+                                held.remove((i as usize * 5) % held.len());
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap();
+            }
+            let b = opener.books();
+            assert!(b.violations.is_empty(), "{policy:?}: {:?}", b.violations);
+            assert!(b.open.is_empty(), "{policy:?}");
+            assert!(b.opens > 0 && b.opens == b.closes, "{policy:?}");
+            assert_eq!(cache.live(), 0);
+        }
+    }
+
+    #[test]
+    fn max_live_bounds_distinct_handles_only() {
+        let opener = FakeOpener {
+            one_per_key: true,
+            ..FakeOpener::default()
+        };
+        let cache = IpcCache::new(opener.clone(), CachePolicy::Shared { max_live: Some(2) });
+        let a = cache.import(&handle(1)).unwrap();
+        let b = cache.import(&handle(2)).unwrap();
+        // A handle already open is a hit, not a new entry.
+        let a2 = cache.import(&handle(1)).unwrap();
+        let err = cache.import(&handle(3)).unwrap_err();
+        assert!(
+            matches!(err, Error::IpcCacheFull { live: 2, limit: 2 }),
+            "{err}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("2 live imports") && text.contains("limit 2"),
+            "{text}"
+        );
+        drop(a);
+        // Still held through `a2`.
+        assert!(cache.import(&handle(3)).is_err());
+        drop(a2);
+        let c = cache.import(&handle(3)).unwrap();
+        assert_eq!(opener.open_count(), 2);
+        drop((b, c));
+        assert_eq!(opener.open_count(), 0);
+    }
+
+    #[test]
+    fn failed_open_registers_nothing() {
+        for policy in [
+            CachePolicy::Shared { max_live: Some(1) },
+            CachePolicy::PassThrough,
+        ] {
+            let opener = FakeOpener {
+                fail_ids: Arc::new([9u64].into_iter().collect()),
+                ..FakeOpener::default()
+            };
+            let cache = IpcCache::new(opener.clone(), policy);
+            let err = cache.import(&handle(9)).unwrap_err();
+            assert!(err.to_string().contains("fake open of 9 fails"), "{err}");
+            assert_eq!(cache.live(), 0, "{policy:?}");
+            // The failed attempt took no slot of the bound.
+            let ok = cache.import(&handle(1)).unwrap();
+            assert_eq!(cache.live(), 1);
+            drop(ok);
+            let b = opener.books();
+            assert_eq!((b.opens, b.closes), (1, 1), "{policy:?}");
+            assert!(b.violations.is_empty());
+        }
+    }
+}
