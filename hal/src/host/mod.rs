@@ -89,3 +89,6 @@ impl Backend for HostBackend {
         Ok(HostDevice::new(id))
     }
 }
+
+#[cfg(test)]
+mod tests;
