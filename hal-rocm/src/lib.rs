@@ -1,1 +1,73 @@
-//! oxccl-hal-rocm: the ROCm backend. (Being written.)
+//! # oxccl-hal-rocm: the HAL on AMD GPUs (HIP runtime, loaded at run time)
+//!
+//! - **Feature `hip` holds the backend.** Without it this crate is empty, so that
+//!   `cargo build --workspace` works on machines without HIP headers; `oxccl-backend`'s
+//!   `rocm` feature enables it.
+//! - **Bindings: bindgen at build time, not `hip-sys`.** `hip-sys`/`hip-runtime-sys` 0.1.2
+//!   ship bindings pre-generated (bindgen 0.65) from one older ROCm release and *link*
+//!   `libamdhip64` (`cargo:rustc-link-lib=dylib=amdhip64`), which breaks the rule that one
+//!   binary runs on machines with or without ROCm. `build.rs` runs bindgen on the installed
+//!   headers (`ROCM_PATH`/`HIP_PATH`, default `/opt/rocm`; on CI the Debian packages that
+//!   `ci/toolchains/hip.sh` unpacks), generating only the calls, types and flags oxccl uses,
+//!   as a table of function pointers ([`sys::HipApi`]).
+//! - **Nothing links libamdhip64.** [`Hip`] loads it with `libloading`: the file named by
+//!   `OXCCL_HIP_LIBRARY`, else `libamdhip64.so`, `.so.6`, `.so.5`, `$ROCM_PATH/lib/...`.
+//!   Without one every entry point answers [`oxccl_hal::Error::RuntimeMissing`] ("no ROCm
+//!   runtime found ..."). A runtime whose major version differs from the headers' is
+//!   refused: ROCm 6 changed structure layouts and enum values.
+//! - **Layers as in cudarc.** [`sys`]: raw bindings; [`result`]: one method per HIP call on
+//!   [`Hip`] returning `Result`, errors mapped to [`oxccl_hal::Error::Backend`] with the
+//!   call, the code, `hipGetErrorName` and `hipGetErrorString`; safe owners on top
+//!   ([`RocmDevice`], [`RocmMemory`], [`RocmStream`], ...), which free on drop.
+//! - **Capabilities only through `hipDeviceGetAttribute`**, never `hipDeviceProp_t`
+//!   (see [`RocmDevice`]). Multicast is [`oxccl_hal::MulticastSupport::None`].
+//! - **Memory.** `Plain`: `hipMalloc`, exported as a legacy IPC handle. `Coherent`:
+//!   `hipExtMallocWithFlags(hipDeviceMallocUncached)` for flags and semaphores that peers
+//!   write (why: [`RocmMemory`]); also legacy IPC. `Physical`: `hipMemCreate` + reserve +
+//!   map + set access, exported as a POSIX FD through [`oxccl_hal::fd_share`], where the
+//!   runtime reports VMM support. Host memory: `hipHostMalloc(mapped | portable |
+//!   coherent)`.
+//! - **Every import goes through one [`oxccl_hal::IpcCache`] per runtime**
+//!   ([`Hip::ipc_cache`]) with `CachePolicy::Shared`: ROCm fails (or leaks) when a handle
+//!   already open in the process is opened again, so a re-import returns the open mapping,
+//!   `hipIpcCloseMemHandle` runs once after the last user drops, and at most
+//!   `OXCCL_ROCM_MAX_IPC_IMPORTS` (default 1024) handles are open at once
+//!   ([`oxccl_hal::Error::IpcCacheFull`] beyond).
+//! - **Kernel launch passes the argument block through `extra`**
+//!   (`HIP_LAUNCH_PARAM_BUFFER_POINTER/SIZE/END`), not `kernelParams`: every oxccl kernel
+//!   takes one struct by value, and `extra` gives HIP the bytes *and their length*, so the
+//!   runtime never reads past the caller's slice (with `kernelParams` it would read as many
+//!   bytes as the kernel's metadata says from an unchecked pointer).
+//!
+//! No AMD GPU has been available to this project: the backend is tested against a fake
+//! HIP runtime (`tests/fake_hip/`), never on an MI300X. `ci/gpu/run-rocm.sh` is the suite
+//! for someone who has one.
+
+#[cfg(feature = "hip")]
+mod device;
+#[cfg(feature = "hip")]
+mod memory;
+#[cfg(feature = "hip")]
+mod module;
+#[cfg(feature = "hip")]
+pub mod result;
+#[cfg(feature = "hip")]
+mod runtime;
+#[cfg(feature = "hip")]
+mod stream;
+#[cfg(feature = "hip")]
+pub mod sys;
+
+#[cfg(feature = "hip")]
+pub use device::{RocmBackend, RocmDevice};
+#[cfg(feature = "hip")]
+pub use memory::{RocmHostMemory, RocmImported, RocmIpcOpener, RocmMapping, RocmMemory};
+#[cfg(feature = "hip")]
+pub use module::{RocmKernel, RocmModule, RocmMulticast};
+#[cfg(feature = "hip")]
+pub use runtime::{Hip, DEFAULT_MAX_IPC_IMPORTS, LIBRARY_VAR, MAX_IPC_IMPORTS_VAR};
+#[cfg(feature = "hip")]
+pub use stream::{RocmEvent, RocmStream};
+
+/// Whether this build contains the ROCm backend (feature `hip`).
+pub const BUILT: bool = cfg!(feature = "hip");
