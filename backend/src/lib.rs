@@ -357,3 +357,52 @@ impl Multicast<AnyBackend> for AnyMulticast {
         each!(self, AnyMulticast, m => m.map())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host() -> AnyDevice {
+        AnyDevice::open_with(BackendKind::Host, DeviceId(0)).unwrap()
+    }
+
+    #[test]
+    fn host_device_through_dispatch_moves_bytes() {
+        let dev = host();
+        assert_eq!(Device::backend(&dev), BackendKind::Host);
+        assert_eq!(dev.capabilities().backend, Some(BackendKind::Host));
+        let a = dev.alloc(1000, MemoryKind::Plain).unwrap();
+        let b = dev.alloc(1000, MemoryKind::Physical).unwrap();
+        let stream = dev.create_stream().unwrap();
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 7 + 3) as u8).collect();
+        stream.write(a.ptr(), &data).unwrap();
+        // SAFETY: both allocations are live, 1000 bytes long and distinct.
+        unsafe { stream.copy(b.ptr(), a.ptr(), 1000) }.unwrap();
+        let mut back = vec![0u8; 1000];
+        stream.read(b.ptr(), &mut back).unwrap();
+        assert_eq!(back, data);
+    }
+
+    #[test]
+    fn import_through_dispatch_shares_one_mapping() {
+        let dev = host();
+        let mem = dev.alloc(4096, MemoryKind::Physical).unwrap();
+        let handle = dev.export_memory(&mem).unwrap();
+        let bytes = handle.to_bytes();
+        let one = dev
+            .import_memory(&IpcHandle::from_bytes(&bytes).unwrap())
+            .unwrap();
+        let two = dev.import_memory(&handle).unwrap();
+        assert_eq!(one.ptr(), two.ptr());
+        assert_eq!(one.len(), 4096);
+    }
+
+    #[test]
+    fn unbuilt_backend_is_a_clear_error() {
+        if cfg!(feature = "rocm") {
+            return;
+        }
+        let err = AnyDevice::open_with(BackendKind::Rocm, DeviceId(0)).unwrap_err();
+        assert!(err.to_string().contains("--features rocm"), "{err}");
+    }
+}
