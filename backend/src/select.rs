@@ -97,7 +97,10 @@ mod tests {
     #[test]
     fn first_gpu_backend_with_devices_wins() {
         let probes = [
-            (BackendKind::Cuda, Err(Error::RuntimeMissing("no CUDA driver found".into()))),
+            (
+                BackendKind::Cuda,
+                Err(Error::RuntimeMissing("no CUDA driver found".into())),
+            ),
             (BackendKind::Rocm, Ok(8)),
         ];
         assert_eq!(decide(None, &ALL, &probes).unwrap(), BackendKind::Rocm);
@@ -106,7 +109,10 @@ mod tests {
     #[test]
     fn gpu_build_without_gpu_says_why() {
         let probes = [
-            (BackendKind::Cuda, Err(Error::RuntimeMissing("no CUDA driver found".into()))),
+            (
+                BackendKind::Cuda,
+                Err(Error::RuntimeMissing("no CUDA driver found".into())),
+            ),
             (BackendKind::Rocm, Ok(0)),
         ];
         let err = decide(None, &ALL, &probes).unwrap_err().to_string();
@@ -118,6 +124,9 @@ mod tests {
 
     #[test]
     fn host_only_build_uses_host() {
-        assert_eq!(decide(None, &[BackendKind::Host], &[]).unwrap(), BackendKind::Host);
+        assert_eq!(
+            decide(None, &[BackendKind::Host], &[]).unwrap(),
+            BackendKind::Host
+        );
     }
 }

@@ -138,7 +138,10 @@ mod tests {
         .at_rank(3)
         .at_rank(5);
         let text = e.to_string();
-        assert!(text.starts_with("rank 3: CUDA call cuMemCreate failed"), "{text}");
+        assert!(
+            text.starts_with("rank 3: CUDA call cuMemCreate failed"),
+            "{text}"
+        );
         assert!(text.contains("CUDA_ERROR_INVALID_VALUE (1)"), "{text}");
         assert!(matches!(e.root(), Error::Backend { code: 1, .. }));
     }

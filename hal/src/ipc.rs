@@ -127,7 +127,9 @@ impl IpcHandle {
     /// Parses bytes made by [`IpcHandle::to_bytes`]; anything else is an [`Error::Ipc`].
     pub fn from_bytes(bytes: &[u8]) -> Result<IpcHandle> {
         if bytes.len() < HEADER_LEN || &bytes[..MAGIC.len()] != MAGIC {
-            return Err(Error::Ipc("not an oxccl IPC handle (bad magic or too short)".into()));
+            return Err(Error::Ipc(
+                "not an oxccl IPC handle (bad magic or too short)".into(),
+            ));
         }
         let mut at = MAGIC.len();
         let mut take = |n: usize| -> &[u8] {
@@ -225,7 +227,10 @@ mod tests {
 
     #[test]
     fn foreign_truncated_and_padded_bytes_are_rejected() {
-        assert!(matches!(IpcHandle::from_bytes(b"hello"), Err(Error::Ipc(_))));
+        assert!(matches!(
+            IpcHandle::from_bytes(b"hello"),
+            Err(Error::Ipc(_))
+        ));
         let bytes = sample().to_bytes();
         let mut wrong_magic = bytes.clone();
         wrong_magic[0] = b'X';

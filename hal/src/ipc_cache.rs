@@ -149,7 +149,11 @@ impl<O: IpcOpener> IpcCache<O> {
             }
         };
         let mapping = Arc::new(self.inner.opener.open(handle)?);
-        tracing::debug!(id = handle.id, owner = handle.owner_pid, "IPC handle opened");
+        tracing::debug!(
+            id = handle.id,
+            owner = handle.owner_pid,
+            "IPC handle opened"
+        );
         state.slots.insert(
             (key.clone(), serial),
             Slot {

@@ -28,7 +28,11 @@ impl LaunchConfig {
 
     /// Total number of threads in the launch.
     pub fn total_threads(&self) -> u64 {
-        self.grid.iter().chain(self.block.iter()).map(|&v| u64::from(v)).product()
+        self.grid
+            .iter()
+            .chain(self.block.iter())
+            .map(|&v| u64::from(v))
+            .product()
     }
 }
 
@@ -49,7 +53,10 @@ impl fmt::Debug for HostKernelTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HostKernelTable")
             .field("name", &self.name)
-            .field("kernels", &self.kernels.iter().map(|(n, _)| *n).collect::<Vec<_>>())
+            .field(
+                "kernels",
+                &self.kernels.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
