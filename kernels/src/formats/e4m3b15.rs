@@ -45,6 +45,43 @@ pub fn encode_f16_bits(h: u16) -> u8 {
     ((sign | rounded) >> 8) as u8
 }
 
+/// The 256-code table as Markdown (the table in `docs/number-formats.md`).
+pub fn markdown_table() -> String {
+    let mut t = String::from(
+        "| code | bits (s eeee mmm) | f16 bits | value | exact |\n\
+         |------|-------------------|----------|-------|-------|\n",
+    );
+    for code in 0..=255u8 {
+        let h = decode_to_f16_bits(code);
+        let v = f16::decode(h);
+        let bits = format!("{} {:04b} {:03b}", code >> 7, (code >> 3) & 0xf, code & 7);
+        t.push_str(&format!(
+            "| {code:#04x} | {bits} | {h:#06x} | {v:e} | {} |\n",
+            exact(v)
+        ));
+    }
+    t
+}
+
+/// `v` as an exact `m*2^e` with m odd (every e4m3b15 value is a multiple of 2^-17).
+fn exact(v: f32) -> String {
+    if v == 0.0 {
+        return if v.is_sign_negative() {
+            "-0".into()
+        } else {
+            "0".into()
+        };
+    }
+    let mut m = (v.abs() * 131072.0) as u32;
+    let mut e = -17;
+    while m % 2 == 0 {
+        m /= 2;
+        e += 1;
+    }
+    let s = if v < 0.0 { "-" } else { "" };
+    format!("{s}{m}*2^{e}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,6 +169,15 @@ mod tests {
         for code in 0..=255u8 {
             assert_eq!(encode(decode(code)), code, "{code:#04x}");
         }
+    }
+
+    #[test]
+    fn docs_table_is_generated_from_this_code() {
+        let doc = include_str!("../../../docs/number-formats.md");
+        assert!(
+            doc.contains(&markdown_table()),
+            "regenerate: cargo run -p oxccl-kernels --example e4m3b15_table"
+        );
     }
 
     #[test]

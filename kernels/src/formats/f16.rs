@@ -87,7 +87,7 @@ mod tests {
     #[test]
     fn matches_the_half_crate_on_f32_patterns() {
         // Every 2^12-th f32 pattern plus the ones around each f16 rounding boundary.
-        let mut check = |bits: u32| {
+        let check = |bits: u32| {
             let x = f32::from_bits(bits);
             let want = half::f16::from_f32(x);
             let got = encode(x);

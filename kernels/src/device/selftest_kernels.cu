@@ -1,0 +1,68 @@
+// Self-test kernels: number-format conversions and the mixed-precision reduction, run on
+// the GPU and compared bit for bit with the host reference (kernels/src/selftest.rs).
+#include "oxccl/abi.h"
+#include "oxccl/number_formats.hpp"
+#include "oxccl/reduce.hpp"
+#include "oxccl/vector.hpp"
+
+OXCCL_GLOBAL void oxccl_selftest_decode(OxcclSelftestDecodeArgs args) {
+  const uint64_t stride = oxccl::thread_count();
+  const uint64_t first = oxccl::thread_index();
+  oxccl::dispatch_dtype(args.dtype, [&]<typename Fmt>() {
+    const auto* in = static_cast<const typename Fmt::Storage*>(args.input);
+    for (uint64_t i = first; i < args.count; i += stride) args.output[i] = Fmt::decode(in[i]);
+  });
+}
+
+OXCCL_GLOBAL void oxccl_selftest_encode(OxcclSelftestEncodeArgs args) {
+  const uint64_t stride = oxccl::thread_count();
+  const uint64_t first = oxccl::thread_index();
+  oxccl::dispatch_dtype(args.dtype, [&]<typename Fmt>() {
+    auto* out = static_cast<typename Fmt::Storage*>(args.output);
+    for (uint64_t i = first; i < args.count; i += stride) out[i] = Fmt::encode(args.input[i]);
+  });
+}
+
+namespace {
+
+// One (format, accumulator, op) combination. Not inlined: one function per combination
+// keeps the kernel small, so register allocation (and compile time) stays linear in the
+// number of combinations instead of handling all 110 in one body.
+template <typename Fmt, oxccl::Acc A, uint32_t Op>
+__device__ __noinline__ void reduce_body(const OxcclSelftestReduceArgs& args) {
+  using S = typename Fmt::Storage;
+  constexpr uint64_t kLanes = oxccl::Lanes<Fmt>::kCount;
+  const uint32_t n = args.num_inputs;
+  const uint64_t stride = oxccl::thread_count();
+  const uint64_t first = oxccl::thread_index();
+  const uint64_t vectors = args.count / kLanes;
+  for (uint64_t v = first; v < vectors; v += stride) {
+    oxccl::Vec16 in[OXCCL_SELFTEST_MAX_INPUTS];
+    for (uint32_t k = 0; k < n; ++k) {
+      in[k] = oxccl::load16(static_cast<const S*>(args.inputs[k]) + v * kLanes);
+    }
+    oxccl::store16(static_cast<S*>(args.output) + v * kLanes, oxccl::reduce16<Fmt, A, Op>(in, n));
+  }
+  for (uint64_t i = vectors * kLanes + first; i < args.count; i += stride) {
+    S in[OXCCL_SELFTEST_MAX_INPUTS];
+    for (uint32_t k = 0; k < n; ++k) in[k] = static_cast<const S*>(args.inputs[k])[i];
+    static_cast<S*>(args.output)[i] = oxccl::reduce1<Fmt, A, Op>(in, n);
+  }
+}
+
+}  // namespace
+
+OXCCL_GLOBAL void oxccl_selftest_reduce(OxcclSelftestReduceArgs args) {
+  if (args.num_inputs == 0 || args.num_inputs > OXCCL_SELFTEST_MAX_INPUTS) return;
+  oxccl::dispatch_dtype(args.dtype, [&]<typename Fmt>() {
+    oxccl::dispatch_op(args.op, [&]<uint32_t Op>() {
+      oxccl::dispatch_acc(oxccl::resolve_accum<Fmt>(args.accum), [&]<oxccl::Acc A>() {
+        // f32 and f16 never resolve to Acc::Element (it is Acc::F32 / Acc::F16 for them).
+        if constexpr (A != oxccl::Acc::Element || sizeof(typename Fmt::Storage) == 1 ||
+                      Fmt::kCode == OXCCL_DTYPE_BF16) {
+          reduce_body<Fmt, A, Op>(args);
+        }
+      });
+    });
+  });
+}
