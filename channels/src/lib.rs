@@ -8,3 +8,5 @@
 //!
 //! Built so far: the [`bootstrap`]. Its features already forward to the backends.
 pub mod bootstrap;
+pub mod connection;
+pub mod registered_memory;

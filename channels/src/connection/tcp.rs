@@ -1,0 +1,753 @@
+//! TCP connection: for peers on other nodes without InfiniBand.
+//!
+//! Each connection has two sockets, one per direction of data. On the socket this rank
+//! writes to, the peer's receiver thread reads write/update/flush frames and applies them
+//! in arrival order; the only thing coming back on it is the acknowledgement of a flush,
+//! which this rank reads inside [`TcpConnection::flush`]. With one socket per direction a
+//! receiver never waits for its own side to read, so two ranks streaming to each other
+//! cannot deadlock on full socket buffers.
+//!
+//! Frames (little-endian), sender to receiver: a 25-byte header `op u8, a u64, b u64, c u64`:
+//! - write: `a` = the receiver's registration id, `b` = offset in it, `c` = length, then the
+//!   bytes;
+//! - update: `a` = registration id, `b` = offset, `c` = the 8-byte value;
+//! - flush: `a` = sequence number.
+//!
+//! Receiver to sender, per flush: `seq u64, status u8, len u32, message` (status 0: every
+//! earlier frame was applied; otherwise the message says what failed).
+//!
+//! A receiver applies an update with an 8-byte release store (host memory) or a stream
+//! write issued after the earlier ones (device memory), so a waiter that sees the value
+//! sees every earlier write. A peer that goes away shows up as [`Error::PeerLost`] on the
+//! next operation; stalled sockets are bounded by the bootstrap timeout.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use oxccl_backend::{AnyDevice, AnyStream};
+use oxccl_hal::{BackendKind, Device, DevicePtr, Error, Result, Stream};
+
+use super::{check_update, check_write, setup_timeout, Transport};
+use crate::bootstrap::{Bootstrap, IFNAME_VAR};
+use crate::registered_memory::{lookup, HostIdentity, Reader, RegisteredMemory, RemoteMemory};
+
+const OP_WRITE: u8 = 1;
+const OP_UPDATE: u8 = 2;
+const OP_FLUSH: u8 = 3;
+const HEADER: usize = 25;
+const ACK_HEADER: usize = 13;
+const HELLO_MAGIC: &[u8; 4] = b"OXTC";
+/// Writes up to this size travel in one `send` with their header.
+const SMALL_WRITE: usize = 4096;
+/// Bounce buffer for device memory and for receiving.
+const CHUNK: usize = 1 << 20;
+/// Longest error message an acknowledgement carries.
+const MAX_ACK_MESSAGE: usize = 4096;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section leaves the state consistent between statements.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn os(call: &'static str) -> impl FnOnce(std::io::Error) -> Error {
+    move |source| Error::Os { call, source }
+}
+
+/// What the receiver thread tells the rest of the connection.
+#[derive(Default)]
+struct Shared {
+    /// Why the peer is gone, once it is.
+    lost: Mutex<Option<String>>,
+}
+
+struct Out {
+    sock: TcpStream,
+    seq: u64,
+    acks: Vec<u8>,
+    bounce: Vec<u8>,
+    /// Set when a failed send left the byte stream in an unknown state.
+    broken: Option<Error>,
+}
+
+/// A TCP connection to one peer (see the module docs).
+pub struct TcpConnection {
+    rank: u32,
+    peer: u32,
+    out: Mutex<Out>,
+    /// The socket the receiver reads (kept to shut it down on drop).
+    incoming: TcpStream,
+    shared: Arc<Shared>,
+    /// Reads device memory (GPU backends) before sending it.
+    stream: Option<AnyStream>,
+    receiver: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for TcpConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpConnection")
+            .field("rank", &self.rank)
+            .field("peer", &self.peer)
+            .finish()
+    }
+}
+
+fn random_nonce() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    // Not a secret: it only keeps a stray connection (another job, a stale peer) out.
+    (oxccl_hal::fd_share::process_nonce() ^ nanos.rotate_left(17))
+        .wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+}
+
+/// The address to listen on: loopback for a peer on this node, else the interface named
+/// by `OXCCL_SOCKET_IFNAME`, else the first non-loopback IPv4 interface.
+fn listen_ip(peer_on_this_node: bool) -> Result<IpAddr> {
+    if peer_on_this_node {
+        return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    }
+    let wanted = std::env::var(IFNAME_VAR).ok();
+    let addrs = nix::ifaddrs::getifaddrs().map_err(|e| Error::errno("getifaddrs", e))?;
+    let mut fallback = None;
+    for ifa in addrs {
+        let Some(v4) = ifa
+            .address
+            .as_ref()
+            .and_then(|a| a.as_sockaddr_in())
+            .map(|s| s.ip())
+        else {
+            continue;
+        };
+        match &wanted {
+            Some(name) if &ifa.interface_name == name => return Ok(IpAddr::V4(v4)),
+            None if !v4.is_loopback() && fallback.is_none() => fallback = Some(IpAddr::V4(v4)),
+            _ => {}
+        }
+    }
+    match (wanted, fallback) {
+        (Some(name), _) => Err(Error::InvalidArgument(format!(
+            "{IFNAME_VAR}={name}: no IPv4 address on that interface"
+        ))),
+        (None, Some(ip)) => Ok(ip),
+        (None, None) => Err(Error::Unsupported(
+            "TCP to another node: this host has no non-loopback IPv4 interface".into(),
+        )),
+    }
+}
+
+fn connect_until(addr: SocketAddr, deadline: Instant, peer: u32) -> Result<TcpStream> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::Timeout {
+                what: format!("TCP connection to rank {peer} at {addr}"),
+                waited: setup_timeout(),
+            });
+        }
+        match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
+            Ok(s) => return Ok(s),
+            Err(e) if matches!(e.kind(), ErrorKind::ConnectionRefused | ErrorKind::TimedOut) => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return Err(os("connect (TCP connection)")(e)),
+        }
+    }
+}
+
+fn accept_until(
+    listener: &TcpListener,
+    deadline: Instant,
+    peer: u32,
+    nonce: u64,
+) -> Result<TcpStream> {
+    listener
+        .set_nonblocking(true)
+        .map_err(os("set_nonblocking"))?;
+    loop {
+        if Instant::now() >= deadline {
+            return Err(Error::Timeout {
+                what: format!("rank {peer} to open its TCP connection"),
+                waited: setup_timeout(),
+            });
+        }
+        let mut s = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            Err(e) => return Err(os("accept (TCP connection)")(e)),
+        };
+        s.set_nonblocking(false).map_err(os("set_nonblocking"))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .map_err(os("setsockopt"))?;
+        let mut hello = [0u8; 16];
+        if s.read_exact(&mut hello).is_err() {
+            continue;
+        }
+        let mut r = Reader::new(&hello, "TCP hello");
+        let ok = r.take(4).ok() == Some(&HELLO_MAGIC[..])
+            && r.u64().ok() == Some(nonce)
+            && r.u32().ok() == Some(peer);
+        if ok {
+            return Ok(s);
+        }
+        // A stranger or a stale peer: not ours.
+    }
+}
+
+fn tune(s: &TcpStream, timeout: Duration) -> Result<()> {
+    s.set_nodelay(true).map_err(os("setsockopt(TCP_NODELAY)"))?;
+    s.set_write_timeout(Some(timeout))
+        .map_err(os("setsockopt(SO_SNDTIMEO)"))?;
+    s.set_read_timeout(None)
+        .map_err(os("setsockopt(SO_RCVTIMEO)"))
+}
+
+impl TcpConnection {
+    /// Sets up the socket pair with `peer` (collective between the two; called by
+    /// [`super::Connection::connect`] after the handshake).
+    pub fn connect(
+        bootstrap: &Bootstrap,
+        device: &AnyDevice,
+        peer: u32,
+        tag: u32,
+        peer_host: &HostIdentity,
+    ) -> Result<TcpConnection> {
+        let rank = bootstrap.rank();
+        let timeout = setup_timeout();
+        let deadline = Instant::now() + timeout;
+        let ip = listen_ip(HostIdentity::local().same_node(peer_host))?;
+        let listener =
+            TcpListener::bind(SocketAddr::new(ip, 0)).map_err(os("bind (TCP connection)"))?;
+        let addr = listener.local_addr().map_err(os("getsockname"))?;
+        let nonce = random_nonce();
+        let mut msg = nonce.to_le_bytes().to_vec();
+        msg.extend_from_slice(addr.to_string().as_bytes());
+        bootstrap.send(peer, tag, &msg)?;
+        let theirs = bootstrap.recv(peer, tag)?;
+        let mut r = Reader::new(&theirs, "TCP listening address");
+        let their_nonce = r.u64()?;
+        let text = String::from_utf8_lossy(r.take(theirs.len().saturating_sub(8))?).into_owned();
+        let their_addr = text
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| Error::PeerLost(format!("rank {peer} sent a bad address '{text}'")))?;
+
+        // Connect first (the kernel completes it without an accept), then accept: neither
+        // side waits for the other to reach a given step.
+        let mut out = connect_until(their_addr, deadline, peer)?;
+        let mut hello = HELLO_MAGIC.to_vec();
+        hello.extend_from_slice(&their_nonce.to_le_bytes());
+        hello.extend_from_slice(&rank.to_le_bytes());
+        out.write_all(&hello)
+            .map_err(|e| Error::PeerLost(format!("rank {peer} during TCP setup: {e}")))?;
+        let incoming = accept_until(&listener, deadline, peer, nonce)?;
+        tune(&out, timeout)?;
+        tune(&incoming, timeout)?;
+
+        let stream = if device.backend() == BackendKind::Host {
+            None
+        } else {
+            Some(device.create_stream()?)
+        };
+        let recv_stream = if device.backend() == BackendKind::Host {
+            None
+        } else {
+            Some(device.create_stream()?)
+        };
+        let shared = Arc::new(Shared::default());
+        let receiver = Receiver {
+            rank,
+            peer,
+            sock: incoming.try_clone().map_err(os("dup (socket)"))?,
+            shared: Arc::clone(&shared),
+            stream: recv_stream,
+            bounce: Vec::new(),
+            error: None,
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("oxccl-tcp-{rank}<-{peer}"))
+            .spawn(move || receiver.run())
+            .map_err(os("spawn (TCP receiver)"))?;
+        tracing::debug!(rank, peer, %addr, %their_addr, "TCP connection up");
+        Ok(TcpConnection {
+            rank,
+            peer,
+            out: Mutex::new(Out {
+                sock: out,
+                seq: 0,
+                acks: Vec::new(),
+                bounce: Vec::new(),
+                broken: None,
+            }),
+            incoming,
+            shared,
+            stream,
+            receiver: Some(thread),
+        })
+    }
+
+    /// The peer's rank.
+    pub fn peer(&self) -> u32 {
+        self.peer
+    }
+
+    /// Locks the sending side after checking the connection can still send.
+    fn sender(&self) -> Result<MutexGuard<'_, Out>> {
+        let out = lock(&self.out);
+        if let Some(e) = &out.broken {
+            return Err(clone_error(e));
+        }
+        if let Some(why) = &*lock(&self.shared.lost) {
+            return Err(Error::PeerLost(format!("rank {}: {why}", self.peer)));
+        }
+        Ok(out)
+    }
+
+    fn send_failed(&self, out: &mut Out, e: std::io::Error) -> Error {
+        let err = match e.kind() {
+            ErrorKind::WouldBlock | ErrorKind::TimedOut => Error::Timeout {
+                what: format!("rank {} to take data on its TCP connection", self.peer),
+                waited: setup_timeout(),
+            },
+            _ => Error::PeerLost(format!("rank {}: sending failed: {e}", self.peer)),
+        };
+        // Part of a frame may have gone out: nothing more can be sent on this stream.
+        out.broken = Some(clone_error(&err));
+        err
+    }
+
+    /// Sends a write (see [`super::Connection::write`]); the bytes are out of `src` when
+    /// this returns.
+    pub fn write(
+        &self,
+        dst: &RemoteMemory,
+        dst_offset: usize,
+        src: &RegisteredMemory,
+        src_offset: usize,
+        bytes: usize,
+    ) -> Result<()> {
+        check_write(
+            Transport::Tcp,
+            self.peer,
+            dst,
+            dst_offset,
+            src,
+            src_offset,
+            bytes,
+        )?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        let mut out = self.sender()?;
+        let out = &mut *out;
+        let header = header(OP_WRITE, dst.id(), dst_offset as u64, bytes as u64);
+        let registration = src.registration();
+        let sent = match registration.host_base() {
+            Some(base) => {
+                // SAFETY: `src_offset + bytes <= src.len()` (check_write) and the registered
+                // range lies inside the allocation, which `registration` keeps mapped for
+                // this call. The caller must not write the range while the write runs (the
+                // contract of every transport's `write`), so nothing mutates these bytes.
+                let data = unsafe { std::slice::from_raw_parts(base.add(src_offset), bytes) };
+                if bytes <= SMALL_WRITE {
+                    let mut frame = Vec::with_capacity(HEADER + bytes);
+                    frame.extend_from_slice(&header);
+                    frame.extend_from_slice(data);
+                    out.sock.write_all(&frame)
+                } else {
+                    out.sock
+                        .write_all(&header)
+                        .and_then(|()| out.sock.write_all(data))
+                }
+            }
+            None => {
+                let stream = self.stream.as_ref().ok_or_else(|| {
+                    Error::InvalidArgument("device memory without a device stream".into())
+                })?;
+                if let Err(e) = out.sock.write_all(&header) {
+                    return Err(self.send_failed(out, e));
+                }
+                out.bounce.resize(CHUNK.min(bytes), 0);
+                let mut done = 0;
+                while done < bytes {
+                    let n = CHUNK.min(bytes - done);
+                    let from = registration.ptr_at(src_offset + done)?;
+                    if let Err(e) = stream.read(from, &mut out.bounce[..n]) {
+                        // The header promised bytes that will not come.
+                        out.broken = Some(clone_error(&e));
+                        return Err(e);
+                    }
+                    if let Err(e) = out.sock.write_all(&out.bounce[..n]) {
+                        return Err(self.send_failed(out, e));
+                    }
+                    done += n;
+                }
+                Ok(())
+            }
+        };
+        sent.map_err(|e| self.send_failed(out, e))
+    }
+
+    /// Sends an update (see [`super::Connection::update_and_sync`]); the receiver applies it
+    /// after every earlier write of this connection.
+    pub fn update_and_sync(&self, dst: &RemoteMemory, dst_offset: usize, value: u64) -> Result<()> {
+        check_update(Transport::Tcp, self.peer, dst, dst_offset)?;
+        let mut out = self.sender()?;
+        let frame = header(OP_UPDATE, dst.id(), dst_offset as u64, value);
+        out.sock
+            .write_all(&frame)
+            .map_err(|e| self.send_failed(&mut out, e))
+    }
+
+    /// Sends a flush marker and waits for its acknowledgement, which the peer sends after
+    /// applying everything before it (see [`super::Connection::flush`]).
+    pub fn flush(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut out = self.sender()?;
+        out.seq += 1;
+        let seq = out.seq;
+        let frame = header(OP_FLUSH, seq, 0, 0);
+        out.sock
+            .write_all(&frame)
+            .map_err(|e| self.send_failed(&mut out, e))?;
+        let mut earlier_failure = None;
+        let mut buf = [0u8; 1024];
+        loop {
+            while let Some((acked, status)) = take_ack(&mut out.acks)? {
+                if let Err(msg) = status {
+                    earlier_failure.get_or_insert(msg);
+                }
+                if acked == seq {
+                    return match earlier_failure {
+                        None => Ok(()),
+                        Some(msg) => Err(Error::InvalidArgument(format!(
+                            "rank {} could not apply writes from rank {}: {msg}",
+                            self.peer, self.rank
+                        ))),
+                    };
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout {
+                    what: format!(
+                        "rank {} to acknowledge flush {seq} of its TCP connection from rank {}",
+                        self.peer, self.rank
+                    ),
+                    waited: timeout,
+                });
+            }
+            out.sock
+                .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+                .map_err(os("setsockopt(SO_RCVTIMEO)"))?;
+            match out.sock.read(&mut buf) {
+                Ok(0) => {
+                    let e = Error::PeerLost(format!(
+                        "rank {} closed its TCP connection before acknowledging flush {seq}",
+                        self.peer
+                    ));
+                    out.broken = Some(clone_error(&e));
+                    return Err(e);
+                }
+                Ok(n) => out.acks.extend_from_slice(&buf[..n]),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    let e = Error::PeerLost(format!("rank {}: {e}", self.peer));
+                    out.broken = Some(clone_error(&e));
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for TcpConnection {
+    fn drop(&mut self) {
+        // Data already sent still reaches the peer (FIN after it); the receiver wakes up.
+        let _ = lock(&self.out).sock.shutdown(Shutdown::Write);
+        let _ = self.incoming.shutdown(Shutdown::Both);
+        if let Some(t) = self.receiver.take() {
+            if t.join().is_err() {
+                tracing::warn!(peer = self.peer, "TCP receiver thread panicked");
+            }
+        }
+    }
+}
+
+fn header(op: u8, a: u64, b: u64, c: u64) -> [u8; HEADER] {
+    let mut h = [0u8; HEADER];
+    h[0] = op;
+    h[1..9].copy_from_slice(&a.to_le_bytes());
+    h[9..17].copy_from_slice(&b.to_le_bytes());
+    h[17..25].copy_from_slice(&c.to_le_bytes());
+    h
+}
+
+/// Removes one complete acknowledgement from the front of `buf`, if there is one.
+fn take_ack(buf: &mut Vec<u8>) -> Result<Option<(u64, std::result::Result<(), String>)>> {
+    if buf.len() < ACK_HEADER {
+        return Ok(None);
+    }
+    let mut r = Reader::new(buf, "flush acknowledgement");
+    let seq = r.u64()?;
+    let status = r.u8()?;
+    let len = r.u32()? as usize;
+    if len > MAX_ACK_MESSAGE {
+        return Err(Error::PeerLost(format!(
+            "malformed flush acknowledgement ({len}-byte message)"
+        )));
+    }
+    if buf.len() < ACK_HEADER + len {
+        return Ok(None);
+    }
+    let msg = String::from_utf8_lossy(&buf[ACK_HEADER..ACK_HEADER + len]).into_owned();
+    buf.drain(..ACK_HEADER + len);
+    Ok(Some((seq, if status == 0 { Ok(()) } else { Err(msg) })))
+}
+
+/// A copy of an error for the second place it is reported (errors are not `Clone`).
+fn clone_error(e: &Error) -> Error {
+    match e.root() {
+        Error::Timeout { what, waited } => Error::Timeout {
+            what: what.clone(),
+            waited: *waited,
+        },
+        Error::PeerLost(m) => Error::PeerLost(m.clone()),
+        other => Error::PeerLost(format!(
+            "connection unusable after an earlier error: {other}"
+        )),
+    }
+}
+
+/// The receiving side: applies the peer's frames to this process's registered memory.
+struct Receiver {
+    rank: u32,
+    peer: u32,
+    sock: TcpStream,
+    shared: Arc<Shared>,
+    stream: Option<AnyStream>,
+    bounce: Vec<u8>,
+    /// The first frame that could not be applied, reported by the next acknowledgement.
+    error: Option<String>,
+}
+
+impl Receiver {
+    fn run(mut self) {
+        let why = loop {
+            let mut h = [0u8; HEADER];
+            if let Err(e) = self.sock.read_exact(&mut h) {
+                break if e.kind() == ErrorKind::UnexpectedEof {
+                    "closed its TCP connection (exited or failed)".to_string()
+                } else {
+                    format!("TCP connection failed: {e}")
+                };
+            }
+            let word = |at: usize| {
+                let mut a = [0u8; 8];
+                a.copy_from_slice(&h[at..at + 8]);
+                u64::from_le_bytes(a)
+            };
+            let (a, b, c) = (word(1), word(9), word(17));
+            let step = match h[0] {
+                OP_WRITE => self.apply_write(a, b, c),
+                OP_UPDATE => {
+                    let outcome = self.apply_update(a, b, c);
+                    self.note(outcome);
+                    Ok(())
+                }
+                OP_FLUSH => self.acknowledge(a),
+                op => Err(format!("unknown frame type {op} (protocol error)")),
+            };
+            if let Err(why) = step {
+                break why;
+            }
+        };
+        tracing::debug!(rank = self.rank, peer = self.peer, %why, "TCP receiver stops");
+        *lock(&self.shared.lost) = Some(why);
+        let _ = self.sock.shutdown(Shutdown::Both);
+    }
+
+    fn note(&mut self, outcome: Result<()>) {
+        if let Err(e) = outcome {
+            tracing::debug!(peer = self.peer, error = %e, "TCP frame not applied");
+            self.error.get_or_insert_with(|| e.to_string());
+        }
+    }
+
+    /// Reads a write's bytes and puts them in place. A write that cannot be applied is
+    /// still read off the socket (the stream stays in step) and reported by the next ack.
+    fn apply_write(&mut self, id: u64, offset: u64, len: u64) -> std::result::Result<(), String> {
+        let target = self.write_target(id, offset, len);
+        let mut left = len;
+        let mut at = offset;
+        self.bounce.resize(CHUNK, 0);
+        let mut failed = None;
+        while left > 0 {
+            let n = CHUNK.min(usize::try_from(left).unwrap_or(CHUNK));
+            if let Err(e) = self.sock.read_exact(&mut self.bounce[..n]) {
+                return Err(format!("TCP connection failed inside a write: {e}"));
+            }
+            if failed.is_none() {
+                let outcome = match &target {
+                    Ok(t) => self.place(t, at, n),
+                    Err(e) => Err(Error::InvalidArgument(e.to_string())),
+                };
+                failed = outcome.err();
+            }
+            left -= n as u64;
+            at += n as u64;
+        }
+        if let Some(e) = failed {
+            self.note(Err(e));
+        }
+        Ok(())
+    }
+
+    fn write_target(&self, id: u64, offset: u64, len: u64) -> Result<Target> {
+        let reg = lookup(id).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "no live TCP registration {id} on rank {} (freed, or never registered)",
+                self.rank
+            ))
+        })?;
+        if reg.rank != self.rank {
+            return Err(Error::InvalidArgument(format!(
+                "registration {id} belongs to rank {}, not to rank {}",
+                reg.rank, self.rank
+            )));
+        }
+        let fits = offset.checked_add(len).is_some_and(|e| e <= reg.len as u64);
+        if !fits {
+            return Err(Error::InvalidArgument(format!(
+                "write of {len} bytes at offset {offset} runs past registration {id} ({} bytes)",
+                reg.len
+            )));
+        }
+        Ok(Target { reg })
+    }
+
+    /// Copies `n` bounce bytes to byte `at` of the target (bounds checked by the caller).
+    fn place(&self, t: &Target, at: u64, n: usize) -> Result<()> {
+        let at = usize::try_from(at)
+            .map_err(|_| Error::InvalidArgument(format!("offset {at} does not fit")))?;
+        match t.reg.host_base() {
+            Some(base) => {
+                // SAFETY: `at + n <= reg.len` (write_target checked the whole write and this
+                // chunk lies inside it); the registration keeps the allocation mapped, and the
+                // bounce buffer is a separate allocation.
+                unsafe { std::ptr::copy_nonoverlapping(self.bounce.as_ptr(), base.add(at), n) };
+                Ok(())
+            }
+            None => self.device_write(t.reg.ptr_at(at)?, &self.bounce[..n]),
+        }
+    }
+
+    fn device_write(&self, to: DevicePtr, data: &[u8]) -> Result<()> {
+        match &self.stream {
+            Some(s) => s.write(to, data),
+            None => Err(Error::Unsupported(
+                "device memory reached a receiver without a device stream".into(),
+            )),
+        }
+    }
+
+    fn apply_update(&self, id: u64, offset: u64, value: u64) -> Result<()> {
+        let t = self.write_target(id, offset, 8)?;
+        let at = usize::try_from(offset)
+            .map_err(|_| Error::InvalidArgument(format!("offset {offset} does not fit")))?;
+        match t.reg.host_base() {
+            Some(base) => {
+                let p = base.wrapping_add(at);
+                if (p as usize) % 8 != 0 {
+                    return Err(Error::InvalidArgument(format!(
+                        "update at offset {offset} of registration {id} is not 8-byte aligned"
+                    )));
+                }
+                // SAFETY: the 8 bytes are inside the registration (write_target), aligned
+                // (checked above) and kept mapped by `t.reg`. Flags are accessed atomically by
+                // every oxccl agent, so an atomic store here does not race non-atomically.
+                let cell = unsafe { AtomicU64::from_ptr(p.cast::<u64>()) };
+                // Release: a waiter that acquires the value sees every earlier write, which
+                // this thread made before.
+                cell.store(value, Ordering::Release);
+                Ok(())
+            }
+            // The stream write is ordered after the earlier ones, which were complete when
+            // their `write` returned.
+            None => self.device_write(t.reg.ptr_at(at)?, &value.to_le_bytes()),
+        }
+    }
+
+    fn acknowledge(&mut self, seq: u64) -> std::result::Result<(), String> {
+        let (status, mut msg) = match self.error.take() {
+            None => (0u8, String::new()),
+            Some(m) => (1u8, m),
+        };
+        if msg.len() > MAX_ACK_MESSAGE {
+            let mut cut = MAX_ACK_MESSAGE;
+            while !msg.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            msg.truncate(cut);
+        }
+        let mut ack = Vec::with_capacity(ACK_HEADER + msg.len());
+        ack.extend_from_slice(&seq.to_le_bytes());
+        ack.push(status);
+        ack.extend_from_slice(&(msg.len() as u32).to_le_bytes());
+        ack.extend_from_slice(msg.as_bytes());
+        self.sock
+            .write_all(&ack)
+            .map_err(|e| format!("TCP connection failed acknowledging a flush: {e}"))
+    }
+}
+
+/// A registration a frame writes into.
+struct Target {
+    reg: Arc<crate::registered_memory::Registration>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acks_parse_only_when_complete() {
+        let mut buf = Vec::new();
+        buf.extend_from_slice(&7u64.to_le_bytes());
+        buf.push(1);
+        buf.extend_from_slice(&3u32.to_le_bytes());
+        buf.extend_from_slice(b"ba");
+        assert!(take_ack(&mut buf).unwrap().is_none());
+        buf.push(b'd');
+        buf.extend_from_slice(&8u64.to_le_bytes());
+        buf.push(0);
+        buf.extend_from_slice(&0u32.to_le_bytes());
+        assert_eq!(take_ack(&mut buf).unwrap(), Some((7, Err("bad".into()))));
+        assert_eq!(take_ack(&mut buf).unwrap(), Some((8, Ok(()))));
+        assert!(buf.is_empty());
+        let mut huge = 1u64.to_le_bytes().to_vec();
+        huge.push(1);
+        huge.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(take_ack(&mut huge).is_err());
+    }
+
+    #[test]
+    fn headers_are_little_endian_words() {
+        let h = header(OP_WRITE, 1, 2, 0x0102_0304_0506_0708);
+        assert_eq!(h[0], OP_WRITE);
+        assert_eq!(h[1], 1);
+        assert_eq!(h[9], 2);
+        assert_eq!(&h[17..25], &[8, 7, 6, 5, 4, 3, 2, 1]);
+    }
+}
