@@ -8,7 +8,9 @@ cd "$(dirname "$0")/.."
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 need_apt=()
-for pkg in libclang-dev clang pkg-config; do
+# cmake, make, libnl, python3 and libibverbs-dev: the `ib` feature (ibverbs-sys configures rdma-core
+# with cmake to generate its bindings and links the system libibverbs).
+for pkg in libclang-dev clang pkg-config cmake make libnl-3-dev libnl-route-3-dev libibverbs-dev python3; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

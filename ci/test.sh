@@ -35,7 +35,7 @@ run() {
 }
 
 # The feature matrix. "host" is the default build, which is also the no-IB build.
-MATRIX=("host:" "cuda:cuda" "rocm:rocm" "cuda+rocm:cuda,rocm")
+MATRIX=("host:" "cuda:cuda" "rocm:rocm" "cuda+rocm:cuda,rocm" "ib:ib")
 
 run "fmt" cargo fmt --all --check
 for entry in "${MATRIX[@]}"; do
