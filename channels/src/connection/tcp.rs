@@ -463,7 +463,10 @@ impl TcpConnection {
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => {
-                    let e = Error::PeerLost(format!("rank {}: {e}", self.peer));
+                    let e = Error::PeerLost(format!(
+                        "rank {}: TCP connection lost while waiting for flush {seq}: {e}",
+                        self.peer
+                    ));
                     out.broken = Some(clone_error(&e));
                     return Err(e);
                 }
