@@ -313,13 +313,13 @@ impl Collector {
 
 /// Runs the self-test kernels of `B` on `device` with inputs drawn from `seed`.
 ///
-/// Loads [`module_image`]`(B::KIND)` (an error when the crate was built without that
+/// Loads [`module_image`] of the device's backend (an error when the crate was built without that
 /// backend's feature), then for each data type: decodes every code (fp8: 256, 16-bit
 /// types: 65,536), encodes random inputs of [`SIZES`] elements, and reduces random inputs
 /// with every op and accumulation type. Outputs are poisoned before every launch. Returns
 /// the report; mismatches are not an `Err` (check [`SelfTestReport::passed`]).
 pub fn run<B: Backend>(device: &B::Device, seed: u64) -> Result<SelfTestReport> {
-    let image = module_image(B::KIND)?;
+    let image = module_image(device.backend())?;
     let module = device.load_module(&image)?;
     let stream = device.create_stream()?;
     let inputs = (0..abi::OXCCL_SELFTEST_MAX_INPUTS)
@@ -336,7 +336,7 @@ pub fn run<B: Backend>(device: &B::Device, seed: u64) -> Result<SelfTestReport> 
     let mut rng = Rng(seed);
     let mut out = Collector {
         report: SelfTestReport {
-            backend: B::KIND,
+            backend: device.backend(),
             seed,
             cases: Vec::new(),
             first_mismatches: Vec::new(),

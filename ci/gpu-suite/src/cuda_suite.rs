@@ -641,12 +641,3 @@ pub fn run(rdv: Rendezvous, local_rank: u32) -> Result<Report> {
     c.rdv.barrier("end")?;
     Ok(report)
 }
-
-/// `selftest`: the kernels crate's device self-test on `local_rank`'s GPU.
-pub fn selftest(local_rank: u32, seed: u32) -> Result<(String, bool)> {
-    let dev = CudaBackend::open_device(DeviceId(local_rank))?;
-    let report = oxccl_kernels::selftest::run::<CudaBackend>(&dev, seed)?;
-    let text = report.to_string();
-    let failed = text.contains("FAIL");
-    Ok((text, !failed))
-}

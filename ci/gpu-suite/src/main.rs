@@ -129,14 +129,20 @@ fn rendezvous(args: &Args, r: &Ranks) -> Result<Rendezvous> {
     Rendezvous::new(&dir, &run, r.rank, r.world, args.timeout)
 }
 
-#[cfg(feature = "cuda")]
+/// The kernels' self-test on `LOCAL_RANK`'s device of the chosen backend (`OXCCL_BACKEND`,
+/// else the GPU backend that was built, else the host backend's host kernels).
 fn selftest(args: &Args, r: &Ranks) -> Result<bool> {
-    let (table, ok) = cuda_suite::selftest(r.local_rank, args.seed)?;
+    use oxccl_hal::{Backend, Device, DeviceId};
+    let device = oxccl_backend::AnyBackend::open_device(DeviceId(r.local_rank))?;
+    let report =
+        oxccl_kernels::selftest::run::<oxccl_backend::AnyBackend>(&device, u64::from(args.seed))?;
     println!(
-        "oxccl self-test, rank {} on device {}:\n{table}",
-        r.rank, r.local_rank
+        "oxccl self-test, rank {} on {} device {}:\n{report}",
+        r.rank,
+        device.backend(),
+        r.local_rank
     );
-    Ok(ok)
+    Ok(report.passed())
 }
 
 #[cfg(feature = "cuda")]
@@ -169,16 +175,11 @@ fn suite(args: &Args, r: &Ranks) -> Result<bool> {
 }
 
 #[cfg(not(feature = "cuda"))]
-fn selftest(_: &Args, _: &Ranks) -> Result<bool> {
-    Err(Error::Unsupported(
-        "this oxccl-gpu-suite was built without a GPU backend; rebuild with --features cuda".into(),
-    ))
-}
-
-#[cfg(not(feature = "cuda"))]
 fn suite(args: &Args, r: &Ranks) -> Result<bool> {
     let _ = rendezvous(args, r)?;
-    selftest(args, r)
+    Err(Error::Unsupported(
+        "the multi-process suite needs a GPU backend; rebuild with --features cuda".into(),
+    ))
 }
 
 fn main() -> ExitCode {
