@@ -197,6 +197,8 @@ typedef struct OxcclSelftestReduceArgs {
   uint32_t accum;
 } OxcclSelftestReduceArgs;
 
+#include "abi_channels.h"
+
 /* ---- Layout checks (Rust asserts the same numbers) ----------------------------------- */
 OXCCL_STATIC_ASSERT(sizeof(void*) == 8, "oxccl needs 64-bit pointers");
 OXCCL_STATIC_ASSERT(sizeof(OxcclLL16Packet) == 16 && OXCCL_ALIGNOF(OxcclLL16Packet) == 16, "LL16");
@@ -214,6 +216,8 @@ OXCCL_STATIC_ASSERT(sizeof(OxcclPatternArgs) == 32, "OxcclPatternArgs");
 OXCCL_STATIC_ASSERT(sizeof(OxcclSelftestDecodeArgs) == 32, "OxcclSelftestDecodeArgs");
 OXCCL_STATIC_ASSERT(sizeof(OxcclSelftestEncodeArgs) == 32, "OxcclSelftestEncodeArgs");
 OXCCL_STATIC_ASSERT(sizeof(OxcclSelftestReduceArgs) == 96, "OxcclSelftestReduceArgs");
+
+#include "abi_allreduce.h"
 
 #ifdef __cplusplus
 } /* extern "C" */
