@@ -227,3 +227,139 @@ pub unsafe fn host_wait_signal(h: &OxcclPortChannel) -> Result<()> {
     // SAFETY: the caller's obligations.
     unsafe { host_wait(s.inbound, s.expected_inbound, s.max_spins) }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::host_kernels::PORT_OP;
+    use crate::semaphore::testing::*;
+    use oxccl_hal::Device;
+    use oxccl_kernels::abi::{OxcclPortChannelArgs, OXCCL_WAIT_OK};
+
+    const SIZES: [usize; 4] = [1, 999, 4097, 300_001];
+    const REGION: usize = 310_000;
+
+    /// Both directions at once over IPC and TCP, 4-slot FIFOs and small chunks (many
+    /// triggers, the FIFO wraps): host-thread producers and the host kernels push
+    /// put+signal, the peers wait for the signal and check every byte.
+    #[test]
+    fn put_with_signal_end_to_end_through_the_proxy() {
+        for transport in [Transport::Ipc, Transport::Tcp] {
+            with_ranks(2, |b, d| {
+                let me = b.rank();
+                let peer = 1 - me;
+                let (buf, reg) = buffer(&b, &d, 2 * REGION * SIZES.len());
+                let conn = Arc::new(Connection::connect(&b, &d, peer, transport, 40).unwrap());
+                let mut builder = ProxyBuilder::new(&d, Some(4)).unwrap();
+                let h = PortChannel::connect(&b, &d, &mut builder, conn, &reg, 50).unwrap();
+                let proxy = builder.start().unwrap();
+                let stream = d.create_stream().unwrap();
+                for (i, &n) in SIZES.iter().enumerate() {
+                    let mine = random_nonzero((u64::from(me) << 32) | i as u64 | 0x77 << 40, n);
+                    let theirs = random_nonzero((u64::from(peer) << 32) | i as u64 | 0x77 << 40, n);
+                    let src = i * REGION + 1;
+                    let dst = (SIZES.len() + i) * REGION + 3 + 2 * me as usize;
+                    let dst_theirs = (SIZES.len() + i) * REGION + 3 + 2 * peer as usize;
+                    write(&buf, src, &mine);
+                    let chunk = 1000 + 13 * i as u64;
+                    if i % 2 == 0 {
+                        // SAFETY: live host-backend channel; ranges inside the buffers.
+                        unsafe {
+                            host_put_with_signal(&h, dst as u64, src as u64, n as u64, chunk)
+                        }
+                        .unwrap();
+                        // SAFETY: as above.
+                        unsafe { host_flush(&h) }.unwrap();
+                    } else {
+                        let a = OxcclPortChannelArgs {
+                            channel: h,
+                            op: abi::OXCCL_PORT_OP_PUT_WITH_SIGNAL_AND_FLUSH,
+                            dst_offset: dst as u64,
+                            src_offset: src as u64,
+                            bytes: n as u64,
+                            chunk,
+                            iterations: 1,
+                            ..Default::default()
+                        };
+                        launch(&d, &stream, PORT_OP, 1, &a).unwrap();
+                    }
+                    let mut status = 0u32;
+                    let w = OxcclPortChannelArgs {
+                        channel: h,
+                        op: abi::OXCCL_PORT_OP_WAIT,
+                        iterations: 1,
+                        status: &mut status,
+                        ..Default::default()
+                    };
+                    launch(&d, &stream, PORT_OP, 1, &w).unwrap();
+                    assert_eq!(status, OXCCL_WAIT_OK);
+                    assert_eq!(
+                        read(&buf, dst_theirs, n),
+                        theirs,
+                        "{transport}: {n} bytes from rank {peer}"
+                    );
+                    assert_eq!(
+                        read(&buf, dst_theirs + n, 1),
+                        [0],
+                        "{transport}: byte after"
+                    );
+                }
+                // Ping-pong through both proxies.
+                let mut ns = 0u64;
+                let a = OxcclPortChannelArgs {
+                    channel: h,
+                    op: abi::OXCCL_PORT_OP_PINGPONG,
+                    iterations: 50,
+                    initiator: u32::from(me == 0),
+                    elapsed_ns: &mut ns,
+                    ..Default::default()
+                };
+                launch(&d, &stream, PORT_OP, 1, &a).unwrap();
+                assert!(ns > 0);
+                b.barrier().unwrap();
+                assert!(proxy.error().is_none());
+                drop(proxy); // stops the thread
+            });
+        }
+    }
+
+    /// The peer's process is gone: the proxy's operations fail and are reported, the
+    /// producer is not stalled (triggers are still retired), and nothing hangs.
+    #[test]
+    fn dead_peer_poisons_the_proxy_instead_of_hanging() {
+        with_ranks(2, |b, d| {
+            let me = b.rank();
+            let (_buf, reg) = buffer(&b, &d, 4096);
+            let conn = Arc::new(Connection::connect(&b, &d, 1 - me, Transport::Tcp, 41).unwrap());
+            let mut builder = ProxyBuilder::new(&d, Some(4)).unwrap();
+            let h = PortChannel::connect(&b, &d, &mut builder, conn, &reg, 51).unwrap();
+            b.barrier().unwrap();
+            if me == 1 {
+                return; // drops its connection, registrations and bootstrap
+            }
+            let proxy = builder.start().unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            let start = std::time::Instant::now();
+            let mut failed = false;
+            for _ in 0..20 {
+                // SAFETY: live host-backend channel; range inside the buffers.
+                let r = unsafe { host_put_with_signal(&h, 0, 0, 1000, 0) }.and_then(|()| {
+                    // SAFETY: as above.
+                    unsafe { host_flush(&h) }
+                });
+                failed |= r.is_err();
+                if proxy.error().is_some() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            let e = proxy.error();
+            assert!(
+                e.is_some() || failed,
+                "a write to a dead peer went unnoticed"
+            );
+            assert!(start.elapsed() < std::time::Duration::from_secs(60));
+        });
+    }
+}

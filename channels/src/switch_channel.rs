@@ -139,3 +139,51 @@ impl SwitchChannel {
         }
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::semaphore::testing::*;
+    use oxccl_hal::MemoryKind;
+
+    /// Three ranks on the host emulation: reduce sums every member's f32, broadcast lands
+    /// in every member.
+    #[test]
+    fn reduce_and_broadcast_on_the_host_emulation() {
+        const COUNT: usize = 1001;
+        let f = |r: u32, i: usize| (r as f32 + 1.0) * 0.5 + i as f32;
+        with_ranks(3, |b, d| {
+            let me = b.rank();
+            let mem = Arc::new(d.alloc(COUNT * 4, MemoryKind::Physical).unwrap());
+            let data: Vec<u8> = (0..COUNT).flat_map(|i| f(me, i).to_le_bytes()).collect();
+            write(&mem, 0, &data);
+            let sc = SwitchChannel::connect(&b, &d, Arc::clone(&mem)).unwrap();
+            assert!(!sc.handle().multicast.is_null());
+            let mut out = vec![0u8; COUNT * 4];
+            sc.reduce(0, COUNT, DataType::F32, ReduceOp::Sum, &mut out)
+                .unwrap();
+            for (i, c) in out.chunks_exact(4).enumerate() {
+                let want: f32 = (0..3).map(|r| f(r, i)).sum();
+                assert_eq!(
+                    f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+                    want,
+                    "element {i}"
+                );
+            }
+            b.barrier().unwrap();
+            if me == 1 {
+                sc.broadcast(8, &random_nonzero(5, 100)).unwrap();
+            }
+            b.barrier().unwrap();
+            assert_eq!(read(&mem, 8, 100), random_nonzero(5, 100));
+        });
+    }
+
+    #[test]
+    fn the_gate_decides_for_hardware_only() {
+        // The host device reports the emulation, which needs no gate.
+        assert!(allowed(&device()).is_ok());
+        assert!(multicast_gate::decide(None, None).is_err());
+    }
+}
