@@ -186,7 +186,10 @@ fn memory_op(cfg: &LaunchConfig, bytes: &[u8]) -> Result<()> {
         }
         // SAFETY: launch contract.
         abi::OXCCL_MEMORY_OP_WAIT => {
-            (0..a.iterations).try_for_each(|_| unsafe { host_ops::wait(h) })
+            (0..a.iterations).try_for_each(|_| {
+                // SAFETY: launch contract.
+                unsafe { host_ops::wait(h) }
+            })
         }
         abi::OXCCL_MEMORY_OP_PINGPONG => timed_rounds(a.iterations, || {
             // SAFETY: launch contract.
@@ -225,7 +228,10 @@ fn port_op(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
         },
         // SAFETY: launch contract.
         abi::OXCCL_PORT_OP_SIGNAL => {
-            (0..a.iterations).try_for_each(|_| unsafe { port::host_signal(h) })
+            (0..a.iterations).try_for_each(|_| {
+                // SAFETY: launch contract.
+                unsafe { port::host_signal(h) }
+            })
         }
         abi::OXCCL_PORT_OP_PUT_WITH_SIGNAL => {
             // SAFETY: launch contract.
@@ -247,7 +253,10 @@ fn port_op(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
         abi::OXCCL_PORT_OP_FLUSH => unsafe { port::host_flush(h) },
         // SAFETY: launch contract.
         abi::OXCCL_PORT_OP_WAIT => {
-            (0..a.iterations).try_for_each(|_| unsafe { port::host_wait_signal(h) })
+            (0..a.iterations).try_for_each(|_| {
+                // SAFETY: launch contract.
+                unsafe { port::host_wait_signal(h) }
+            })
         }
         abi::OXCCL_PORT_OP_PINGPONG => timed_rounds(a.iterations, || {
             // SAFETY: launch contract.

@@ -616,20 +616,26 @@ mod tests {
                     // the 16 KiB buffers, and the signal/ack protocol keeps the sides apart.
                     if me == 0 {
                         write(&buf, 0, &data);
+                        // SAFETY: see the comment at the top of the round.
                         unsafe { host_ops::put(&h, 8000, 0, n as u64, 0, 1) };
                         for s in 0..signals {
                             if relaxed_first && s + 1 < signals {
+                                // SAFETY: see the comment at the top of the round.
                                 unsafe { host_ops::relaxed_signal(&h) };
                             } else {
+                                // SAFETY: see the comment at the top of the round.
                                 unsafe { host_ops::signal(&h) };
                             }
                         }
+                        // SAFETY: see the comment at the top of the round.
                         unsafe { host_ops::wait(&h) }.unwrap();
                     } else {
                         for _ in 0..signals {
+                            // SAFETY: see the comment at the top of the round.
                             unsafe { host_ops::wait(&h) }.unwrap();
                         }
                         assert_eq!(read(&buf, 8000, n), data, "round {i}");
+                        // SAFETY: see the comment at the top of the round.
                         unsafe { host_ops::signal(&h) };
                     }
                 }

@@ -43,7 +43,7 @@ const IDLE_SPINS: u32 = 1 << 12;
 #[derive(Debug)]
 enum MemoryEntry {
     Local(RegisteredMemory),
-    Remote(RemoteMemory),
+    Remote(Box<RemoteMemory>),
 }
 
 #[derive(Debug)]
@@ -99,7 +99,7 @@ impl ProxyBuilder {
     /// Registers a peer's destination memory; returns its id.
     pub fn add_remote_memory(&mut self, memory: RemoteMemory) -> Result<u32> {
         Self::check_len(memory.len())?;
-        self.add_memory(MemoryEntry::Remote(memory))
+        self.add_memory(MemoryEntry::Remote(Box::new(memory)))
     }
 
     fn check_len(len: usize) -> Result<()> {
