@@ -12,6 +12,7 @@
 // Without a GPU backend only the argument handling is live; the rest serves the GPU builds.
 #![cfg_attr(not(feature = "cuda"), allow(dead_code, unused_imports))]
 
+mod channels_bench;
 #[cfg(feature = "cuda")]
 mod cuda_suite;
 mod kernels;
@@ -28,7 +29,7 @@ use crate::rendezvous::Rendezvous;
 use crate::report::Report;
 
 const USAGE: &str =
-    "usage: oxccl-gpu-suite <selftest|suite> [--rendezvous DIR] [--timeout SECS] [--seed N]\n\
+    "usage: oxccl-gpu-suite <selftest|suite|channels> [--rendezvous DIR] [--timeout SECS] [--seed N]\n\
   env: RANK, WORLD_SIZE, LOCAL_RANK (torchrun), OXCCL_SUITE_DIR, OXCCL_SUITE_RUN_ID";
 
 #[derive(Debug)]
@@ -188,6 +189,7 @@ fn main() -> ExitCode {
         match args.command.as_str() {
             "selftest" => selftest(&args, &r),
             "suite" => suite(&args, &r),
+            "channels" => channels_bench::run(args.timeout),
             other => Err(Error::InvalidArgument(format!(
                 "unknown command {other}\n{USAGE}"
             ))),
