@@ -106,20 +106,26 @@ fn device_sources(dir: &Path) -> BuildResult<Vec<PathBuf>> {
     Ok(v)
 }
 
-/// Kernel names: every `OXCCL_GLOBAL void <name>(` in the device sources.
+/// Kernel names: every `OXCCL_GLOBAL [__launch_bounds__(...)] void <name>(` in the device
+/// sources (the declaration starts a line).
 fn write_kernel_names(sources: &[PathBuf], out: &Path) -> BuildResult<()> {
     let mut names = Vec::new();
     for s in sources {
         let text = fs::read_to_string(s).map_err(|e| format!("reading {}: {e}", s.display()))?;
         for line in text.lines() {
-            if let Some(rest) = line.trim_start().strip_prefix("OXCCL_GLOBAL void ") {
-                let name: String = rest
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
-                if !name.is_empty() {
-                    names.push(name);
-                }
+            let Some(rest) = line.trim_start().strip_prefix("OXCCL_GLOBAL ") else {
+                continue;
+            };
+            let Some(pos) = rest.find("void ") else {
+                continue;
+            };
+            let name: String = rest[pos + 5..]
+                .trim_start()
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                names.push(name);
             }
         }
     }

@@ -21,11 +21,11 @@ pub mod pattern;
 pub mod reduce;
 pub mod selftest;
 
-use oxccl_hal::{BackendKind, Error, ModuleImage, Result};
+use oxccl_hal::{BackendKind, ModuleImage, Result};
 
 /// The code image of this crate's kernels for a backend.
 ///
-/// Fails with [`Error::Unsupported`] when the crate was built without the backend's
+/// Fails with [`oxccl_hal::Error::Unsupported`] when the crate was built without the backend's
 /// feature (there is then no image to load).
 pub fn module_image(kind: BackendKind) -> Result<ModuleImage<'static>> {
     match kind {
@@ -42,7 +42,7 @@ fn cuda_image() -> Result<ModuleImage<'static>> {
 
 #[cfg(not(feature = "cuda"))]
 fn cuda_image() -> Result<ModuleImage<'static>> {
-    Err(Error::Unsupported(
+    Err(oxccl_hal::Error::Unsupported(
         "oxccl-kernels was built without feature cuda: no CUDA kernel image (rebuild with \
          `--features cuda`)"
             .into(),
@@ -56,7 +56,7 @@ fn rocm_image() -> Result<ModuleImage<'static>> {
 
 #[cfg(not(feature = "rocm"))]
 fn rocm_image() -> Result<ModuleImage<'static>> {
-    Err(Error::Unsupported(
+    Err(oxccl_hal::Error::Unsupported(
         "oxccl-kernels was built without feature rocm: no ROCm kernel image (rebuild with \
          `--features rocm`)"
             .into(),
