@@ -10,3 +10,10 @@
 pub mod bootstrap;
 pub mod connection;
 pub mod registered_memory;
+pub mod fifo;
+pub mod host_kernels;
+pub mod memory_channel;
+pub mod port_channel;
+pub mod proxy;
+pub mod semaphore;
+pub mod switch_channel;
