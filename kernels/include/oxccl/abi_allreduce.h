@@ -1,0 +1,80 @@
+/* oxccl/abi_allreduce.h: argument block and scratch layout of the allreduce kernels.
+ *
+ * Included by abi.h inside its extern "C" block (so bindgen sees it); owned by the
+ * collectives crate (collectives/src/). Kernels: allreduce_oneshot_ll, allreduce_twoshot
+ * (kernels/src/device/allreduce.cu); host stand-ins with the same names and blocks live in
+ * collectives/src/host_kernels.rs.
+ *
+ * Every rank owns one scratch allocation with the same layout; every rank maps every
+ * peer's, and `scratch[r]` in the argument block is rank r's as mapped in this process.
+ *
+ *   [0, SYNC_BYTES)                      sync area (below); zeroed at communicator setup
+ *   [packet_offset, +2*packet_half)      LL16 packets, two halves chosen by epoch parity;
+ *                                        zeroed at setup (flag 0 never matches)
+ *   [data_offset, +2*data_bytes)         two-shot staging: "in" (inputs peers read) then
+ *                                        "out" (reduced chunks peers read)
+ *
+ * Sync area (u64 words):
+ *   EPOCH      calls completed by this rank's kernels; read at kernel start, advanced by the
+ *              last block to finish. LL flags and packet parity derive from it, so nothing
+ *              on the host advances per call (graph replays stay correct).
+ *   DONE       blocks of the running kernel that have finished (reset by the last one).
+ *   ERROR      0, or OXCCL_ALLREDUCE_ERR_* | (peer rank << 32): first failure seen.
+ *   INBOUND    [MAX_BLOCKS][MAX_RANKS]: block b of rank p adds 1 to INBOUND[b][p] of this
+ *              rank (release) at each two-shot barrier.
+ *   EXPECTED   [MAX_BLOCKS][MAX_RANKS]: signals consumed so far (local only).
+ */
+#ifndef OXCCL_ABI_ALLREDUCE_H_
+#define OXCCL_ABI_ALLREDUCE_H_
+
+#include <stdint.h>
+
+#define OXCCL_ALLREDUCE_MAX_RANKS 8
+#define OXCCL_ALLREDUCE_MAX_BLOCKS 128
+
+#define OXCCL_ALLREDUCE_SYNC_BYTES 65536
+#define OXCCL_ALLREDUCE_SYNC_EPOCH 0
+#define OXCCL_ALLREDUCE_SYNC_DONE 8
+#define OXCCL_ALLREDUCE_SYNC_ERROR 16
+#define OXCCL_ALLREDUCE_SYNC_INBOUND 4096
+#define OXCCL_ALLREDUCE_SYNC_EXPECTED 12288
+
+enum {
+  OXCCL_ALLREDUCE_OK = 0,
+  OXCCL_ALLREDUCE_ERR_TIMEOUT = 1,
+  OXCCL_ALLREDUCE_ERR_ARGS = 2
+};
+
+/* allreduce_oneshot_ll: every rank writes its input as LL16 packets (8 data bytes and the
+ * call's flag twice per 16-byte store) into slot `rank` of every peer's packet half, then
+ * reads the peers' packets from its own scratch and reduces in rank order. One kernel, no
+ * separate barrier. Packet capacity: world_size * 2 * bytes(count) <= packet_half_bytes.
+ *
+ * allreduce_twoshot: in rounds of data_bytes: copy the input into "in" staging, barrier,
+ * reduce chunk `rank` from every rank's staging (rank order) into "out" staging and the
+ * output, barrier, copy every peer's reduced chunk into the output. Barriers are per
+ * block (block b of every rank), through the INBOUND counters.
+ *
+ * Any count; input/output need only element alignment (16-byte aligned ones take the
+ * vector path). In place when input == output. */
+typedef struct OxcclAllreduceArgs {
+  const void* input;
+  void* output;
+  void* scratch[OXCCL_ALLREDUCE_MAX_RANKS];
+  uint64_t count;             /* elements */
+  uint64_t packet_offset;     /* byte offset of the packet region in every scratch */
+  uint64_t packet_half_bytes; /* bytes of one parity half */
+  uint64_t data_offset;       /* byte offset of the staging region */
+  uint64_t data_bytes;        /* bytes of each staging buffer, a multiple of 16 */
+  uint64_t timeout_ns;        /* bound of every wait; 0 = wait forever */
+  uint32_t rank;
+  uint32_t world_size;
+  uint32_t dtype; /* OXCCL_DTYPE_* */
+  uint32_t op;    /* OXCCL_OP_* */
+  uint32_t accum; /* OXCCL_ACCUM_* */
+  uint32_t _pad0;
+} OxcclAllreduceArgs;
+
+OXCCL_STATIC_ASSERT(sizeof(OxcclAllreduceArgs) == 152, "OxcclAllreduceArgs");
+
+#endif /* OXCCL_ABI_ALLREDUCE_H_ */

@@ -1,0 +1,245 @@
+// Allreduce kernels: one-shot all-pairs LL16 packets (small sizes) and two-shot
+// reduce-scatter + all-gather through staging buffers with per-block barriers (large).
+// Argument block and scratch layout: include/oxccl/abi_allreduce.h. Host stand-ins with
+// the same protocol: collectives/src/host_kernels.rs.
+//
+// Every rank reduces in rank order (r = 0, 1, ...), so every rank's result is bit-identical
+// and equal to the host reference (kernels/src/reduce.rs).
+
+#include "oxccl/abi.h"
+#include "oxccl/allreduce_device.hpp"
+#include "oxccl/number_formats.hpp"
+#include "oxccl/reduce.hpp"
+
+namespace oxccl {
+namespace allreduce {
+
+// ---- reducers ---------------------------------------------------------------------------
+// The hot combinations get a reducer with everything fixed at compile time; the rest share
+// one reducer per data type that reads op and accumulator at run time (same arithmetic,
+// same bits as reduce.hpp). This keeps the image (and nvcc's time) small: 2 kernels x
+// (7 + 8) bodies instead of 2 x 8 x 5 x 3.
+
+template <typename Fmt, Acc A, uint32_t Op>
+struct StaticReducer {
+  OXCCL_DEVICE_INLINE Vec16 operator()(const Vec16* in, uint32_t n) const {
+    return reduce16<Fmt, A, Op>(in, n);
+  }
+};
+
+template <typename Fmt>
+OXCCL_DEVICE_INLINE float acc_round_dyn(Acc a, float x) {
+  switch (a) {
+    case Acc::F32: return x;
+    case Acc::F16: return F16::decode(F16::encode(x));
+    default: return Fmt::decode(Fmt::encode(x));
+  }
+}
+
+OXCCL_DEVICE_INLINE float apply_op_dyn(uint32_t op, float a, float b) {
+  switch (op) {
+    case OXCCL_OP_PROD: return a * b;
+    case OXCCL_OP_MIN: return b < a ? b : a;
+    case OXCCL_OP_MAX: return b > a ? b : a;
+    default: return a + b;  // SUM, AVG
+  }
+}
+
+template <typename Fmt>
+struct DynamicReducer {
+  Acc acc;
+  uint32_t op;
+  OXCCL_DEVICE_INLINE Vec16 operator()(const Vec16* in, uint32_t n) const {
+    Lanes<Fmt> out;
+#pragma unroll
+    for (int i = 0; i < Lanes<Fmt>::kCount; ++i) {
+      float r = acc_round_dyn<Fmt>(acc, Fmt::decode(bit_cast<Lanes<Fmt>>(in[0]).e[i]));
+      for (uint32_t k = 1; k < n; ++k) {
+        const float x = acc_round_dyn<Fmt>(acc, Fmt::decode(bit_cast<Lanes<Fmt>>(in[k]).e[i]));
+        r = acc_round_dyn<Fmt>(acc, apply_op_dyn(op, r, x));
+      }
+      if (op == OXCCL_OP_AVG) r = acc_round_dyn<Fmt>(acc, r / static_cast<float>(n));
+      out.e[i] = Fmt::encode(r);
+    }
+    return bit_cast<Vec16>(out);
+  }
+};
+
+// ---- one-shot ----------------------------------------------------------------------------
+
+template <typename Fmt, typename Reducer>
+__device__ __noinline__ void oneshot_body(const Reducer reduce, const OxcclAllreduceArgs& a, uint64_t epoch,
+                                          const Deadline& d) {
+  const uint64_t total = a.count * sizeof(typename Fmt::Storage);
+  const uint64_t units = (total + 15) / 16;
+  const uint32_t w = a.world_size;
+  const uint32_t me = a.rank;
+  const uint32_t flag = flag_of(epoch);
+  const uint64_t half = a.packet_offset + (epoch & 1) * a.packet_half_bytes;
+  const uint64_t slot_bytes = units * 32;  // two LL16 packets per 16-byte unit
+  const uint64_t first = thread_index();
+  const uint64_t stride = thread_count();
+
+  // Write: my input as packets into slot `me` of every peer's current half.
+  for (uint64_t u = first; u < units; u += stride) {
+    const Vec16 v = load_unit(a.input, u * 16, total);
+    for (uint32_t k = 1; k < w; ++k) {
+      const uint32_t p = (me + k) % w;
+      OxcclLL16Packet* dst = reinterpret_cast<OxcclLL16Packet*>(
+                                 static_cast<char*>(a.scratch[p]) + half + me * slot_bytes) +
+                             2 * u;
+      ll16_write(dst, v.w[0], v.w[1], flag);
+      ll16_write(dst + 1, v.w[2], v.w[3], flag);
+    }
+  }
+
+  // Read and reduce: every rank's unit, in rank order, from my own scratch.
+  const char* mine = static_cast<const char*>(a.scratch[me]) + half;
+  bool ok = true;
+  for (uint64_t u = first; u < units && ok; u += stride) {
+    Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
+    for (uint32_t r = 0; r < w; ++r) {
+      if (r == me) {
+        in[r] = load_unit(a.input, u * 16, total);
+        continue;
+      }
+      const OxcclLL16Packet* src =
+          reinterpret_cast<const OxcclLL16Packet*>(mine + r * slot_bytes) + 2 * u;
+      if (!ll16_wait(src, flag, d, &in[r].w[0], &in[r].w[1]) ||
+          !ll16_wait(src + 1, flag, d, &in[r].w[2], &in[r].w[3])) {
+        report(a.scratch[me], OXCCL_ALLREDUCE_ERR_TIMEOUT, r);
+        ok = false;
+        break;
+      }
+    }
+    if (ok) store_unit(a.output, u * 16, reduce(in, w), total);
+  }
+}
+
+// ---- two-shot ----------------------------------------------------------------------------
+
+template <typename Fmt, typename Reducer>
+__device__ __noinline__ void twoshot_body(const Reducer reduce, const OxcclAllreduceArgs& a, const Deadline& d,
+                                          int* failed) {
+  const uint64_t total = a.count * sizeof(typename Fmt::Storage);
+  const uint32_t w = a.world_size;
+  const uint32_t me = a.rank;
+  char* own = static_cast<char*>(a.scratch[me]);
+  const uint64_t in_off = a.data_offset;
+  const uint64_t out_off = a.data_offset + a.data_bytes;
+  const uint64_t blocks = gridDim.x;
+  const uint64_t b = blockIdx.x;
+
+  for (uint64_t base = 0; base < total; base += a.data_bytes) {
+    const uint64_t bytes = total - base < a.data_bytes ? total - base : a.data_bytes;
+    const uint64_t units = (bytes + 15) / 16;
+    const uint64_t chunk = (units + w - 1) / w;      // units per rank's chunk
+    const uint64_t share = (chunk + blocks - 1) / blocks;  // units per block in a chunk
+    const uint64_t lo = b * share;
+    const uint64_t hi = lo + share < chunk ? lo + share : chunk;
+
+    // 1. Stage the chunks the peers will reduce (my own chunk is read from the input).
+    for (uint32_t c = 0; c < w; ++c) {
+      if (c == me) continue;
+      for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+        const uint64_t u = c * chunk + j;
+        if (u >= units) break;
+        store16(own + in_off + u * 16, load_unit(a.input, base + u * 16, total));
+      }
+    }
+    if (!block_barrier(a, d, failed)) return;
+
+    // 2. Reduce my chunk from every rank's staging, in rank order.
+    for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+      const uint64_t u = me * chunk + j;
+      if (u >= units) break;
+      Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
+      for (uint32_t r = 0; r < w; ++r) {
+        in[r] = r == me ? load_unit(a.input, base + u * 16, total)
+                        : load16_peer(static_cast<const char*>(a.scratch[r]) + in_off + u * 16);
+      }
+      const Vec16 v = reduce(in, w);
+      store16(own + out_off + u * 16, v);
+      store_unit(a.output, base + u * 16, v, total);
+    }
+    if (!block_barrier(a, d, failed)) return;
+
+    // 3. Gather the peers' reduced chunks.
+    for (uint32_t k = 1; k < w; ++k) {
+      const uint32_t c = (me + k) % w;
+      const char* peer = static_cast<const char*>(a.scratch[c]) + out_off;
+      for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+        const uint64_t u = c * chunk + j;
+        if (u >= units) break;
+        store_unit(a.output, base + u * 16, load16_peer(peer + u * 16), total);
+      }
+    }
+  }
+}
+
+/// Calls `body.template operator()<Fmt>(reducer)` with the reducer for the call's types.
+template <typename Body>
+__device__ void dispatch_all(const OxcclAllreduceArgs& a, Body&& body) {
+  dispatch_dtype(a.dtype, [&]<typename Fmt>() {
+    const Acc acc = resolve_accum<Fmt>(a.accum);
+    if (a.op == OXCCL_OP_SUM) {
+      if constexpr (Fmt::kCode == OXCCL_DTYPE_F32) {
+        if (acc == Acc::F32) return body.template operator()<Fmt>(StaticReducer<Fmt, Acc::F32, OXCCL_OP_SUM>{});
+      } else if constexpr (Fmt::kCode == OXCCL_DTYPE_F16) {
+        if (acc == Acc::F16) return body.template operator()<Fmt>(StaticReducer<Fmt, Acc::F16, OXCCL_OP_SUM>{});
+      } else if constexpr (Fmt::kCode == OXCCL_DTYPE_BF16) {
+        if (acc == Acc::Element) return body.template operator()<Fmt>(StaticReducer<Fmt, Acc::Element, OXCCL_OP_SUM>{});
+        if (acc == Acc::F32) return body.template operator()<Fmt>(StaticReducer<Fmt, Acc::F32, OXCCL_OP_SUM>{});
+      } else if constexpr (Fmt::kCode == OXCCL_DTYPE_FP8_E4M3 || Fmt::kCode == OXCCL_DTYPE_FP8_E5M2) {
+        if (acc == Acc::F16) return body.template operator()<Fmt>(StaticReducer<Fmt, Acc::F16, OXCCL_OP_SUM>{});
+      } else if constexpr (Fmt::kCode == OXCCL_DTYPE_FP8_E4M3B15) {
+        if (acc == Acc::F32) return body.template operator()<Fmt>(StaticReducer<Fmt, Acc::F32, OXCCL_OP_SUM>{});
+      }
+    }
+    body.template operator()<Fmt>(DynamicReducer<Fmt>{acc, a.op});
+  });
+}
+
+OXCCL_DEVICE_INLINE bool args_ok(const OxcclAllreduceArgs& a) {
+  return a.world_size >= 1 && a.world_size <= OXCCL_ALLREDUCE_MAX_RANKS &&
+         a.rank < a.world_size && blockDim.x >= a.world_size &&
+         gridDim.x <= OXCCL_ALLREDUCE_MAX_BLOCKS && a.data_bytes % 16 == 0 &&
+         a.dtype < OXCCL_DTYPE_COUNT && a.op <= OXCCL_OP_AVG && a.accum <= OXCCL_ACCUM_F32;
+}
+
+}  // namespace allreduce
+}  // namespace oxccl
+
+OXCCL_GLOBAL __launch_bounds__(1024) void allreduce_oneshot_ll(OxcclAllreduceArgs args) {
+  using namespace oxccl::allreduce;
+  void* own = args.scratch[args.rank < OXCCL_ALLREDUCE_MAX_RANKS ? args.rank : 0];
+  if (!args_ok(args)) {
+    if (oxccl::thread_index() == 0) report(own, OXCCL_ALLREDUCE_ERR_ARGS, args.rank);
+    return;
+  }
+  const uint64_t epoch =
+      oxccl::atomic_load_relaxed(sync_word(own, OXCCL_ALLREDUCE_SYNC_EPOCH));
+  const Deadline d{now_ns(), args.timeout_ns};
+  dispatch_all(args, [&]<typename Fmt>(auto reducer) {
+    oneshot_body<Fmt>(reducer, args, epoch, d);
+  });
+  finish_call(own, epoch);
+}
+
+OXCCL_GLOBAL __launch_bounds__(1024) void allreduce_twoshot(OxcclAllreduceArgs args) {
+  using namespace oxccl::allreduce;
+  void* own = args.scratch[args.rank < OXCCL_ALLREDUCE_MAX_RANKS ? args.rank : 0];
+  if (!args_ok(args)) {
+    if (oxccl::thread_index() == 0) report(own, OXCCL_ALLREDUCE_ERR_ARGS, args.rank);
+    return;
+  }
+  __shared__ int failed;
+  if (threadIdx.x == 0) failed = 0;
+  const uint64_t epoch =
+      oxccl::atomic_load_relaxed(sync_word(own, OXCCL_ALLREDUCE_SYNC_EPOCH));
+  const Deadline d{now_ns(), args.timeout_ns};
+  dispatch_all(args, [&]<typename Fmt>(auto reducer) {
+    twoshot_body<Fmt>(reducer, args, d, &failed);
+  });
+  finish_call(own, epoch);
+}
