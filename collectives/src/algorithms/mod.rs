@@ -1,0 +1,190 @@
+//! The allreduce algorithm collection: each algorithm is a named entry that says which
+//! sizes, world sizes and capabilities it serves and how it is launched.
+//!
+//! | name | kernel | serves |
+//! |---|---|---|
+//! | `oneshot_ll` | `allreduce_oneshot_ll` | small messages (latency): every rank writes its input as LL16 packets into every peer's scratch, then reduces all ranks' packets locally; one kernel, no barrier |
+//! | `twoshot` | `allreduce_twoshot` | medium and large: reduce-scatter then all-gather through registered staging buffers, per-block barriers between the phases |
+//! | `nvls` | (not built) | NVLink SHARP multicast reduce; gated by `OXCCL_NVLS` and never run on the lent machines |
+//! | `port_channel` | (not built) | multi-node through PortChannels; not built yet |
+
+pub mod nvls;
+pub mod one_shot;
+pub mod port_channel;
+pub mod two_shot;
+
+use std::fmt;
+use std::str::FromStr;
+
+use oxccl_hal::{Capabilities, DataType, Error, LaunchConfig, Result};
+
+/// One allreduce algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// One-shot all-pairs LL16 packets.
+    OneShotLl,
+    /// Two-shot reduce-scatter + all-gather through staging buffers.
+    TwoShot,
+    /// NVLS multicast (gated; not built).
+    Nvls,
+    /// PortChannel (multi-node; not built).
+    PortChannel,
+}
+
+/// What an algorithm needs to know to decide whether it can serve a call and how to
+/// launch it.
+#[derive(Debug, Clone, Copy)]
+pub struct CallShape<'a> {
+    /// Elements.
+    pub count: usize,
+    /// Element type.
+    pub dtype: DataType,
+    /// Bytes of one rank's input.
+    pub bytes: usize,
+    /// Ranks.
+    pub world_size: u32,
+    /// The device's capabilities.
+    pub caps: &'a Capabilities,
+    /// Bytes of one parity half of the packet region.
+    pub packet_half_bytes: usize,
+    /// Whether the kernels run as host functions (host backend).
+    pub host: bool,
+}
+
+/// A launch plan: which kernel and which grid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// Kernel name in the module.
+    pub kernel: &'static str,
+    /// Grid and block.
+    pub config: LaunchConfig,
+}
+
+/// An entry of the collection.
+#[derive(Debug, Clone, Copy)]
+pub struct AlgorithmInfo {
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// Name as `OXCCL_ALGO` takes it.
+    pub name: &'static str,
+    /// Where it wins and what it needs.
+    pub serves: &'static str,
+}
+
+/// Every algorithm, in the selector's order of preference for small messages.
+pub const ALGORITHMS: [AlgorithmInfo; 4] = [
+    AlgorithmInfo {
+        algorithm: Algorithm::OneShotLl,
+        name: "oneshot_ll",
+        serves: "small messages (up to the one-shot threshold), any world size 1..=8; needs \
+                 world_size * 2 * bytes of packet scratch",
+    },
+    AlgorithmInfo {
+        algorithm: Algorithm::TwoShot,
+        name: "twoshot",
+        serves: "medium and large messages, world size 1..=8; any size (processed in rounds \
+                 of the staging buffer)",
+    },
+    AlgorithmInfo {
+        algorithm: Algorithm::Nvls,
+        name: "nvls",
+        serves: "NVSwitch multicast reduce (hardware multicast, OXCCL_NVLS=1); not built",
+    },
+    AlgorithmInfo {
+        algorithm: Algorithm::PortChannel,
+        name: "port_channel",
+        serves: "multi-node (proxy + copy engine / RDMA); not built yet",
+    },
+];
+
+impl Algorithm {
+    /// The algorithm's name (as `OXCCL_ALGO` takes it).
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::OneShotLl => "oneshot_ll",
+            Algorithm::TwoShot => "twoshot",
+            Algorithm::Nvls => "nvls",
+            Algorithm::PortChannel => "port_channel",
+        }
+    }
+
+    /// Stable code (exchanged between ranks to detect mismatched calls).
+    pub fn code(self) -> u32 {
+        match self {
+            Algorithm::OneShotLl => 1,
+            Algorithm::TwoShot => 2,
+            Algorithm::Nvls => 3,
+            Algorithm::PortChannel => 4,
+        }
+    }
+
+    /// The launch of this algorithm for a call, or why it cannot serve it.
+    pub fn plan(self, shape: &CallShape<'_>) -> Result<Plan> {
+        match self {
+            Algorithm::OneShotLl => one_shot::plan(shape),
+            Algorithm::TwoShot => two_shot::plan(shape),
+            Algorithm::Nvls => nvls::plan(shape),
+            Algorithm::PortChannel => port_channel::plan(shape),
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let s = s.trim().to_ascii_lowercase();
+        let alias = match s.as_str() {
+            "oneshot" | "one_shot" | "allpairs" => "oneshot_ll",
+            "two_shot" => "twoshot",
+            "port" | "portchannel" => "port_channel",
+            other => other,
+        };
+        ALGORITHMS
+            .iter()
+            .find(|a| a.name == alias)
+            .map(|a| a.algorithm)
+            .ok_or_else(|| {
+                let names: Vec<&str> = ALGORITHMS.iter().map(|a| a.name).collect();
+                Error::InvalidArgument(format!(
+                    "unknown allreduce algorithm '{s}'; known: {}",
+                    names.join(", ")
+                ))
+            })
+    }
+}
+
+/// Threads per block of the device kernels.
+pub(crate) const THREADS: u32 = 512;
+
+/// Blocks the device kernels may use: the multiprocessor count, at most the sync area's
+/// per-block slots (every block must be resident: blocks spin on each other across GPUs).
+pub(crate) fn max_blocks(caps: &Capabilities) -> u32 {
+    caps.multiprocessors
+        .clamp(1, oxccl_kernels::abi::OXCCL_ALLREDUCE_MAX_BLOCKS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for a in ALGORITHMS {
+            assert_eq!(a.algorithm.name(), a.name);
+            assert_eq!(a.name.parse::<Algorithm>().ok(), Some(a.algorithm));
+        }
+        assert_eq!(
+            "ONESHOT".parse::<Algorithm>().ok(),
+            Some(Algorithm::OneShotLl)
+        );
+        let e = "ring".parse::<Algorithm>().unwrap_err().to_string();
+        assert!(e.contains("oneshot_ll, twoshot"), "{e}");
+    }
+}

@@ -1,0 +1,41 @@
+//! NVLS (NVLink SHARP) allreduce: multicast loads that reduce in the switch and multicast
+//! stores that broadcast. Compiled and gated only: the lent machines forbid multicast
+//! objects, so this entry refuses unless `OXCCL_NVLS=1` (and `NCCL_NVLS_ENABLE` is not 0),
+//! and even then it reports that the kernel is not built.
+
+use oxccl_hal::{Error, MulticastSupport, Result};
+
+use super::{CallShape, Plan};
+
+/// Always an error: the gate's refusal, no hardware multicast, or "not built".
+pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
+    oxccl_hal::multicast_gate::check()?;
+    if s.caps.multicast != MulticastSupport::Hardware {
+        return Err(Error::Unsupported(
+            "nvls: the device has no hardware multicast".into(),
+        ));
+    }
+    Err(Error::Unsupported(
+        "nvls: the NVLS allreduce kernel is not built yet".into(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses() {
+        let caps = oxccl_hal::Capabilities::default();
+        let s = CallShape {
+            count: 1,
+            dtype: oxccl_hal::DataType::F32,
+            bytes: 4,
+            world_size: 2,
+            caps: &caps,
+            packet_half_bytes: 0,
+            host: true,
+        };
+        assert!(plan(&s).is_err());
+    }
+}

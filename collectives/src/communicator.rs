@@ -1,0 +1,613 @@
+//! The communicator: one per rank, one GPU per process.
+//!
+//! Setup (collective, every rank calls it): open the device (`LOCAL_RANK`), load the
+//! kernels, allocate one scratch region in coherent memory (sync counters, LL packet
+//! halves, two-shot staging; layout in `kernels/include/oxccl/abi_allreduce.h`), zero the
+//! parts that must start at zero, export it, exchange the handles through the bootstrap,
+//! import every peer's (through the IPC handle cache), and barrier so no rank writes into
+//! a peer's scratch before the peer zeroed it.
+//!
+//! Steady state ([`Communicator::all_reduce`]): choose the algorithm, fill the argument
+//! block (peer pointers were resolved at setup), one kernel launch. No host
+//! synchronization, no host-side counter that advances per call (the epoch lives in device
+//! memory and the kernel advances it), so calls can be captured into a CUDA graph and
+//! replayed any number of times.
+//!
+//! Mismatched calls: the first call with a given (count, dtype, op, accum, algorithm) is
+//! checked against every rank through the bootstrap (one all-gather, host side only, so
+//! also fine while capturing); later calls with a signature already seen are not checked.
+//! A rank that then calls with a different count, or skips a call, makes its peers' waits
+//! time out (`timeout`, default 30 s): the kernel records the failure in device memory
+//! ([`Communicator::check_error`]) on GPUs, and the host backend's stream reports it.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use oxccl_backend::{AnyBackend, AnyDevice, AnyImported, AnyKernel, AnyMemory, AnyStream};
+use oxccl_channels::bootstrap::{Bootstrap, BootstrapConfig, UniqueId};
+use oxccl_hal::{
+    AccumType, Backend, BackendKind, DataType, Device, DeviceId, DevicePtr, Error, IpcHandle,
+    Memory, MemoryKind, Module, ModuleImage, ReduceOp, Result, Stream,
+};
+use oxccl_kernels::abi::{
+    OxcclAllreduceArgs, OXCCL_ALLREDUCE_ERR_ARGS, OXCCL_ALLREDUCE_ERR_TIMEOUT,
+    OXCCL_ALLREDUCE_MAX_RANKS, OXCCL_ALLREDUCE_SYNC_BYTES, OXCCL_ALLREDUCE_SYNC_ERROR,
+};
+
+use crate::algorithms::{one_shot, Algorithm, CallShape};
+use crate::host_kernels::{self, args_bytes, void_ptr, ONESHOT_LL, TWOSHOT};
+use crate::selector::{default_oneshot_max, Choice, Selector, ALGO_VAR, ONESHOT_MAX_VAR};
+
+/// Environment variable: bound of every device wait, in milliseconds (0 = forever).
+pub const TIMEOUT_VAR: &str = "OXCCL_TIMEOUT_MS";
+/// Environment variable: bytes of each two-shot staging buffer, in MiB.
+pub const STAGING_VAR: &str = "OXCCL_STAGING_MB";
+
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+const DEFAULT_STAGING: usize = 64 << 20;
+/// One-shot packet scratch is sized for at least this many bytes per rank, so that
+/// `OXCCL_ALGO=oneshot_ll` can be forced up to it.
+const MIN_ONESHOT_CAPACITY: usize = 1 << 20;
+
+/// Settings of a communicator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommConfig {
+    /// Bound of every wait inside a kernel (a dead or diverged peer becomes an error).
+    pub timeout: Duration,
+    /// Bytes of each two-shot staging buffer (rounded up to a multiple of 4 KiB).
+    pub staging_bytes: usize,
+    /// Algorithm every call must use.
+    pub forced: Option<Algorithm>,
+    /// Largest message (bytes per rank) the selector sends through one-shot; `None`: the
+    /// world-size default ([`default_oneshot_max`]).
+    pub oneshot_max_bytes: Option<usize>,
+}
+
+impl Default for CommConfig {
+    fn default() -> Self {
+        CommConfig {
+            timeout: DEFAULT_TIMEOUT,
+            staging_bytes: DEFAULT_STAGING,
+            forced: None,
+            oneshot_max_bytes: None,
+        }
+    }
+}
+
+fn env_number(var: &str) -> Result<Option<u64>> {
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => v.trim().parse::<u64>().map(Some).map_err(|_| {
+            Error::InvalidArgument(format!("{var}='{v}' is not a non-negative integer"))
+        }),
+        _ => Ok(None),
+    }
+}
+
+impl CommConfig {
+    /// From the environment: `OXCCL_ALGO`, `OXCCL_TIMEOUT_MS`, `OXCCL_STAGING_MB`,
+    /// `OXCCL_ONESHOT_MAX_BYTES`.
+    pub fn from_env() -> Result<Self> {
+        let mut c = CommConfig::default();
+        if let Ok(name) = std::env::var(ALGO_VAR) {
+            if !name.trim().is_empty() && name.trim() != "auto" {
+                c.forced = Some(name.parse()?);
+            }
+        }
+        if let Some(ms) = env_number(TIMEOUT_VAR)? {
+            c.timeout = Duration::from_millis(ms);
+        }
+        if let Some(mb) = env_number(STAGING_VAR)? {
+            if mb == 0 || mb > 4096 {
+                return Err(Error::InvalidArgument(format!(
+                    "{STAGING_VAR}={mb} is not in 1..=4096"
+                )));
+            }
+            c.staging_bytes = (mb as usize) << 20;
+        }
+        if let Some(b) = env_number(ONESHOT_MAX_VAR)? {
+            c.oneshot_max_bytes = Some(usize::try_from(b).unwrap_or(usize::MAX));
+        }
+        Ok(c)
+    }
+}
+
+/// Byte offsets of the scratch layout (the same on every rank).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Layout {
+    packet_offset: usize,
+    packet_half: usize,
+    data_offset: usize,
+    staging: usize,
+    total: usize,
+}
+
+impl Layout {
+    fn new(world: u32, oneshot_capacity: usize, staging: usize) -> Result<Layout> {
+        let page = 4096usize;
+        let overflow = || Error::InvalidArgument("allreduce scratch size overflows".into());
+        let packet_half = one_shot::slot_bytes(oneshot_capacity)
+            .checked_mul(world.max(1) as usize)
+            .ok_or_else(overflow)?
+            .next_multiple_of(page);
+        let staging = staging.max(page).next_multiple_of(page);
+        let packet_offset = OXCCL_ALLREDUCE_SYNC_BYTES as usize;
+        let data_offset = packet_offset + 2 * packet_half;
+        let total = staging
+            .checked_mul(2)
+            .and_then(|s| s.checked_add(data_offset))
+            .ok_or_else(overflow)?;
+        Ok(Layout {
+            packet_offset,
+            packet_half,
+            data_offset,
+            staging,
+            total,
+        })
+    }
+}
+
+/// What the first call of a signature checks across ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Signature {
+    count: u64,
+    dtype: u32,
+    op: u32,
+    accum: u32,
+    algorithm: u32,
+}
+
+impl Signature {
+    fn to_bytes(self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(24);
+        v.extend_from_slice(&self.count.to_le_bytes());
+        for x in [self.dtype, self.op, self.accum, self.algorithm] {
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        v
+    }
+}
+
+/// The kernels of the allreduce module.
+#[derive(Debug)]
+struct Kernels {
+    oneshot: AnyKernel,
+    twoshot: AnyKernel,
+}
+
+/// An allreduce communicator of one rank. See the module docs for the protocol.
+///
+/// ```no_run
+/// # use oxccl_collectives::{Communicator, hal::{DataType, ReduceOp, AccumType, Device, Memory, MemoryKind}};
+/// # fn main() -> oxccl_collectives::hal::Result<()> {
+/// let comm = Communicator::from_env()?; // RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT
+/// let stream = comm.device().create_stream()?;
+/// let buf = comm.device().alloc(4 << 20, MemoryKind::Plain)?;
+/// // SAFETY: `buf` holds 1M f32 and outlives the call's completion (synchronized below).
+/// unsafe {
+///     comm.all_reduce(buf.ptr(), buf.ptr(), 1 << 20, DataType::F32, ReduceOp::Sum,
+///                     AccumType::Auto, &stream)?;
+/// }
+/// oxccl_collectives::hal::Stream::synchronize(&stream)?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Communicator {
+    rank: u32,
+    world: u32,
+    config: CommConfig,
+    selector: Selector,
+    layout: Layout,
+    kernels: Kernels,
+    /// Every rank's scratch base as mapped here (index = rank).
+    scratch_ptrs: [DevicePtr; OXCCL_ALLREDUCE_MAX_RANKS as usize],
+    /// Signatures already checked across ranks.
+    seen: Mutex<HashSet<Signature>>,
+    // Drop order matters: peers' mappings, then our scratch, then the module and device.
+    peers: Vec<Option<AnyImported>>,
+    scratch: AnyMemory,
+    _module: oxccl_backend::AnyModule,
+    bootstrap: Bootstrap,
+    device: AnyDevice,
+}
+
+impl Communicator {
+    /// Joins the job described by the launcher environment (torchrun, mpirun, srun, or
+    /// `oxccl-perf -N`): rank and world size from `RANK`/`WORLD_SIZE`, the device from
+    /// `LOCAL_RANK`, the backend from `OXCCL_BACKEND` (else the first GPU backend built).
+    pub fn from_env() -> Result<Communicator> {
+        let (bootstrap, info) = Bootstrap::from_env(&BootstrapConfig::from_env()?)?;
+        let kind = oxccl_backend::chosen()?;
+        let device = AnyDevice::open_with(kind, DeviceId(info.local_rank))?;
+        Communicator::new(bootstrap, device, CommConfig::from_env()?)
+    }
+
+    /// Joins the job named by a unique id (made by one rank with [`UniqueId::create`] and
+    /// handed to the others), on `device`.
+    pub fn with_unique_id(
+        id: &UniqueId,
+        rank: u32,
+        world_size: u32,
+        device: AnyDevice,
+        config: CommConfig,
+    ) -> Result<Communicator> {
+        let bootstrap = Bootstrap::new(id, rank, world_size, &BootstrapConfig::from_env()?)?;
+        Communicator::new(bootstrap, device, config)
+    }
+
+    /// Builds the communicator over an existing bootstrap (collective).
+    pub fn new(
+        bootstrap: Bootstrap,
+        device: AnyDevice,
+        config: CommConfig,
+    ) -> Result<Communicator> {
+        let rank = bootstrap.rank();
+        let world = bootstrap.world_size();
+        let at = |e: Error| e.at_rank(rank);
+        let _span = tracing::info_span!("communicator", rank, world).entered();
+        if world > OXCCL_ALLREDUCE_MAX_RANKS {
+            return Err(at(Error::Unsupported(format!(
+                "world size {world}: the allreduce serves 1..={OXCCL_ALLREDUCE_MAX_RANKS} ranks \
+                 (one node)"
+            ))));
+        }
+        let backend = Device::backend(&device);
+        let image = match backend {
+            BackendKind::Host => ModuleImage::Host(&host_kernels::TABLE),
+            other => oxccl_kernels::module_image(other).map_err(at)?,
+        };
+        let module = device.load_module(&image).map_err(at)?;
+        let kernels = Kernels {
+            oneshot: module.kernel(ONESHOT_LL).map_err(at)?,
+            twoshot: module.kernel(TWOSHOT).map_err(at)?,
+        };
+        let oneshot_max = config
+            .oneshot_max_bytes
+            .unwrap_or_else(|| default_oneshot_max(world));
+        let layout = Layout::new(
+            world,
+            oneshot_max.max(MIN_ONESHOT_CAPACITY),
+            config.staging_bytes,
+        )
+        .map_err(at)?;
+        let scratch = device
+            .alloc(layout.total, MemoryKind::Coherent)
+            .map_err(at)?;
+        // Sync words and packets must start at zero (flag 0 never matches); the staging
+        // buffers need no initial value. Host-backend memory is zero-filled already.
+        if backend != BackendKind::Host {
+            let stream = device.create_stream().map_err(at)?;
+            // SAFETY: the range is inside the allocation just made, which outlives the
+            // fill (synchronized right below).
+            unsafe { stream.fill(scratch.ptr(), 0, layout.data_offset) }.map_err(at)?;
+            stream.synchronize().map_err(at)?;
+        }
+        let handle = device.export_memory(&scratch).map_err(at)?;
+        let all = bootstrap.all_gather(&handle.to_bytes()).map_err(at)?;
+        let mut peers = Vec::with_capacity(world as usize);
+        let mut scratch_ptrs = [DevicePtr::NULL; OXCCL_ALLREDUCE_MAX_RANKS as usize];
+        for (r, bytes) in all.iter().enumerate() {
+            if r == rank as usize {
+                peers.push(None);
+                scratch_ptrs[r] = scratch.ptr();
+                continue;
+            }
+            let h = IpcHandle::from_bytes(bytes).map_err(at)?;
+            if h.len < layout.total as u64 {
+                return Err(at(Error::InvalidArgument(format!(
+                    "rank {r}'s scratch is {} bytes, this rank's layout needs {}: the ranks \
+                     were configured differently ({STAGING_VAR}, {ONESHOT_MAX_VAR})",
+                    h.len, layout.total
+                ))));
+            }
+            let imported = device.import_memory(&h).map_err(at)?;
+            scratch_ptrs[r] = imported.ptr();
+            peers.push(Some(imported));
+        }
+        // Nobody writes into a peer's scratch before every peer has zeroed its own.
+        bootstrap.barrier().map_err(at)?;
+        tracing::info!(
+            rank,
+            world,
+            backend = %backend,
+            scratch_bytes = layout.total,
+            "communicator ready"
+        );
+        Ok(Communicator {
+            rank,
+            world,
+            selector: Selector {
+                forced: config.forced,
+                oneshot_max_bytes: oneshot_max,
+            },
+            config,
+            layout,
+            kernels,
+            scratch_ptrs,
+            seen: Mutex::new(HashSet::new()),
+            peers,
+            scratch,
+            _module: module,
+            bootstrap,
+            device,
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> u32 {
+        self.world
+    }
+
+    /// The device this rank runs on.
+    pub fn device(&self) -> &AnyDevice {
+        &self.device
+    }
+
+    /// The bootstrap (for exchanging setup data, e.g. another library's unique id).
+    pub fn bootstrap(&self) -> &Bootstrap {
+        &self.bootstrap
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &CommConfig {
+        &self.config
+    }
+
+    /// The algorithm and launch a call would use (no launch).
+    pub fn choose(&self, count: usize, dtype: DataType) -> Result<Choice> {
+        let bytes = dtype.bytes(count)?;
+        self.selector.choose(&self.shape(count, dtype, bytes))
+    }
+
+    fn shape(&self, count: usize, dtype: DataType, bytes: usize) -> CallShape<'_> {
+        CallShape {
+            count,
+            dtype,
+            bytes,
+            world_size: self.world,
+            caps: self.device.capabilities(),
+            packet_half_bytes: self.layout.packet_half,
+            host: Device::backend(&self.device) == BackendKind::Host,
+        }
+    }
+
+    /// Allreduce of `count` elements: `output[i] = op(input_0[i], ..., input_{n-1}[i])` on
+    /// every rank, reduced in rank order with the accumulation type (so every rank gets
+    /// the same bits). In place when `input == output`. `count == 0` does nothing.
+    ///
+    /// Errors (before any launch): overflowing sizes, null or element-misaligned pointers,
+    /// partially overlapping buffers, unsupported type combinations (f32 data with an f16
+    /// accumulator), a forced algorithm that cannot serve the call, and, on the first call
+    /// of a signature, a different call on another rank. Non-16-byte-aligned buffers are
+    /// served (the kernels fall back to byte accesses for those units), only slower.
+    ///
+    /// # Safety
+    /// `input` and `output` must be device memory of this communicator's device holding
+    /// `count` elements of `dtype`, live until the work queued on `stream` completes; no
+    /// other work may write them meanwhile. Every rank must make the same sequence of
+    /// calls, ordered on one stream per rank.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn all_reduce(
+        &self,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        accum: AccumType,
+        stream: &AnyStream,
+    ) -> Result<()> {
+        let at = |e: Error| e.at_rank(self.rank);
+        if count == 0 {
+            return Ok(());
+        }
+        let bytes = dtype.bytes(count).map_err(at)?;
+        check_buffers(input, output, bytes, dtype).map_err(at)?;
+        check_types(dtype, accum).map_err(at)?;
+        let choice = self
+            .selector
+            .choose(&self.shape(count, dtype, bytes))
+            .map_err(at)?;
+        self.check_signature(Signature {
+            count: count as u64,
+            dtype: dtype.code(),
+            op: op.code(),
+            accum: accum.code(),
+            algorithm: choice.algorithm.code(),
+        })?;
+        let mut scratch = [std::ptr::null_mut(); OXCCL_ALLREDUCE_MAX_RANKS as usize];
+        for (slot, p) in scratch.iter_mut().zip(self.scratch_ptrs) {
+            *slot = void_ptr(p);
+        }
+        let args = OxcclAllreduceArgs {
+            input: void_ptr(input),
+            output: void_ptr(output),
+            scratch,
+            count: count as u64,
+            packet_offset: self.layout.packet_offset as u64,
+            packet_half_bytes: self.layout.packet_half as u64,
+            data_offset: self.layout.data_offset as u64,
+            data_bytes: self.layout.staging as u64,
+            timeout_ns: u64::try_from(self.config.timeout.as_nanos()).unwrap_or(u64::MAX),
+            rank: self.rank,
+            world_size: self.world,
+            dtype: dtype.code(),
+            op: op.code(),
+            accum: accum.code(),
+            _pad0: 0,
+        };
+        let kernel = match choice.algorithm {
+            Algorithm::OneShotLl => &self.kernels.oneshot,
+            Algorithm::TwoShot => &self.kernels.twoshot,
+            other => {
+                return Err(at(Error::Unsupported(format!(
+                    "{other}: no kernel in this build"
+                ))))
+            }
+        };
+        // SAFETY: the argument block matches the kernel (abi_allreduce.h); the scratch
+        // pointers are this communicator's live mappings (kept until drop); input and
+        // output are the caller's obligation (this function's contract).
+        unsafe { stream.launch(kernel, &choice.plan.config, args_bytes(&args)) }.map_err(at)
+    }
+
+    fn check_signature(&self, sig: Signature) -> Result<()> {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.contains(&sig) {
+            return Ok(());
+        }
+        let all = self
+            .bootstrap
+            .all_gather(&sig.to_bytes())
+            .map_err(|e| e.at_rank(self.rank))?;
+        let mine = sig.to_bytes();
+        let differing: Vec<usize> = all
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| **b != mine)
+            .map(|(r, _)| r)
+            .collect();
+        if !differing.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "mismatched all_reduce calls: ranks {differing:?} called with a different \
+                 (count, dtype, op, accum, algorithm) than this rank's ({}, {}, {}, {}, {})",
+                sig.count,
+                DataType::from_code(sig.dtype).map_or("?".into(), |d| d.to_string()),
+                sig.op,
+                sig.accum,
+                sig.algorithm
+            ))
+            .at_rank(self.rank));
+        }
+        seen.insert(sig);
+        Ok(())
+    }
+
+    /// Reads the failure word the kernels leave in device memory (a wait that timed out,
+    /// a bad argument block). Synchronizes `stream` first; not allowed while capturing.
+    /// After a failure the communicator must be dropped: its counters no longer agree.
+    pub fn check_error(&self, stream: &AnyStream) -> Result<()> {
+        stream.synchronize().map_err(|e| e.at_rank(self.rank))?;
+        let ptr = self
+            .scratch
+            .ptr()
+            .offset(OXCCL_ALLREDUCE_SYNC_ERROR as usize)?;
+        let mut word = [0u8; 8];
+        stream
+            .read(ptr, &mut word)
+            .map_err(|e| e.at_rank(self.rank))?;
+        let w = u64::from_le_bytes(word);
+        let (code, peer) = ((w & 0xffff_ffff) as u32, (w >> 32) as u32);
+        match code {
+            0 => Ok(()),
+            c if c == OXCCL_ALLREDUCE_ERR_TIMEOUT => Err(Error::Timeout {
+                what: format!(
+                    "an allreduce kernel's wait for rank {peer} (dead, slow, or a mismatched \
+                     call)"
+                ),
+                waited: self.config.timeout,
+            }
+            .at_rank(self.rank)),
+            c if c == OXCCL_ALLREDUCE_ERR_ARGS => Err(Error::InvalidArgument(
+                "an allreduce kernel rejected its argument block".into(),
+            )
+            .at_rank(self.rank)),
+            other => Err(
+                Error::InvalidArgument(format!("allreduce kernel failure code {other}"))
+                    .at_rank(self.rank),
+            ),
+        }
+    }
+
+    /// Tears down collectively: waits until every rank got here (so no peer still reads
+    /// this rank's scratch), then releases imports, scratch, module and device in order.
+    /// Streams that ran this communicator's work must be synchronized first.
+    pub fn destroy(self) -> Result<()> {
+        let rank = self.rank;
+        self.bootstrap.barrier().map_err(|e| e.at_rank(rank))?;
+        drop(self);
+        Ok(())
+    }
+
+    /// Imported peer scratch regions (for tests: how many live mappings this rank holds).
+    pub fn peer_mappings(&self) -> usize {
+        self.peers.iter().flatten().count()
+    }
+}
+
+/// Checks pointers for a call of `bytes` bytes.
+fn check_buffers(input: DevicePtr, output: DevicePtr, bytes: usize, dtype: DataType) -> Result<()> {
+    if input.is_null() || output.is_null() {
+        return Err(Error::InvalidArgument(
+            "all_reduce: null input or output".into(),
+        ));
+    }
+    let align = dtype.size() as u64;
+    if !input.is_aligned(align) || !output.is_aligned(align) {
+        return Err(Error::InvalidArgument(format!(
+            "all_reduce: input {input} / output {output} not aligned to the {align}-byte {dtype} \
+             element"
+        )));
+    }
+    input.offset(bytes)?;
+    output.offset(bytes)?;
+    let (i, o, n) = (input.0, output.0, bytes as u64);
+    if i != o && i < o + n && o < i + n {
+        return Err(Error::InvalidArgument(format!(
+            "all_reduce: input {input} and output {output} overlap without being the same \
+             buffer ({bytes} bytes)"
+        )));
+    }
+    Ok(())
+}
+
+/// Type combinations the kernels serve: every data type with `Auto`, `Native`, `F32`;
+/// `F16` accumulation for everything narrower than f32 (refused for f32 data, which it
+/// would silently truncate).
+fn check_types(dtype: DataType, accum: AccumType) -> Result<()> {
+    if dtype == DataType::F32 && accum == AccumType::F16 {
+        return Err(Error::Unsupported(
+            "all_reduce: f32 data with an f16 accumulator (narrower than the data)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The HAL backend type the communicator dispatches through (for generic callers).
+pub type CommBackend = AnyBackend;
+
+#[allow(dead_code)]
+fn _assert_backend(_: <AnyBackend as Backend>::Device) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_aligned_and_sized() {
+        let l = Layout::new(4, 1 << 20, 64 << 20).unwrap();
+        assert_eq!(l.packet_offset, 65536);
+        assert_eq!(l.packet_half % 4096, 0);
+        assert!(l.packet_half >= 4 * 2 * (1 << 20));
+        assert_eq!(l.total, l.data_offset + 2 * l.staging);
+        assert!(Layout::new(8, usize::MAX / 4, 1).is_err());
+    }
+
+    #[test]
+    fn buffers_and_types_are_checked() {
+        let p = DevicePtr(0x1000);
+        assert!(check_buffers(p, p, 100, DataType::F32).is_ok());
+        assert!(check_buffers(DevicePtr::NULL, p, 4, DataType::F32).is_err());
+        assert!(check_buffers(DevicePtr(0x1002), p, 4, DataType::F32).is_err());
+        assert!(check_buffers(DevicePtr(0x1001), DevicePtr(0x2001), 4, DataType::Fp8E4m3).is_ok());
+        assert!(check_buffers(p, DevicePtr(0x1004), 8, DataType::F32).is_err());
+        assert!(check_buffers(DevicePtr(u64::MAX - 4), p, 8, DataType::F32).is_err());
+        assert!(check_types(DataType::F32, AccumType::F16).is_err());
+        assert!(check_types(DataType::Bf16, AccumType::F16).is_ok());
+    }
+}

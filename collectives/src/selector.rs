@@ -1,0 +1,152 @@
+//! Picks the allreduce algorithm for a call: by size, world size and capability, unless
+//! `OXCCL_ALGO` forces one. Every decision is a `tracing::debug!` event with its reason.
+
+use oxccl_hal::Result;
+
+use crate::algorithms::{Algorithm, CallShape, Plan};
+
+/// Environment variable that forces an algorithm by name (see [`crate::algorithms`]).
+pub const ALGO_VAR: &str = "OXCCL_ALGO";
+/// Environment variable with the largest message (bytes per rank) one-shot serves.
+pub const ONESHOT_MAX_VAR: &str = "OXCCL_ONESHOT_MAX_BYTES";
+
+/// Default one-shot threshold in bytes per rank: one-shot moves `world - 1` copies of the
+/// whole message (doubled by the LL flags) into every GPU, two-shot about two; the more
+/// ranks, the earlier two-shot's bandwidth wins over one-shot's single step.
+pub fn default_oneshot_max(world_size: u32) -> usize {
+    match world_size {
+        0..=2 => 512 << 10,
+        3..=4 => 256 << 10,
+        _ => 128 << 10,
+    }
+}
+
+/// The selector's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Selector {
+    /// An algorithm every call must use (`OXCCL_ALGO`).
+    pub forced: Option<Algorithm>,
+    /// Largest message one-shot serves when nothing is forced.
+    pub oneshot_max_bytes: usize,
+}
+
+/// A decision and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Choice {
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// Its launch.
+    pub plan: Plan,
+    /// Why it was chosen.
+    pub reason: String,
+}
+
+impl Selector {
+    /// Chooses for a call. A forced algorithm that cannot serve the call is an error (never
+    /// a silent fallback: ranks must agree, and a test that forces one must get it).
+    pub fn choose(&self, shape: &CallShape<'_>) -> Result<Choice> {
+        let choice = if let Some(algorithm) = self.forced {
+            Choice {
+                algorithm,
+                plan: algorithm.plan(shape)?,
+                reason: format!("forced by {ALGO_VAR}"),
+            }
+        } else if shape.world_size == 1 {
+            Choice {
+                algorithm: Algorithm::OneShotLl,
+                plan: Algorithm::OneShotLl.plan(shape)?,
+                reason: "one rank: a local copy".into(),
+            }
+        } else if shape.bytes <= self.oneshot_max_bytes {
+            match Algorithm::OneShotLl.plan(shape) {
+                Ok(plan) => Choice {
+                    algorithm: Algorithm::OneShotLl,
+                    plan,
+                    reason: format!(
+                        "{} bytes <= one-shot threshold {}",
+                        shape.bytes, self.oneshot_max_bytes
+                    ),
+                },
+                Err(e) => Choice {
+                    algorithm: Algorithm::TwoShot,
+                    plan: Algorithm::TwoShot.plan(shape)?,
+                    reason: format!("one-shot cannot serve it ({e})"),
+                },
+            }
+        } else {
+            Choice {
+                algorithm: Algorithm::TwoShot,
+                plan: Algorithm::TwoShot.plan(shape)?,
+                reason: format!(
+                    "{} bytes > one-shot threshold {}",
+                    shape.bytes, self.oneshot_max_bytes
+                ),
+            }
+        };
+        tracing::debug!(
+            algorithm = %choice.algorithm,
+            bytes = shape.bytes,
+            world_size = shape.world_size,
+            grid = choice.plan.config.grid[0],
+            block = choice.plan.config.block[0],
+            reason = %choice.reason,
+            "allreduce algorithm"
+        );
+        Ok(choice)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oxccl_hal::{Capabilities, DataType};
+
+    fn shape(bytes: usize, world: u32, caps: &Capabilities) -> CallShape<'_> {
+        CallShape {
+            count: bytes / 2,
+            dtype: DataType::Bf16,
+            bytes,
+            world_size: world,
+            caps,
+            packet_half_bytes: 1 << 24,
+            host: false,
+        }
+    }
+
+    #[test]
+    fn by_size_and_forced() {
+        let caps = Capabilities {
+            multiprocessors: 132,
+            ..Capabilities::default()
+        };
+        let s = Selector {
+            forced: None,
+            oneshot_max_bytes: 256 << 10,
+        };
+        assert_eq!(
+            s.choose(&shape(1024, 4, &caps)).unwrap().algorithm,
+            Algorithm::OneShotLl
+        );
+        assert_eq!(
+            s.choose(&shape(1 << 20, 4, &caps)).unwrap().algorithm,
+            Algorithm::TwoShot
+        );
+        assert_eq!(
+            s.choose(&shape(1 << 30, 1, &caps)).unwrap().algorithm,
+            Algorithm::OneShotLl
+        );
+        let c = s.choose(&shape(1 << 30, 8, &caps)).unwrap();
+        assert!(c.plan.config.grid[0] <= 128);
+        let forced = Selector {
+            forced: Some(Algorithm::OneShotLl),
+            ..s
+        };
+        let e = forced.choose(&shape(1 << 30, 8, &caps)).unwrap_err();
+        assert!(e.to_string().contains("packet scratch"), "{e}");
+        let nvls = Selector {
+            forced: Some(Algorithm::Nvls),
+            ..s
+        };
+        assert!(nvls.choose(&shape(1024, 4, &caps)).is_err());
+    }
+}

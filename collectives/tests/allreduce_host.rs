@@ -1,0 +1,464 @@
+//! Allreduce on the host backend across ranks: every algorithm x data type x op x
+//! accumulation x in/out-of-place, odd counts, repeated calls, world sizes 1..=4, bad
+//! input, and the same protocol across real processes (this test binary re-executed).
+//!
+//! Results are compared bit for bit with the host reference reduction in rank order
+//! (`oxccl_kernels::reduce`), which is what every rank's kernel must produce.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use oxccl_collectives::backend::{AnyDevice, AnyMemory, AnyStream};
+use oxccl_collectives::channels::bootstrap::{Bootstrap, BootstrapConfig, UniqueId};
+use oxccl_collectives::hal::{
+    AccumType, BackendKind, DataType, Device, DeviceId, Memory, MemoryKind, ReduceOp, Stream,
+};
+use oxccl_collectives::kernels::{formats, reduce};
+use oxccl_collectives::{Algorithm, CommConfig, Communicator};
+
+/// Deterministic non-zero inputs of `rank`: values near ±1 scaled per type.
+fn input(dtype: DataType, rank: u32, count: usize, salt: u64) -> Vec<u8> {
+    let mut out = vec![0u8; dtype.bytes(count).unwrap()];
+    let mut s = 0x9e37_79b9_7f4a_7c15u64 ^ (u64::from(rank) << 32) ^ salt;
+    for i in 0..count {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        let mag = 0.25 + (s % 1000) as f32 / 1000.0;
+        let v = if s & (1 << 20) != 0 { -mag } else { mag };
+        let mut bits = formats::encode(dtype, v);
+        if formats::decode(dtype, bits) == 0.0 {
+            bits = formats::encode(dtype, 0.5);
+        }
+        formats::write_element(dtype, &mut out, i, bits).unwrap();
+    }
+    out
+}
+
+fn expected(
+    dtype: DataType,
+    op: ReduceOp,
+    accum: AccumType,
+    world: u32,
+    count: usize,
+    salt: u64,
+) -> Vec<u8> {
+    let inputs: Vec<Vec<u8>> = (0..world).map(|r| input(dtype, r, count, salt)).collect();
+    let refs: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+    let mut out = vec![0u8; dtype.bytes(count).unwrap()];
+    reduce::reduce(dtype, op, accum, &refs, &mut out, count).unwrap();
+    out
+}
+
+struct Rank {
+    comm: Communicator,
+    stream: AnyStream,
+}
+
+impl Rank {
+    /// Runs one checked allreduce; returns a description of the first mismatch.
+    fn check(
+        &self,
+        dtype: DataType,
+        op: ReduceOp,
+        accum: AccumType,
+        count: usize,
+        in_place: bool,
+        salt: u64,
+    ) -> Result<(), String> {
+        let dev = self.comm.device();
+        let bytes = dtype.bytes(count).unwrap();
+        let data = input(dtype, self.comm.rank(), count, salt);
+        // Offset by one element when out of place so unaligned buffers are exercised too.
+        let skew = if in_place { 0 } else { dtype.size() };
+        let a: AnyMemory = dev.alloc(bytes + 16, MemoryKind::Plain).unwrap();
+        let b: AnyMemory = dev.alloc(bytes + 16, MemoryKind::Plain).unwrap();
+        let inp = a.ptr().offset(skew).unwrap();
+        let out = if in_place { inp } else { b.ptr() };
+        self.stream.write(inp, &data).unwrap();
+        if !in_place {
+            self.stream.write(out, &vec![0xa5u8; bytes]).unwrap();
+        }
+        // SAFETY: both buffers hold `bytes` bytes and live until the synchronize below.
+        unsafe {
+            self.comm
+                .all_reduce(inp, out, count, dtype, op, accum, &self.stream)
+                .map_err(|e| e.to_string())?;
+        }
+        self.stream.synchronize().map_err(|e| e.to_string())?;
+        self.comm
+            .check_error(&self.stream)
+            .map_err(|e| e.to_string())?;
+        let mut got = vec![0u8; bytes];
+        self.stream.read(out, &mut got).unwrap();
+        let want = expected(dtype, op, accum, self.comm.world_size(), count, salt);
+        for i in 0..count {
+            let g = formats::read_element(dtype, &got, i).unwrap();
+            let w = formats::read_element(dtype, &want, i).unwrap();
+            if !formats::same_bits(dtype, g, w) {
+                return Err(format!(
+                    "rank {} {dtype} {op} {accum} count {count} in_place {in_place}: element {i} \
+                     is {g:#x}, want {w:#x}",
+                    self.comm.rank()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn config(algo: Option<Algorithm>) -> CommConfig {
+    CommConfig {
+        timeout: Duration::from_secs(20),
+        staging_bytes: 64 << 10, // small staging: large counts take several rounds
+        forced: algo,
+        oneshot_max_bytes: None,
+    }
+}
+
+/// Runs `body` on `world` ranks as threads of this process (each its own host device).
+fn threads(world: u32, algo: Option<Algorithm>, body: impl Fn(&Rank) + Send + Sync + 'static) {
+    let id =
+        UniqueId::create_on(IpAddr::V4(Ipv4Addr::LOCALHOST), &BootstrapConfig::default()).unwrap();
+    let body = Arc::new(body);
+    let handles: Vec<_> = (0..world)
+        .map(|r| {
+            let body = Arc::clone(&body);
+            let id = id.clone();
+            std::thread::spawn(move || {
+                let bs = Bootstrap::new(&id, r, world, &BootstrapConfig::default()).unwrap();
+                let dev = AnyDevice::open_with(BackendKind::Host, DeviceId(r)).unwrap();
+                let comm = Communicator::new(bs, dev, config(algo)).unwrap();
+                let stream = comm.device().create_stream().unwrap();
+                let rank = Rank { comm, stream };
+                body(&rank);
+                rank.comm.destroy().unwrap();
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("rank thread panicked");
+    }
+}
+
+const ALGOS: [Algorithm; 2] = [Algorithm::OneShotLl, Algorithm::TwoShot];
+
+fn accums(dtype: DataType) -> Vec<AccumType> {
+    match dtype {
+        DataType::F32 => vec![AccumType::Auto],
+        DataType::F16 | DataType::Bf16 => vec![AccumType::Auto, AccumType::F32],
+        _ => vec![AccumType::Auto, AccumType::Native, AccumType::F32],
+    }
+}
+
+#[test]
+fn every_type_op_and_accumulation_on_three_ranks() {
+    for algo in ALGOS {
+        threads(3, Some(algo), |r| {
+            let mut salt = 1;
+            for dtype in DataType::ALL {
+                for op in ReduceOp::ALL {
+                    for accum in accums(dtype) {
+                        for (count, in_place) in [(1, true), (3, false), (1000, true)] {
+                            salt += 1;
+                            r.check(dtype, op, accum, count, in_place, salt).unwrap();
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn odd_and_large_counts_on_world_sizes_one_to_four() {
+    for world in 1..=4 {
+        for algo in ALGOS {
+            threads(world, Some(algo), move |r| {
+                let mut counts = vec![1usize, 3, 1000, 12345];
+                // One-shot packet capacity is sized for 1 MiB per rank.
+                if algo == Algorithm::TwoShot && world <= 2 {
+                    counts.push((1 << 20) + 7);
+                }
+                for (i, count) in counts.into_iter().enumerate() {
+                    for in_place in [false, true] {
+                        r.check(
+                            DataType::Bf16,
+                            ReduceOp::Sum,
+                            AccumType::Auto,
+                            count,
+                            in_place,
+                            i as u64,
+                        )
+                        .unwrap();
+                    }
+                }
+                r.check(
+                    DataType::F32,
+                    ReduceOp::Sum,
+                    AccumType::Auto,
+                    250_007,
+                    false,
+                    99,
+                )
+                .unwrap();
+                r.check(
+                    DataType::Fp8E4m3b15,
+                    ReduceOp::Sum,
+                    AccumType::F32,
+                    12345,
+                    true,
+                    98,
+                )
+                .unwrap();
+            });
+        }
+    }
+}
+
+#[test]
+fn repeated_calls_advance_the_epoch_and_mix_algorithms() {
+    // The selector alternates one-shot (small) and two-shot (large) with the same epochs.
+    threads(4, None, |r| {
+        for i in 0..40u64 {
+            let count = if i % 3 == 0 {
+                200_000
+            } else {
+                1 + (i as usize * 37) % 3000
+            };
+            r.check(
+                DataType::F16,
+                ReduceOp::Sum,
+                AccumType::Auto,
+                count,
+                i % 2 == 0,
+                i,
+            )
+            .unwrap();
+        }
+    });
+}
+
+#[test]
+fn bad_input_is_refused_before_any_launch() {
+    threads(2, None, |r| {
+        let dev = r.comm.device();
+        let m = dev.alloc(64, MemoryKind::Plain).unwrap();
+        let p = m.ptr();
+        let call = |i, o, n, d, a| {
+            // SAFETY: every call below is refused before a launch (or is a no-op).
+            unsafe { r.comm.all_reduce(i, o, n, d, ReduceOp::Sum, a, &r.stream) }
+        };
+        assert!(
+            call(p, p, 0, DataType::F32, AccumType::Auto).is_ok(),
+            "count 0 is a no-op"
+        );
+        let e = call(p, p, usize::MAX, DataType::F32, AccumType::Auto).unwrap_err();
+        assert!(e.to_string().contains("overflow"), "{e}");
+        let e = call(p.offset(2).unwrap(), p, 4, DataType::F32, AccumType::Auto).unwrap_err();
+        assert!(e.to_string().contains("aligned"), "{e}");
+        let e = call(p, p, 4, DataType::F32, AccumType::F16).unwrap_err();
+        assert!(e.to_string().contains("f16 accumulator"), "{e}");
+        let e = call(p, p.offset(4).unwrap(), 4, DataType::F32, AccumType::Auto).unwrap_err();
+        assert!(e.to_string().contains("overlap"), "{e}");
+        let e = call(
+            oxccl_collectives::hal::DevicePtr::NULL,
+            p,
+            4,
+            DataType::F32,
+            AccumType::Auto,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("null"), "{e}");
+    });
+}
+
+#[test]
+fn mismatched_counts_are_detected_on_first_call() {
+    threads(2, None, |r| {
+        let count = 10 + r.comm.rank() as usize;
+        let m = r.comm.device().alloc(64, MemoryKind::Plain).unwrap();
+        // SAFETY: 64 bytes hold 11 f32; the call is refused before a launch.
+        let e = unsafe {
+            r.comm.all_reduce(
+                m.ptr(),
+                m.ptr(),
+                count,
+                DataType::F32,
+                ReduceOp::Sum,
+                AccumType::Auto,
+                &r.stream,
+            )
+        }
+        .unwrap_err();
+        assert!(e.to_string().contains("mismatched all_reduce"), "{e}");
+    });
+}
+
+#[test]
+fn forced_algorithms_that_cannot_serve_are_errors() {
+    for algo in [Algorithm::Nvls, Algorithm::PortChannel] {
+        threads(2, Some(algo), |r| {
+            let m = r.comm.device().alloc(64, MemoryKind::Plain).unwrap();
+            // SAFETY: refused before a launch.
+            let e = unsafe {
+                r.comm.all_reduce(
+                    m.ptr(),
+                    m.ptr(),
+                    4,
+                    DataType::F32,
+                    ReduceOp::Sum,
+                    AccumType::Auto,
+                    &r.stream,
+                )
+            }
+            .unwrap_err();
+            let t = e.to_string();
+            assert!(t.contains("unsupported") || t.contains("refused"), "{t}");
+        });
+    }
+}
+
+#[test]
+fn a_dead_peer_is_a_timeout_not_a_hang() {
+    let id =
+        UniqueId::create_on(IpAddr::V4(Ipv4Addr::LOCALHOST), &BootstrapConfig::default()).unwrap();
+    let make = |r: u32, id: UniqueId| {
+        let bs = Bootstrap::new(&id, r, 2, &BootstrapConfig::default()).unwrap();
+        let dev = AnyDevice::open_with(BackendKind::Host, DeviceId(r)).unwrap();
+        let mut c = config(Some(Algorithm::OneShotLl));
+        c.timeout = Duration::from_millis(300);
+        Communicator::new(bs, dev, c).unwrap()
+    };
+    let id1 = id.clone();
+    let peer = std::thread::spawn(move || {
+        let comm = make(1, id1);
+        // Take part in the signature check of the first call, then never launch.
+        comm.bootstrap()
+            .all_gather(&signature_of_first_call())
+            .unwrap();
+        std::thread::sleep(Duration::from_secs(2));
+        drop(comm);
+    });
+    let comm = make(0, id);
+    let stream = comm.device().create_stream().unwrap();
+    let m = comm.device().alloc(64, MemoryKind::Plain).unwrap();
+    // SAFETY: 64 bytes hold 4 f32 and live past the synchronize.
+    unsafe {
+        comm.all_reduce(
+            m.ptr(),
+            m.ptr(),
+            4,
+            DataType::F32,
+            ReduceOp::Sum,
+            AccumType::Auto,
+            &stream,
+        )
+    }
+    .unwrap();
+    let e = stream.synchronize().unwrap_err();
+    assert!(e.to_string().contains("timed out"), "{e}");
+    let e = comm.check_error(&stream).unwrap_err();
+    assert!(e.to_string().contains("rank 1"), "{e}");
+    peer.join().unwrap();
+}
+
+/// The signature bytes rank 0's first call sends (count 4, f32, sum, auto, one-shot).
+fn signature_of_first_call() -> Vec<u8> {
+    let mut v = 4u64.to_le_bytes().to_vec();
+    for x in [
+        DataType::F32.code(),
+        ReduceOp::Sum.code(),
+        AccumType::Auto.code(),
+        1u32,
+    ] {
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v
+}
+
+/// Child side of the multi-process test: a rank started by `across_processes`.
+#[test]
+#[ignore = "run by across_processes as a child process"]
+fn child_rank() {
+    if std::env::var("OXCCL_TEST_CHILD").is_err() {
+        return;
+    }
+    let comm = Communicator::from_env().unwrap();
+    let stream = comm.device().create_stream().unwrap();
+    let r = Rank { comm, stream };
+    for algo_count in [(1usize, 0u64), (777, 1), (50_000, 2), (200_001, 3)] {
+        for dtype in [
+            DataType::Bf16,
+            DataType::F32,
+            DataType::Fp8E4m3,
+            DataType::Fp8E4m3b15,
+        ] {
+            r.check(
+                dtype,
+                ReduceOp::Sum,
+                AccumType::Auto,
+                algo_count.0,
+                algo_count.1 % 2 == 0,
+                algo_count.1,
+            )
+            .unwrap();
+        }
+    }
+    r.check(
+        DataType::Bf16,
+        ReduceOp::Max,
+        AccumType::Auto,
+        4097,
+        false,
+        7,
+    )
+    .unwrap();
+    r.comm.destroy().unwrap();
+}
+
+#[test]
+fn across_processes() {
+    let exe = std::env::current_exe().unwrap();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    for (world, algo) in [(2u32, "auto"), (3, "oneshot_ll"), (4, "twoshot")] {
+        let master_port = port + world as u16 * 2;
+        let children: Vec<_> = (0..world)
+            .map(|r| {
+                std::process::Command::new(&exe)
+                    .args([
+                        "--exact",
+                        "child_rank",
+                        "--ignored",
+                        "--nocapture",
+                        "--test-threads=1",
+                    ])
+                    .env("OXCCL_TEST_CHILD", "1")
+                    .env("OXCCL_BACKEND", "host")
+                    .env("OXCCL_ALGO", algo)
+                    .env("OXCCL_STAGING_MB", "1")
+                    .env("OXCCL_TIMEOUT_MS", "20000")
+                    .env("RANK", r.to_string())
+                    .env("LOCAL_RANK", r.to_string())
+                    .env("WORLD_SIZE", world.to_string())
+                    .env("LOCAL_WORLD_SIZE", world.to_string())
+                    .env("MASTER_ADDR", "127.0.0.1")
+                    .env("MASTER_PORT", master_port.to_string())
+                    .env("OXCCL_BOOTSTRAP_PORT", (master_port + 1).to_string())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for mut c in children {
+            let status = c.wait().unwrap();
+            assert!(
+                status.success(),
+                "world {world} algo {algo}: a rank failed ({status})"
+            );
+        }
+    }
+}
