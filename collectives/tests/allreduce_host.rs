@@ -5,6 +5,9 @@
 //! Results are compared bit for bit with the host reference reduction in rank order
 //! (`oxccl_kernels::reduce`), which is what every rank's kernel must produce.
 
+// Helpers outside #[test] functions unwrap and panic too: a failed step is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -125,7 +128,6 @@ fn threads(world: u32, algo: Option<Algorithm>, body: impl Fn(&Rank) + Send + Sy
     let handles: Vec<_> = (0..world)
         .map(|r| {
             let body = Arc::clone(&body);
-            let id = id.clone();
             std::thread::spawn(move || {
                 let bs = Bootstrap::new(&id, r, world, &BootstrapConfig::default()).unwrap();
                 let dev = AnyDevice::open_with(BackendKind::Host, DeviceId(r)).unwrap();
@@ -331,7 +333,7 @@ fn a_dead_peer_is_a_timeout_not_a_hang() {
         c.timeout = Duration::from_millis(300);
         Communicator::new(bs, dev, c).unwrap()
     };
-    let id1 = id.clone();
+    let id1 = id;
     let peer = std::thread::spawn(move || {
         let comm = make(1, id1);
         // Take part in the signature check of the first call, then never launch.

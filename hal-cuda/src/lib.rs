@@ -24,6 +24,7 @@
 //!   [`oxccl_hal::multicast_gate`] before any driver call.
 
 mod device;
+mod graph;
 mod ipc;
 mod loader;
 mod memory;
@@ -33,6 +34,7 @@ mod result;
 mod stream;
 
 pub use device::{CudaBackend, CudaDevice};
+pub use graph::{CudaGraph, CudaGraphExec};
 pub use ipc::{CudaImported, CudaMapping, CudaOpener};
 pub use memory::{CudaHostMemory, CudaMemory};
 pub use module::{CudaKernel, CudaModule};

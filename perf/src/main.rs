@@ -1,2 +1,272 @@
-//! oxccl-perf (being written): allreduce timing against NCCL in the same run.
-fn main() {}
+//! oxccl-perf: allreduce timing and correctness, like nccl-tests' all_reduce_perf, with
+//! NCCL measured on the same buffers in the same run (`--compare nccl`, CUDA builds).
+//!
+//! ```text
+//! oxccl-perf -N 4 -b 1K -e 1G -f 2 -d bf16 -o sum --graph --compare nccl --json out.json
+//! ```
+//!
+//! Ranks: `-N n` starts n copies of itself on this machine (one per device, the host
+//! backend without a GPU); under torchrun (`--no-python`), mpirun or srun it reads the
+//! launcher's environment; with neither it runs as a single rank. Every size is checked
+//! (output poisoned first, compared bit for bit with the rank-order reference, error vs an
+//! f64 reference reported); a wrong result makes the exit status non-zero.
+
+mod check;
+#[cfg(feature = "cuda")]
+mod cuda;
+mod options;
+mod report;
+mod spawn;
+
+use std::process::ExitCode;
+
+use oxccl_collectives::backend::{AnyMemory, AnyStream};
+use oxccl_collectives::hal::{Device, Event, Memory, MemoryKind, Result, Stream};
+use oxccl_collectives::Communicator;
+
+use crate::options::Options;
+use crate::report::{Row, Side};
+
+fn main() -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("OXCCL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    let opts = match Options::parse(std::env::args().skip(1)) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("oxccl-perf: {e}\n\n{}", options::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    if opts.help {
+        println!("{}", options::USAGE);
+        return ExitCode::SUCCESS;
+    }
+    if let Some(n) = opts.nprocs {
+        if std::env::var("RANK").is_err() {
+            return spawn::run(n);
+        }
+    }
+    match run(&opts) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("oxccl-perf: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Buffers of one rank, sized for the largest message.
+struct Buffers {
+    input: AnyMemory,
+    output: AnyMemory,
+}
+
+fn run(opts: &Options) -> Result<bool> {
+    spawn::single_rank_defaults();
+    // NCCL must never create multicast objects on the lent machines (set before NCCL is
+    // loaded; the spawner and the GPU scripts set it too).
+    std::env::set_var("NCCL_NVLS_ENABLE", "0");
+    let comm = Communicator::from_env()?;
+    let stream = comm.device().create_stream()?;
+    let rank = comm.rank();
+    let world = comm.world_size();
+    let max_bytes = opts.sizes().last().copied().unwrap_or(0).max(16);
+    let bufs = Buffers {
+        input: comm.device().alloc(max_bytes + 64, MemoryKind::Plain)?,
+        output: comm.device().alloc(max_bytes + 64, MemoryKind::Plain)?,
+    };
+    #[cfg(feature = "cuda")]
+    let nccl = if opts.compare_nccl {
+        Some(cuda::Nccl::new(&comm, &stream)?)
+    } else {
+        None
+    };
+    #[cfg(not(feature = "cuda"))]
+    if opts.compare_nccl {
+        eprintln!("oxccl-perf: --compare nccl needs a build with --features cuda; skipped");
+    }
+    if rank == 0 {
+        report::header(opts, &comm);
+    }
+    let mut rows = Vec::new();
+    let mut all_ok = true;
+    let mut host = vec![0u8; 0];
+    for (k, bytes) in opts.sizes().into_iter().enumerate() {
+        let count = (bytes / opts.dtype.size()).max(1);
+        let bytes = opts.dtype.bytes(count)?;
+        let seed = 0x5eed_0000 + k as u64;
+        host.resize(bytes, 0);
+        let choice = comm.choose(count, opts.dtype)?;
+        // Correctness: fresh input, poisoned output, one call, exact check.
+        let ours = measure_side(
+            opts,
+            &comm,
+            &stream,
+            &bufs,
+            &mut host,
+            count,
+            seed,
+            |i, o| {
+                // SAFETY: both buffers hold `bytes` (+64) bytes and outlive the stream's work.
+                unsafe { comm.all_reduce(i, o, count, opts.dtype, opts.op, opts.accum, &stream) }
+            },
+            true,
+        )?;
+        #[cfg(feature = "cuda")]
+        let theirs = match &nccl {
+            Some(n) if n.supports(opts.dtype, opts.accum) => Some(measure_side(
+                opts,
+                &comm,
+                &stream,
+                &bufs,
+                &mut host,
+                count,
+                seed,
+                |i, o| n.all_reduce(i, o, count, opts.dtype, opts.op, &stream),
+                false,
+            )?),
+            _ => None,
+        };
+        #[cfg(not(feature = "cuda"))]
+        let theirs: Option<Side> = None;
+        // Every rank's verdict and the slowest rank's time.
+        let ours = report::agree(&comm, ours)?;
+        let theirs = match theirs {
+            Some(t) => Some(report::agree(&comm, t)?),
+            None => None,
+        };
+        let row = Row {
+            bytes,
+            count,
+            algorithm: choice.algorithm.name(),
+            world,
+            ours,
+            nccl: theirs,
+        };
+        all_ok &= row.ours.wrong == 0;
+        if rank == 0 {
+            report::print_row(&row);
+        }
+        rows.push(row);
+    }
+    if rank == 0 {
+        if let Some(path) = &opts.json {
+            report::write_json(path, opts, &comm, &rows)?;
+        }
+        println!(
+            "# {}: every size {}",
+            if all_ok { "PASS" } else { "FAIL" },
+            if all_ok {
+                "matched the reference"
+            } else {
+                "did NOT match the reference"
+            }
+        );
+    }
+    stream.synchronize()?;
+    drop(bufs);
+    #[cfg(feature = "cuda")]
+    drop(nccl);
+    comm.destroy()?;
+    Ok(all_ok)
+}
+
+/// Checks then times one implementation (`call(input, output)` queues one allreduce).
+#[allow(clippy::too_many_arguments)]
+fn measure_side(
+    opts: &Options,
+    comm: &Communicator,
+    stream: &AnyStream,
+    bufs: &Buffers,
+    host: &mut [u8],
+    count: usize,
+    seed: u64,
+    call: impl Fn(oxccl_collectives::hal::DevicePtr, oxccl_collectives::hal::DevicePtr) -> Result<()>,
+    exact: bool,
+) -> Result<Side> {
+    let bytes = host.len();
+    let input = bufs.input.ptr();
+    let output = if opts.in_place {
+        input
+    } else {
+        bufs.output.ptr()
+    };
+    check::fill(opts.dtype, seed, comm.rank(), host);
+    stream.write(input, host)?;
+    if !opts.in_place {
+        // SAFETY: the output holds `bytes` bytes.
+        unsafe { stream.fill(output, 0xff, bytes) }?;
+    }
+    call(input, output)?;
+    stream.synchronize()?;
+    if exact {
+        comm.check_error(stream)?;
+    }
+    stream.read(output, host)?;
+    let verdict = check::check(
+        opts.dtype,
+        opts.op,
+        opts.accum,
+        seed,
+        comm.world_size(),
+        host,
+        count,
+        exact,
+    );
+    if let (true, Some((i, got, want))) = (exact, verdict.first_wrong) {
+        eprintln!(
+            "oxccl-perf: rank {}: {} wrong of {} checked at {} bytes; first at element {i}: \
+             {got:#x}, want {want:#x}",
+            comm.rank(),
+            verdict.wrong,
+            verdict.checked,
+            bytes
+        );
+    }
+    // Timing. In place keeps re-reducing its own output: fine for timing (values may grow,
+    // the work is the same); out of place re-reads the same input.
+    let us = time(opts, comm, stream, || call(input, output))?;
+    comm.bootstrap().barrier()?;
+    Ok(Side {
+        us,
+        wrong: verdict.wrong,
+        checked: verdict.checked,
+        max_rel_err: verdict.max_rel_err,
+    })
+}
+
+/// Microseconds per call: warm-up, then `iters` calls between two events (graph mode:
+/// the calls are captured once and the graph is replayed).
+fn time(
+    opts: &Options,
+    comm: &Communicator,
+    stream: &AnyStream,
+    call: impl Fn() -> Result<()>,
+) -> Result<f64> {
+    let dev_events = (comm.device().create_event()?, comm.device().create_event()?);
+    for _ in 0..opts.warmup {
+        call()?;
+    }
+    stream.synchronize()?;
+    if opts.graph {
+        #[cfg(feature = "cuda")]
+        if let Some(us) = cuda::time_graph(opts, stream, &call, &dev_events)? {
+            return Ok(us);
+        }
+        #[cfg(not(feature = "cuda"))]
+        eprintln!("oxccl-perf: --graph needs the CUDA backend; timing stream launches");
+    }
+    stream.record(&dev_events.0)?;
+    for _ in 0..opts.iters {
+        call()?;
+    }
+    stream.record(&dev_events.1)?;
+    dev_events.1.synchronize()?;
+    let ms = dev_events.1.elapsed_ms_since(&dev_events.0)?;
+    Ok(f64::from(ms) * 1e3 / opts.iters.max(1) as f64)
+}

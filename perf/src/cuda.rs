@@ -1,0 +1,175 @@
+//! CUDA-only parts of oxccl-perf: NCCL on the same buffers (`--compare nccl`) and graph
+//! replay timing (`--graph`).
+
+use cudarc::nccl::{result as nccl, sys as nccl_sys};
+use oxccl_collectives::backend::{AnyDevice, AnyEvent, AnyStream};
+use oxccl_collectives::hal::{
+    AccumType, DataType, DevicePtr, Error, Event, ReduceOp, Result, Stream,
+};
+use oxccl_collectives::Communicator;
+
+use crate::options::Options;
+
+fn nccl_error(call: &'static str, e: nccl::NcclError) -> Error {
+    Error::Backend {
+        backend: oxccl_collectives::hal::BackendKind::Cuda,
+        call,
+        code: e.0 as i64,
+        name: format!("{:?}", e.0),
+        message: "NCCL call failed".into(),
+    }
+}
+
+fn raw_stream(stream: &AnyStream) -> Result<cudarc::driver::sys::CUstream> {
+    match stream {
+        AnyStream::Cuda(s) => Ok(s.raw()),
+        _ => Err(Error::Unsupported(
+            "NCCL and graphs need a CUDA stream".into(),
+        )),
+    }
+}
+
+/// An NCCL communicator over the same ranks, initialised through the oxccl bootstrap.
+#[derive(Debug)]
+pub struct Nccl {
+    comm: nccl_sys::ncclComm_t,
+}
+
+impl Nccl {
+    /// Loads libnccl.so.2 and joins every rank (collective).
+    pub fn new(comm: &Communicator, _stream: &AnyStream) -> Result<Nccl> {
+        // cudarc's loader panics on a missing library: probe first.
+        // SAFETY: only tries to open the library.
+        if !unsafe { nccl_sys::is_culib_present() } {
+            return Err(Error::RuntimeMissing(
+                "--compare nccl: libnccl.so.2 not found (set LD_LIBRARY_PATH)".into(),
+            ));
+        }
+        match comm.device() {
+            AnyDevice::Cuda(d) => d.bind_to_thread()?,
+            _ => {
+                return Err(Error::Unsupported(
+                    "--compare nccl needs the CUDA backend".into(),
+                ))
+            }
+        }
+        let mine = if comm.rank() == 0 {
+            let id = nccl::get_uniqueid().map_err(|e| nccl_error("ncclGetUniqueId", e))?;
+            id.internal.iter().map(|&c| c as u8).collect::<Vec<u8>>()
+        } else {
+            Vec::new()
+        };
+        let all = comm.bootstrap().all_gather(&mine)?;
+        let root = all
+            .first()
+            .filter(|b| b.len() == 128)
+            .ok_or_else(|| Error::InvalidArgument("rank 0 sent no NCCL unique id".into()))?;
+        let mut id = nccl_sys::ncclUniqueId { internal: [0; 128] };
+        for (d, s) in id.internal.iter_mut().zip(root) {
+            *d = *s as _;
+        }
+        let mut c: nccl_sys::ncclComm_t = std::ptr::null_mut();
+        // SAFETY: `c` receives the communicator; the id came from rank 0's ncclGetUniqueId.
+        unsafe { nccl::comm_init_rank(&mut c, comm.world_size() as i32, id, comm.rank() as i32) }
+            .map_err(|e| nccl_error("ncclCommInitRank", e))?;
+        Ok(Nccl { comm: c })
+    }
+
+    fn dtype(dtype: DataType) -> Option<nccl_sys::ncclDataType_t> {
+        use nccl_sys::ncclDataType_t as T;
+        match dtype {
+            DataType::F32 => Some(T::ncclFloat32),
+            DataType::F16 => Some(T::ncclFloat16),
+            DataType::Bf16 => Some(T::ncclBfloat16),
+            DataType::Fp8E4m3 => Some(T::ncclFloat8e4m3),
+            DataType::Fp8E5m2 => Some(T::ncclFloat8e5m2),
+            _ => None,
+        }
+    }
+
+    /// Whether NCCL has the type (it has no accumulation choice: only `Auto` compares).
+    pub fn supports(&self, dtype: DataType, accum: AccumType) -> bool {
+        Nccl::dtype(dtype).is_some() && accum == AccumType::Auto
+    }
+
+    /// Queues ncclAllReduce on `stream`.
+    pub fn all_reduce(
+        &self,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: &AnyStream,
+    ) -> Result<()> {
+        use nccl_sys::ncclRedOp_t as O;
+        let t =
+            Nccl::dtype(dtype).ok_or_else(|| Error::Unsupported(format!("NCCL has no {dtype}")))?;
+        let o = match op {
+            ReduceOp::Sum => O::ncclSum,
+            ReduceOp::Prod => O::ncclProd,
+            ReduceOp::Min => O::ncclMin,
+            ReduceOp::Max => O::ncclMax,
+            ReduceOp::Avg => O::ncclAvg,
+        };
+        let s = raw_stream(stream)?;
+        // SAFETY: the caller's buffers hold `count` elements on this communicator's device
+        // and outlive the stream's work; the stream is a live CUDA stream of that device.
+        unsafe {
+            nccl::all_reduce(
+                input.0 as usize as *const _,
+                output.0 as usize as *mut _,
+                count,
+                t,
+                o,
+                self.comm,
+                s as nccl_sys::cudaStream_t,
+            )
+        }
+        .map(|_| ())
+        .map_err(|e| nccl_error("ncclAllReduce", e))
+    }
+}
+
+impl Drop for Nccl {
+    fn drop(&mut self) {
+        // SAFETY: the communicator is ours; its work was synchronized by the caller.
+        if let Err(e) = unsafe { nccl::comm_destroy(self.comm) } {
+            eprintln!("oxccl-perf: ncclCommDestroy failed: {e:?}");
+        }
+    }
+}
+
+/// Captures `opts.iters` calls into a CUDA graph, replays it once to warm up, then times
+/// one replay. `None` when the stream is not a CUDA stream.
+pub fn time_graph(
+    opts: &Options,
+    stream: &AnyStream,
+    call: &dyn Fn() -> Result<()>,
+    events: &(AnyEvent, AnyEvent),
+) -> Result<Option<f64>> {
+    let AnyStream::Cuda(s) = stream else {
+        return Ok(None);
+    };
+    s.begin_capture()?;
+    let mut first_err = None;
+    for _ in 0..opts.iters {
+        if let Err(e) = call() {
+            first_err = Some(e);
+            break;
+        }
+    }
+    let graph = s.end_capture();
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    let exec = graph?.instantiate(s)?;
+    exec.launch(s)?;
+    stream.synchronize()?;
+    stream.record(&events.0)?;
+    exec.launch(s)?;
+    stream.record(&events.1)?;
+    events.1.synchronize()?;
+    let ms = events.1.elapsed_ms_since(&events.0)?;
+    Ok(Some(f64::from(ms) * 1e3 / opts.iters.max(1) as f64))
+}

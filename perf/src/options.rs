@@ -1,0 +1,187 @@
+//! Command line of oxccl-perf.
+
+use oxccl_collectives::hal::{AccumType, DataType, Error, ReduceOp, Result};
+
+/// Usage text.
+pub const USAGE: &str = "\
+usage: oxccl-perf [options]
+  -b, --minbytes SIZE     smallest message per rank (K/M/G suffixes), default 1K
+  -e, --maxbytes SIZE     largest message per rank, default 64M
+  -f, --stepfactor N      multiply the size by N each step, default 2
+  -d, --datatype T        f32 f16 bf16 fp8_e4m3 fp8_e5m2 fp8_e4m3fnuz fp8_e5m2fnuz fp8_e4m3b15 (default bf16)
+  -o, --op OP             sum prod min max avg (default sum)
+      --accum A           auto native f16 f32 (default auto)
+      --in-place          reduce in place (default: out of place)
+  -w, --warmup N          warm-up calls per size, default 5
+      --iters N           timed calls per size, default 20
+  -N, --nprocs N          start N ranks of this program on this machine
+      --graph             time CUDA graph replays of the calls (CUDA only)
+      --compare nccl      measure NCCL (libnccl.so.2, loaded at run time) on the same buffers
+      --json FILE         write every row as JSON
+  -h, --help              this text
+environment: OXCCL_ALGO, OXCCL_BACKEND, OXCCL_LOG, OXCCL_TIMEOUT_MS, launcher variables";
+
+/// Parsed options.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub min_bytes: usize,
+    pub max_bytes: usize,
+    pub factor: usize,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub accum: AccumType,
+    pub in_place: bool,
+    pub warmup: usize,
+    pub iters: usize,
+    pub nprocs: Option<u32>,
+    pub graph: bool,
+    pub compare_nccl: bool,
+    pub json: Option<String>,
+    pub help: bool,
+}
+
+/// Parses "64", "1K", "4M", "1G" (powers of 1024).
+pub fn parse_size(s: &str) -> Result<usize> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&s[..s.len() - 1], 1usize << 10),
+        Some('M') => (&s[..s.len() - 1], 1 << 20),
+        Some('G') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| Error::InvalidArgument(format!("'{s}' is not a size (e.g. 64, 8K, 4M, 1G)")))
+}
+
+fn number(s: &str, what: &str) -> Result<usize> {
+    s.parse::<usize>()
+        .map_err(|_| Error::InvalidArgument(format!("{what}: '{s}' is not a number")))
+}
+
+fn accum(s: &str) -> Result<AccumType> {
+    match s.to_ascii_lowercase().as_str() {
+        "auto" => Ok(AccumType::Auto),
+        "native" => Ok(AccumType::Native),
+        "f16" => Ok(AccumType::F16),
+        "f32" => Ok(AccumType::F32),
+        other => Err(Error::InvalidArgument(format!(
+            "--accum '{other}': auto, native, f16 or f32"
+        ))),
+    }
+}
+
+impl Options {
+    /// Parses the arguments after the program name.
+    pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Options> {
+        let mut o = Options {
+            min_bytes: 1 << 10,
+            max_bytes: 64 << 20,
+            factor: 2,
+            dtype: DataType::Bf16,
+            op: ReduceOp::Sum,
+            accum: AccumType::Auto,
+            in_place: false,
+            warmup: 5,
+            iters: 20,
+            nprocs: None,
+            graph: false,
+            compare_nccl: false,
+            json: None,
+            help: false,
+        };
+        let mut it = args.into_iter();
+        while let Some(arg) = it.next() {
+            let (flag, inline) = match arg.split_once('=') {
+                Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+                _ => (arg.clone(), None),
+            };
+            let mut value = || -> Result<String> {
+                inline
+                    .clone()
+                    .or_else(|| it.next())
+                    .ok_or_else(|| Error::InvalidArgument(format!("{flag} needs a value")))
+            };
+            match flag.as_str() {
+                "-b" | "--minbytes" => o.min_bytes = parse_size(&value()?)?,
+                "-e" | "--maxbytes" => o.max_bytes = parse_size(&value()?)?,
+                "-f" | "--stepfactor" => o.factor = number(&value()?, "-f")?,
+                "-d" | "--datatype" => o.dtype = value()?.parse()?,
+                "-o" | "--op" => o.op = value()?.parse()?,
+                "--accum" => o.accum = accum(&value()?)?,
+                "--in-place" => o.in_place = true,
+                "-w" | "--warmup" => o.warmup = number(&value()?, "-w")?,
+                "--iters" => o.iters = number(&value()?, "--iters")?.max(1),
+                "-N" | "--nprocs" => {
+                    let n = number(&value()?, "-N")?;
+                    if !(1..=8).contains(&n) {
+                        return Err(Error::InvalidArgument(format!("-N {n}: 1..=8 ranks")));
+                    }
+                    o.nprocs = Some(n as u32);
+                }
+                "--graph" => o.graph = true,
+                "--compare" => {
+                    let v = value()?;
+                    if !v.eq_ignore_ascii_case("nccl") && !v.eq_ignore_ascii_case("rccl") {
+                        return Err(Error::InvalidArgument(format!("--compare {v}: only nccl")));
+                    }
+                    o.compare_nccl = true;
+                }
+                "--json" => o.json = Some(value()?),
+                "-h" | "--help" => o.help = true,
+                other => return Err(Error::InvalidArgument(format!("unknown option '{other}'"))),
+            }
+        }
+        if o.min_bytes == 0 || o.max_bytes < o.min_bytes {
+            return Err(Error::InvalidArgument(format!(
+                "sizes: -b {} -e {} (need 0 < b <= e)",
+                o.min_bytes, o.max_bytes
+            )));
+        }
+        if o.factor < 2 {
+            return Err(Error::InvalidArgument("-f must be at least 2".into()));
+        }
+        Ok(o)
+    }
+
+    /// Message sizes in bytes, smallest first.
+    pub fn sizes(&self) -> Vec<usize> {
+        let mut v = Vec::new();
+        let mut s = self.min_bytes;
+        while s <= self.max_bytes {
+            v.push(s);
+            match s.checked_mul(self.factor) {
+                Some(n) => s = n,
+                None => break,
+            }
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<Options> {
+        Options::parse(s.split_whitespace().map(String::from))
+    }
+
+    #[test]
+    fn sizes_and_flags() {
+        let o = parse("-N 2 -b 1K -e 1M -f 4 -d f32 -o max --iters 3 --json=x.json").unwrap();
+        assert_eq!(o.sizes(), vec![1024, 4096, 16384, 65536, 262144, 1 << 20]);
+        assert_eq!(
+            (o.nprocs, o.dtype, o.op, o.iters),
+            (Some(2), DataType::F32, ReduceOp::Max, 3)
+        );
+        assert_eq!(o.json.as_deref(), Some("x.json"));
+        assert_eq!(parse_size("3G").unwrap(), 3 << 30);
+        assert!(parse("-b 1X").is_err());
+        assert!(parse("-b 2M -e 1M").is_err());
+        assert!(parse("--compare mpi").is_err());
+        assert!(parse("-N 9").is_err());
+        assert!(parse("--bogus").is_err());
+    }
+}

@@ -1,0 +1,190 @@
+//! Rows of the table, agreement across ranks, JSON.
+
+use std::fmt::Write as _;
+
+use oxccl_collectives::hal::{Device, Error, Result};
+use oxccl_collectives::Communicator;
+
+use crate::options::Options;
+
+/// One implementation's result at one size (after [`agree`]: over all ranks).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Side {
+    /// Microseconds per call (the slowest rank's).
+    pub us: f64,
+    /// Elements that differ from the exact reference (all ranks).
+    pub wrong: usize,
+    /// Elements checked (all ranks).
+    pub checked: usize,
+    /// Largest relative error vs the f64 reference (all ranks).
+    pub max_rel_err: f64,
+}
+
+/// One size.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub bytes: usize,
+    pub count: usize,
+    pub algorithm: &'static str,
+    pub world: u32,
+    pub ours: Side,
+    pub nccl: Option<Side>,
+}
+
+impl Side {
+    /// Algorithm bandwidth in GB/s.
+    pub fn algbw(&self, bytes: usize) -> f64 {
+        if self.us > 0.0 {
+            bytes as f64 / self.us / 1e3
+        } else {
+            0.0
+        }
+    }
+
+    /// Bus bandwidth in GB/s: algbw x 2(n-1)/n.
+    pub fn busbw(&self, bytes: usize, world: u32) -> f64 {
+        let n = f64::from(world.max(1));
+        self.algbw(bytes) * 2.0 * (n - 1.0) / n
+    }
+}
+
+/// Combines every rank's `side`: slowest time, summed counts, largest error.
+pub fn agree(comm: &Communicator, side: Side) -> Result<Side> {
+    let mut b = Vec::with_capacity(32);
+    b.extend_from_slice(&side.us.to_le_bytes());
+    b.extend_from_slice(&(side.wrong as u64).to_le_bytes());
+    b.extend_from_slice(&(side.checked as u64).to_le_bytes());
+    b.extend_from_slice(&side.max_rel_err.to_le_bytes());
+    let all = comm.bootstrap().all_gather(&b)?;
+    let mut out = Side::default();
+    for v in all {
+        let word = |i: usize| -> Result<[u8; 8]> {
+            v.get(8 * i..8 * i + 8)
+                .and_then(|s| s.try_into().ok())
+                .ok_or_else(|| Error::InvalidArgument("short result from a rank".into()))
+        };
+        out.us = out.us.max(f64::from_le_bytes(word(0)?));
+        out.wrong += u64::from_le_bytes(word(1)?) as usize;
+        out.checked += u64::from_le_bytes(word(2)?) as usize;
+        out.max_rel_err = out.max_rel_err.max(f64::from_le_bytes(word(3)?));
+    }
+    Ok(out)
+}
+
+/// The table's header (rank 0).
+pub fn header(opts: &Options, comm: &Communicator) {
+    let caps = comm.device().capabilities();
+    println!(
+        "# oxccl-perf: {} ranks on {} ({}), {} {} accum {}, {}, {} warm-up + {} iterations{}",
+        comm.world_size(),
+        caps.name,
+        Device::backend(comm.device()),
+        opts.dtype,
+        opts.op,
+        opts.accum,
+        if opts.in_place {
+            "in place"
+        } else {
+            "out of place"
+        },
+        opts.warmup,
+        opts.iters,
+        if opts.graph { ", graph replay" } else { "" }
+    );
+    let mut h = format!(
+        "{:>12} {:>12} {:>11} {:>10} {:>9} {:>9} {:>7} {:>9}",
+        "size(B)", "count", "algorithm", "time(us)", "algbw", "busbw", "#wrong", "maxerr"
+    );
+    if opts.compare_nccl {
+        let _ = write!(
+            h,
+            " | {:>10} {:>9} {:>9} {:>8}",
+            "nccl(us)", "busbw", "maxerr", "speedup"
+        );
+    }
+    println!("{h}");
+}
+
+/// One row (rank 0).
+pub fn print_row(r: &Row) {
+    let mut line = format!(
+        "{:>12} {:>12} {:>11} {:>10.2} {:>9.2} {:>9.2} {:>7} {:>9.2e}",
+        r.bytes,
+        r.count,
+        r.algorithm,
+        r.ours.us,
+        r.ours.algbw(r.bytes),
+        r.ours.busbw(r.bytes, r.world),
+        r.ours.wrong,
+        r.ours.max_rel_err
+    );
+    if let Some(n) = &r.nccl {
+        let _ = write!(
+            line,
+            " | {:>10.2} {:>9.2} {:>9.2e} {:>7.2}x",
+            n.us,
+            n.busbw(r.bytes, r.world),
+            n.max_rel_err,
+            if r.ours.us > 0.0 {
+                n.us / r.ours.us
+            } else {
+                0.0
+            }
+        );
+    }
+    println!("{line}");
+}
+
+fn side_json(s: &Side, bytes: usize, world: u32) -> String {
+    format!(
+        "{{\"time_us\": {:.3}, \"algbw_gbps\": {:.3}, \"busbw_gbps\": {:.3}, \"wrong\": {}, \
+         \"checked\": {}, \"max_rel_err\": {:e}}}",
+        s.us,
+        s.algbw(bytes),
+        s.busbw(bytes, world),
+        s.wrong,
+        s.checked,
+        if s.max_rel_err.is_finite() {
+            s.max_rel_err
+        } else {
+            -1.0
+        }
+    )
+}
+
+/// Writes every row as JSON.
+pub fn write_json(path: &str, opts: &Options, comm: &Communicator, rows: &[Row]) -> Result<()> {
+    let caps = comm.device().capabilities();
+    let mut s = format!(
+        "{{\n  \"tool\": \"oxccl-perf\",\n  \"ranks\": {},\n  \"device\": {:?},\n  \"backend\": \
+         \"{}\",\n  \"dtype\": \"{}\",\n  \"op\": \"{}\",\n  \"accum\": \"{}\",\n  \"in_place\": \
+         {},\n  \"graph\": {},\n  \"rows\": [\n",
+        comm.world_size(),
+        caps.name,
+        Device::backend(comm.device()),
+        opts.dtype,
+        opts.op,
+        opts.accum,
+        opts.in_place,
+        opts.graph
+    );
+    for (i, r) in rows.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "    {{\"bytes\": {}, \"count\": {}, \"algorithm\": \"{}\", \"oxccl\": {}, \"nccl\": {}}}{}",
+            r.bytes,
+            r.count,
+            r.algorithm,
+            side_json(&r.ours, r.bytes, r.world),
+            r.nccl
+                .as_ref()
+                .map_or("null".to_string(), |n| side_json(n, r.bytes, r.world)),
+            if i + 1 < rows.len() { "," } else { "" }
+        );
+    }
+    s.push_str("  ]\n}\n");
+    std::fs::write(path, s).map_err(|e| Error::Os {
+        call: "write (--json)",
+        source: e,
+    })
+}
