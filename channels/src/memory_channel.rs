@@ -651,6 +651,7 @@ mod tests {
             let me = b.rank();
             let (_buf, reg) = buffer(&b, &d, 4096);
             let mut ch = MemoryChannel::connect(&b, &d, 1 - me, &reg, None, 3).unwrap();
+            b.barrier().unwrap(); // both sides mapped everything before rank 1 leaves
             if me == 1 {
                 drop(b); // rank 1 dies: never signals, leaves the job
                 return None;
