@@ -133,7 +133,7 @@ fn rendezvous(args: &Args, r: &Ranks) -> Result<Rendezvous> {
 /// The kernels' self-test on `LOCAL_RANK`'s device of the chosen backend (`OXCCL_BACKEND`,
 /// else the GPU backend that was built, else the host backend's host kernels).
 fn selftest(args: &Args, r: &Ranks) -> Result<bool> {
-    use oxccl_hal::{Backend, Device, DeviceId};
+    use oxccl_hal::{Backend, DeviceId};
     let device = oxccl_backend::AnyBackend::open_device(DeviceId(r.local_rank))?;
     let report =
         oxccl_kernels::selftest::run::<oxccl_backend::AnyBackend>(&device, u64::from(args.seed))?;
