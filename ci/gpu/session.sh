@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# One GPU-machine session, in phases that each fit a 10-minute call. Binaries come from
+# .gpu/ (built here by ci/gpu/build-cuda.sh, ci/gpu/build-perf.sh and the hal-cuda GPU test
+# binary copied to .gpu/hal-cuda-gpu-tests). Logs go to $OUT (or .gpu/results).
+#
+#     ci/gpu/session.sh hal        # topology, hal-cuda GPU tests, kernels self-test,
+#                                  # multi-process suite on 2 and 4 GPUs, channels tables
+#     ci/gpu/session.sh allreduce  # correctness matrix (ci/gpu/run-allreduce.sh, part 1)
+#     ci/gpu/session.sh perf       # bf16 sum vs NCCL, graph replay, 2 and 4 GPUs
+#
+# NVLS is never used: NCCL_NVLS_ENABLE=0 is exported and OXCCL_NVLS is unset, so no
+# multicast object is created by NCCL or by oxccl. A step starts only while the phase's
+# time budget (OXCCL_SESSION_BUDGET seconds, default 540) has room for its timeout.
+set -uo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "${repo_root}"
+phase="${1:?usage: ci/gpu/session.sh hal|allreduce|perf}"
+out="${OUT:-${repo_root}/.gpu/results}"
+mkdir -p "${out}"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+unset OXCCL_NVLS
+budget="${OXCCL_SESSION_BUDGET:-540}"
+start=${SECONDS}
+ngpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)"
+summary=()
+
+step() { # step NAME TIMEOUT CMD...
+    local name="$1" limit="$2"
+    shift 2
+    if ((SECONDS - start + limit > budget)); then
+        summary+=("SKIP  ${name} (no time left in this phase)")
+        return
+    fi
+    local log="${out}/$(echo "${name}" | tr -c 'A-Za-z0-9._-' '_').log"
+    echo
+    echo "=== ${name}"
+    local t0=${SECONDS}
+    timeout --kill-after=15 "${limit}" "$@" >"${log}" 2>&1
+    local rc=$?
+    tail -n 60 "${log}"
+    if ((rc == 0)); then
+        summary+=("ok    ${name} ($((SECONDS - t0))s)")
+    else
+        summary+=("FAIL  ${name} (exit ${rc}$( ((rc == 124)) && echo ', timed out'), $((SECONDS - t0))s)")
+    fi
+}
+
+suite_dir() { mktemp -d /tmp/oxccl-suite.XXXXXX; }
+torchrun_n() { # torchrun_n N CMD...
+    local n="$1"
+    shift
+    torchrun --standalone --no-python --nproc_per_node="${n}" "$@"
+}
+
+case "${phase}" in
+hal)
+    nvidia-smi topo -m >"${out}/topology.txt" 2>&1
+    nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm --format=csv >>"${out}/topology.txt" 2>&1
+    cat "${out}/topology.txt"
+    step "hal-cuda GPU tests" 120 .gpu/hal-cuda-gpu-tests --test-threads=1 --nocapture
+    step "kernels self-test on GPU 0" 120 env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 .gpu/oxccl-gpu-suite selftest
+    for n in 2 4; do
+        ((ngpus >= n)) || continue
+        step "suite on ${n} GPUs" 120 env OXCCL_SUITE_DIR="$(suite_dir)" OXCCL_SUITE_RUN_ID="n${n}" \
+            bash -c "$(declare -f torchrun_n); torchrun_n ${n} .gpu/oxccl-gpu-suite suite --timeout 90"
+    done
+    for n in 2 4; do
+        ((ngpus >= n)) || continue
+        step "channels on ${n} GPUs" 150 env MASTER_PORT=$((29600 + n)) \
+            bash -c "$(declare -f torchrun_n); torchrun_n ${n} .gpu/oxccl-gpu-suite channels --timeout 120"
+    done
+    ;;
+allreduce)
+    export OXCCL_TIMEOUT_MS=20000
+    q=(-w 1 --iters 2)
+    for n in 2 4; do
+        ((ngpus >= n)) || continue
+        export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
+        for algo in oneshot_ll twoshot; do
+            if [[ ${algo} == oneshot_ll ]]; then max=1M; else max=256M; fi
+            for dtype in bf16 f32 fp8_e4m3b15; do
+                step "check ${n}gpu ${algo} ${dtype} 2B..${max}" 60 env OXCCL_ALGO="${algo}" \
+                    .gpu/oxccl-perf -N "${n}" -b 2 -e "${max}" -f 4 -d "${dtype}" "${q[@]}"
+                step "check ${n}gpu ${algo} ${dtype} in-place odd 1003B..${max}" 60 env OXCCL_ALGO="${algo}" \
+                    .gpu/oxccl-perf -N "${n}" -b 1003 -e "${max}" -f 7 -d "${dtype}" --in-place "${q[@]}"
+            done
+            for dtype in f16 fp8_e4m3 fp8_e5m2; do
+                step "check ${n}gpu ${algo} ${dtype} 2B..${max}" 60 env OXCCL_ALGO="${algo}" \
+                    .gpu/oxccl-perf -N "${n}" -b 2 -e "${max}" -f 8 -d "${dtype}" "${q[@]}"
+            done
+        done
+        for op in prod min max avg; do
+            step "check ${n}gpu auto bf16 ${op}" 60 .gpu/oxccl-perf -N "${n}" -b 4 -e 16M -f 16 -d bf16 -o "${op}" "${q[@]}"
+        done
+        step "check ${n}gpu auto bf16 accum f32" 60 .gpu/oxccl-perf -N "${n}" -b 4 -e 16M -f 16 -d bf16 --accum f32 "${q[@]}"
+        step "check ${n}gpu auto e4m3b15 accum native" 60 .gpu/oxccl-perf -N "${n}" -b 4 -e 16M -f 16 -d fp8_e4m3b15 --accum native "${q[@]}"
+        step "check ${n}gpu auto bf16 graph" 60 .gpu/oxccl-perf -N "${n}" -b 1K -e 64M -f 8 -d bf16 --graph "${q[@]}"
+    done
+    ;;
+perf)
+    for n in 2 4; do
+        ((ngpus >= n)) || continue
+        export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
+        step "perf ${n}gpu bf16 sum vs NCCL graph" 240 .gpu/oxccl-perf -N "${n}" -b 1K -e 1G -f 2 -d bf16 \
+            -w 5 --iters 20 --graph --compare nccl --json "${out}/allreduce-bf16-${n}gpu.json"
+    done
+    ;;
+*)
+    echo "unknown phase ${phase}" >&2
+    exit 2
+    ;;
+esac
+
+echo
+echo "== session ${phase}: ${ngpus} GPUs, $((SECONDS - start))s =="
+printf '%s\n' "${summary[@]}"
