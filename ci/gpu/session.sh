@@ -16,6 +16,8 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "${repo_root}"
 phase="${1:?usage: ci/gpu/session.sh hal|allreduce|perf}"
 out="${OUT:-${repo_root}/.gpu/results}"
+# Step logs go to one folder that is packed at the end: the device tool returns few files.
+logs="$(mktemp -d /tmp/oxccl-session-logs.XXXXXX)"
 mkdir -p "${out}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 unset OXCCL_NVLS
@@ -31,7 +33,7 @@ step() { # step NAME TIMEOUT CMD...
         summary+=("SKIP  ${name} (no time left in this phase)")
         return
     fi
-    local log="${out}/$(echo "${name}" | tr -c 'A-Za-z0-9._-' '_').log"
+    local log="${logs}/$(echo "${name}" | tr -c 'A-Za-z0-9._-' '_').log"
     echo
     echo "=== ${name}"
     local t0=${SECONDS}
@@ -54,9 +56,9 @@ torchrun_n() { # torchrun_n N CMD...
 
 case "${phase}" in
 hal)
-    nvidia-smi topo -m >"${out}/topology.txt" 2>&1
-    nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm --format=csv >>"${out}/topology.txt" 2>&1
-    cat "${out}/topology.txt"
+    nvidia-smi topo -m >"${logs}/topology.txt" 2>&1
+    nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm --format=csv >>"${logs}/topology.txt" 2>&1
+    cat "${logs}/topology.txt"
     step "hal-cuda GPU tests" 120 .gpu/hal-cuda-gpu-tests --test-threads=1 --nocapture
     step "kernels self-test on GPU 0" 120 env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 .gpu/oxccl-gpu-suite selftest
     for n in 2 4; do
@@ -111,6 +113,9 @@ perf)
     ;;
 esac
 
-echo
-echo "== session ${phase}: ${ngpus} GPUs, $((SECONDS - start))s =="
-printf '%s\n' "${summary[@]}"
+{
+    echo "== session ${phase}: ${ngpus} GPUs, $((SECONDS - start))s =="
+    printf '%s\n' "${summary[@]}"
+} | tee "${out}/summary-${phase}.txt"
+tar czf "${out}/logs-${phase}.tar.gz" -C "${logs}" . && rm -rf "${logs}"
+! grep -q '^FAIL' "${out}/summary-${phase}.txt"
