@@ -185,6 +185,7 @@ pub struct Bootstrap {
     rank: u32,
     world_size: u32,
     timeout: Duration,
+    local_ip: IpAddr,
     writers: Vec<Option<Mutex<TcpStream>>>,
     mailbox: Arc<Mailbox>,
     seq: AtomicU64,
@@ -410,6 +411,7 @@ impl Bootstrap {
             rank,
             world_size,
             timeout: config.timeout,
+            local_ip: my_ip,
             writers,
             mailbox,
             seq: AtomicU64::new(0),
@@ -455,6 +457,17 @@ impl Bootstrap {
     /// Number of ranks.
     pub fn world_size(&self) -> u32 {
         self.world_size
+    }
+
+    /// The address of this host that the other ranks reach it on (the interface it used to
+    /// reach the root). Transports listen here for peers on other nodes.
+    pub fn local_ip(&self) -> IpAddr {
+        self.local_ip
+    }
+
+    /// How long blocking calls wait; transports set up over this bootstrap use it too.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     fn writer(&self, peer: u32) -> Result<&Mutex<TcpStream>> {

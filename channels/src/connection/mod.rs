@@ -30,7 +30,7 @@ use std::time::Duration;
 use oxccl_backend::AnyDevice;
 use oxccl_hal::{Error, Result};
 
-use crate::bootstrap::{Bootstrap, BootstrapConfig};
+use crate::bootstrap::Bootstrap;
 use crate::registered_memory::{HostIdentity, Reader, RegisteredMemory, RemoteMemory};
 
 pub use ib::IbConnection;
@@ -157,13 +157,6 @@ pub enum Connection {
 
 const HANDSHAKE_MAGIC: &[u8; 4] = b"OXCN";
 const HANDSHAKE_VERSION: u8 = 1;
-
-/// How long setup steps and stalled socket writes may take: the bootstrap's timeout.
-pub(crate) fn setup_timeout() -> Duration {
-    BootstrapConfig::from_env()
-        .map(|c| c.timeout)
-        .unwrap_or_else(|_| BootstrapConfig::default().timeout)
-}
 
 impl Connection {
     /// Connects this rank to `peer` over `transport`. Collective between the two ranks: the

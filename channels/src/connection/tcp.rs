@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 use oxccl_backend::{AnyDevice, AnyStream};
 use oxccl_hal::{BackendKind, Device, DevicePtr, Error, Result, Stream};
 
-use super::{check_update, check_write, setup_timeout, Transport};
-use crate::bootstrap::{Bootstrap, IFNAME_VAR};
+use super::{check_update, check_write, Transport};
+use crate::bootstrap::Bootstrap;
 use crate::registered_memory::{lookup, HostIdentity, Reader, RegisteredMemory, RemoteMemory};
 
 const OP_WRITE: u8 = 1;
@@ -77,6 +77,8 @@ struct Out {
 pub struct TcpConnection {
     rank: u32,
     peer: u32,
+    /// The bootstrap's timeout: bounds a send that the peer does not take.
+    timeout: Duration,
     out: Mutex<Out>,
     /// The socket the receiver reads (kept to shut it down on drop).
     incoming: TcpStream,
@@ -107,48 +109,28 @@ fn random_nonce() -> u64 {
         .wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
-/// The address to listen on: loopback for a peer on this node, else the interface named
-/// by `OXCCL_SOCKET_IFNAME`, else the first non-loopback IPv4 interface.
-fn listen_ip(peer_on_this_node: bool) -> Result<IpAddr> {
+/// The address to listen on: loopback for a peer on this node, else the address the other
+/// ranks already reach this host on through the bootstrap.
+fn listen_ip(peer_on_this_node: bool, bootstrap: &Bootstrap) -> IpAddr {
     if peer_on_this_node {
-        return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
-    }
-    let wanted = std::env::var(IFNAME_VAR).ok();
-    let addrs = nix::ifaddrs::getifaddrs().map_err(|e| Error::errno("getifaddrs", e))?;
-    let mut fallback = None;
-    for ifa in addrs {
-        let Some(v4) = ifa
-            .address
-            .as_ref()
-            .and_then(|a| a.as_sockaddr_in())
-            .map(|s| s.ip())
-        else {
-            continue;
-        };
-        match &wanted {
-            Some(name) if &ifa.interface_name == name => return Ok(IpAddr::V4(v4)),
-            None if !v4.is_loopback() && fallback.is_none() => fallback = Some(IpAddr::V4(v4)),
-            _ => {}
-        }
-    }
-    match (wanted, fallback) {
-        (Some(name), _) => Err(Error::InvalidArgument(format!(
-            "{IFNAME_VAR}={name}: no IPv4 address on that interface"
-        ))),
-        (None, Some(ip)) => Ok(ip),
-        (None, None) => Err(Error::Unsupported(
-            "TCP to another node: this host has no non-loopback IPv4 interface".into(),
-        )),
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    } else {
+        bootstrap.local_ip()
     }
 }
 
-fn connect_until(addr: SocketAddr, deadline: Instant, peer: u32) -> Result<TcpStream> {
+fn connect_until(
+    addr: SocketAddr,
+    deadline: Instant,
+    timeout: Duration,
+    peer: u32,
+) -> Result<TcpStream> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(Error::Timeout {
                 what: format!("TCP connection to rank {peer} at {addr}"),
-                waited: setup_timeout(),
+                waited: timeout,
             });
         }
         match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
@@ -164,6 +146,7 @@ fn connect_until(addr: SocketAddr, deadline: Instant, peer: u32) -> Result<TcpSt
 fn accept_until(
     listener: &TcpListener,
     deadline: Instant,
+    timeout: Duration,
     peer: u32,
     nonce: u64,
 ) -> Result<TcpStream> {
@@ -174,7 +157,7 @@ fn accept_until(
         if Instant::now() >= deadline {
             return Err(Error::Timeout {
                 what: format!("rank {peer} to open its TCP connection"),
-                waited: setup_timeout(),
+                waited: timeout,
             });
         }
         let mut s = match listener.accept() {
@@ -222,9 +205,9 @@ impl TcpConnection {
         peer_host: &HostIdentity,
     ) -> Result<TcpConnection> {
         let rank = bootstrap.rank();
-        let timeout = setup_timeout();
+        let timeout = bootstrap.timeout();
         let deadline = Instant::now() + timeout;
-        let ip = listen_ip(HostIdentity::local().same_node(peer_host))?;
+        let ip = listen_ip(HostIdentity::local().same_node(peer_host), bootstrap);
         let listener =
             TcpListener::bind(SocketAddr::new(ip, 0)).map_err(os("bind (TCP connection)"))?;
         let addr = listener.local_addr().map_err(os("getsockname"))?;
@@ -244,13 +227,13 @@ impl TcpConnection {
 
         // Connect first (the kernel completes it without an accept), then accept: neither
         // side waits for the other to reach a given step.
-        let mut out = connect_until(their_addr, deadline, peer)?;
+        let mut out = connect_until(their_addr, deadline, timeout, peer)?;
         let mut hello = HELLO_MAGIC.to_vec();
         hello.extend_from_slice(&their_nonce.to_le_bytes());
         hello.extend_from_slice(&rank.to_le_bytes());
         out.write_all(&hello)
             .map_err(|e| Error::PeerLost(format!("rank {peer} during TCP setup: {e}")))?;
-        let incoming = accept_until(&listener, deadline, peer, nonce)?;
+        let incoming = accept_until(&listener, deadline, timeout, peer, nonce)?;
         tune(&out, timeout)?;
         tune(&incoming, timeout)?;
 
@@ -282,6 +265,7 @@ impl TcpConnection {
         Ok(TcpConnection {
             rank,
             peer,
+            timeout,
             out: Mutex::new(Out {
                 sock: out,
                 seq: 0,
@@ -317,7 +301,7 @@ impl TcpConnection {
         let err = match e.kind() {
             ErrorKind::WouldBlock | ErrorKind::TimedOut => Error::Timeout {
                 what: format!("rank {} to take data on its TCP connection", self.peer),
-                waited: setup_timeout(),
+                waited: self.timeout,
             },
             _ => Error::PeerLost(format!("rank {}: sending failed: {e}", self.peer)),
         };

@@ -9,7 +9,7 @@ use oxccl_hal::{DevicePtr, Error, Result};
 
 use super::{GID_INDEX_VAR, HCA_VAR, NO_DEVICE};
 use crate::bootstrap::Bootstrap;
-use crate::connection::{check_update, check_write, setup_timeout, Transport};
+use crate::connection::{check_update, check_write, Transport};
 use crate::registered_memory::{Reader, RegisteredMemory, RemoteMemory};
 
 /// Send requests a queue pair may have outstanding; `write` waits for completions beyond.
@@ -323,6 +323,8 @@ struct SendState {
 pub struct IbConnection {
     rank: u32,
     peer: u32,
+    /// The bootstrap's timeout: bounds waits for room in the send queue.
+    timeout: Duration,
     ctx: Arc<IbContext>,
     cq: *mut ffi::ibv_cq,
     qp: *mut ffi::ibv_qp,
@@ -395,6 +397,7 @@ impl IbConnection {
         let conn = IbConnection {
             rank,
             peer,
+            timeout: bootstrap.timeout(),
             ctx: Arc::clone(&ctx),
             cq,
             qp,
@@ -617,13 +620,13 @@ impl IbConnection {
         inline: bool,
     ) -> Result<()> {
         // Keep the send queue from overflowing: wait for room, bounded.
-        let deadline = Instant::now() + setup_timeout();
+        let deadline = Instant::now() + self.timeout;
         while state.outstanding >= MAX_SEND_WR {
             self.poll(state)?;
             if Instant::now() >= deadline {
                 return Err(Error::Timeout {
                     what: format!("room in the send queue to rank {}", self.peer),
-                    waited: setup_timeout(),
+                    waited: self.timeout,
                 });
             }
         }
