@@ -78,8 +78,10 @@ allreduce)
     for n in 2 4; do
         ((ngpus >= n)) || continue
         export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
-        for algo in oneshot_ll twoshot; do
+        for algo in oneshot_ll twoshot twoshot_zc; do
             if [[ ${algo} == oneshot_ll ]]; then max=1M; else max=256M; fi
+            # oxccl-perf registers its buffers: twoshot_zc runs zero-copy, twoshot forced
+            # still takes the staging path.
             for dtype in bf16 f32 fp8_e4m3b15; do
                 step "check ${n}gpu ${algo} ${dtype} 2B..${max}" 60 env OXCCL_ALGO="${algo}" \
                     .gpu/oxccl-perf -N "${n}" -b 2 -e "${max}" -f 4 -d "${dtype}" "${q[@]}"
@@ -97,6 +99,7 @@ allreduce)
         step "check ${n}gpu auto bf16 accum f32" 60 .gpu/oxccl-perf -N "${n}" -b 4 -e 16M -f 16 -d bf16 --accum f32 "${q[@]}"
         step "check ${n}gpu auto e4m3b15 accum native" 60 .gpu/oxccl-perf -N "${n}" -b 4 -e 16M -f 16 -d fp8_e4m3b15 --accum native "${q[@]}"
         step "check ${n}gpu auto bf16 graph" 60 .gpu/oxccl-perf -N "${n}" -b 1K -e 64M -f 8 -d bf16 --graph "${q[@]}"
+        step "check ${n}gpu auto bf16 unregistered" 60 .gpu/oxccl-perf -N "${n}" -b 1K -e 64M -f 8 -d bf16 --no-register "${q[@]}"
     done
     ;;
 perf)
@@ -105,6 +108,15 @@ perf)
         export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
         step "perf ${n}gpu bf16 sum vs NCCL graph" 240 .gpu/oxccl-perf -N "${n}" -b 1K -e 1G -f 2 -d bf16 \
             -w 5 --iters 20 --graph --compare nccl --json "${out}/allreduce-bf16-${n}gpu.json"
+    done
+    # Threshold data (no NCCL): one-shot vs zero-copy two-shot over the crossover range.
+    for n in 4 2; do
+        ((ngpus >= n)) || continue
+        export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
+        for algo in oneshot_ll twoshot_zc; do
+            step "sweep ${n}gpu ${algo} 16K..1M" 60 env OXCCL_ALGO="${algo}" .gpu/oxccl-perf -N "${n}" \
+                -b 16K -e 1M -f 2 -d bf16 -w 5 --iters 20 --graph --json "${out}/sweep-${algo}-${n}gpu.json"
+        done
     done
     ;;
 *)

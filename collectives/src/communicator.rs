@@ -20,7 +20,7 @@
 //! time out (`timeout`, default 30 s): the kernel records the failure in device memory
 //! ([`Communicator::check_error`]) on GPUs, and the host backend's stream reports it.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -36,8 +36,11 @@ use oxccl_kernels::abi::{
 };
 
 use crate::algorithms::{one_shot, Algorithm, CallShape};
-use crate::host_kernels::{self, args_bytes, void_ptr, ONESHOT_LL, TWOSHOT};
-use crate::selector::{default_oneshot_max, Choice, Selector, ALGO_VAR, ONESHOT_MAX_VAR};
+use crate::host_kernels::{self, args_bytes, void_ptr, ONESHOT_LL, TWOSHOT, TWOSHOT_ZC};
+use crate::selector::{
+    default_oneshot_max, default_zc_threshold, Choice, Selector, ALGO_VAR, ONESHOT_MAX_VAR,
+    ZC_THRESHOLD_VAR,
+};
 
 /// Environment variable: bound of every device wait, in milliseconds (0 = forever).
 pub const TIMEOUT_VAR: &str = "OXCCL_TIMEOUT_MS";
@@ -62,6 +65,9 @@ pub struct CommConfig {
     /// Largest message (bytes per rank) the selector sends through one-shot; `None`: the
     /// world-size default ([`default_oneshot_max`]).
     pub oneshot_max_bytes: Option<usize>,
+    /// On registered buffers, messages above this take the zero-copy two-shot; `None`:
+    /// the world-size default ([`default_zc_threshold`]).
+    pub zc_threshold_bytes: Option<usize>,
 }
 
 impl Default for CommConfig {
@@ -71,6 +77,7 @@ impl Default for CommConfig {
             staging_bytes: DEFAULT_STAGING,
             forced: None,
             oneshot_max_bytes: None,
+            zc_threshold_bytes: None,
         }
     }
 }
@@ -86,7 +93,7 @@ fn env_number(var: &str) -> Result<Option<u64>> {
 
 impl CommConfig {
     /// From the environment: `OXCCL_ALGO`, `OXCCL_TIMEOUT_MS`, `OXCCL_STAGING_MB`,
-    /// `OXCCL_ONESHOT_MAX_BYTES`.
+    /// `OXCCL_ONESHOT_MAX_BYTES`, `OXCCL_ZC_THRESHOLD_BYTES`.
     pub fn from_env() -> Result<Self> {
         let mut c = CommConfig::default();
         if let Ok(name) = std::env::var(ALGO_VAR) {
@@ -107,6 +114,9 @@ impl CommConfig {
         }
         if let Some(b) = env_number(ONESHOT_MAX_VAR)? {
             c.oneshot_max_bytes = Some(usize::try_from(b).unwrap_or(usize::MAX));
+        }
+        if let Some(b) = env_number(ZC_THRESHOLD_VAR)? {
+            c.zc_threshold_bytes = Some(usize::try_from(b).unwrap_or(usize::MAX));
         }
         Ok(c)
     }
@@ -155,12 +165,17 @@ struct Signature {
     op: u32,
     accum: u32,
     algorithm: u32,
+    /// Zero-copy: offsets of input and output in their registered buffers (ranks must
+    /// agree); `u64::MAX` otherwise.
+    zc_offsets: (u64, u64),
 }
 
 impl Signature {
     fn to_bytes(self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(24);
-        v.extend_from_slice(&self.count.to_le_bytes());
+        let mut v = Vec::with_capacity(40);
+        for x in [self.count, self.zc_offsets.0, self.zc_offsets.1] {
+            v.extend_from_slice(&x.to_le_bytes());
+        }
         for x in [self.dtype, self.op, self.accum, self.algorithm] {
             v.extend_from_slice(&x.to_le_bytes());
         }
@@ -173,6 +188,28 @@ impl Signature {
 struct Kernels {
     oneshot: AnyKernel,
     twoshot: AnyKernel,
+    twoshot_zc: AnyKernel,
+}
+
+/// A user buffer registered on every rank ([`Communicator::register`]).
+#[derive(Debug)]
+struct Registered {
+    /// Bytes of this rank's buffer.
+    len: usize,
+    /// Every rank's buffer as mapped here (index = rank; this rank's own at `rank`).
+    bases: [DevicePtr; OXCCL_ALLREDUCE_MAX_RANKS as usize],
+    /// Every rank's buffer length.
+    lens: [u64; OXCCL_ALLREDUCE_MAX_RANKS as usize],
+    /// The peers' mappings (kept while registered).
+    _imports: Vec<AnyImported>,
+}
+
+/// Every rank's view of one call's buffers for the zero-copy kernel.
+#[derive(Debug, Clone, Copy)]
+struct ZeroCopy {
+    inputs: [DevicePtr; OXCCL_ALLREDUCE_MAX_RANKS as usize],
+    outputs: [DevicePtr; OXCCL_ALLREDUCE_MAX_RANKS as usize],
+    offsets: (u64, u64),
 }
 
 /// An allreduce communicator of one rank. See the module docs for the protocol.
@@ -203,7 +240,10 @@ pub struct Communicator {
     scratch_ptrs: [DevicePtr; OXCCL_ALLREDUCE_MAX_RANKS as usize],
     /// Signatures already checked across ranks.
     seen: Mutex<HashSet<Signature>>,
-    // Drop order matters: peers' mappings, then our scratch, then the module and device.
+    /// Registered user buffers by base address on this rank.
+    registered: Mutex<BTreeMap<u64, Registered>>,
+    // Drop order matters: peers' mappings (registered buffers above, scratch here), then
+    // our scratch, then the module and device.
     peers: Vec<Option<AnyImported>>,
     scratch: AnyMemory,
     _module: oxccl_backend::AnyModule,
@@ -260,6 +300,7 @@ impl Communicator {
         let kernels = Kernels {
             oneshot: module.kernel(ONESHOT_LL).map_err(at)?,
             twoshot: module.kernel(TWOSHOT).map_err(at)?,
+            twoshot_zc: module.kernel(TWOSHOT_ZC).map_err(at)?,
         };
         let oneshot_max = config
             .oneshot_max_bytes
@@ -319,12 +360,16 @@ impl Communicator {
             selector: Selector {
                 forced: config.forced,
                 oneshot_max_bytes: oneshot_max,
+                zc_threshold_bytes: config
+                    .zc_threshold_bytes
+                    .unwrap_or_else(|| default_zc_threshold(world)),
             },
             config,
             layout,
             kernels,
             scratch_ptrs,
             seen: Mutex::new(HashSet::new()),
+            registered: Mutex::new(BTreeMap::new()),
             peers,
             scratch,
             _module: module,
@@ -358,13 +403,127 @@ impl Communicator {
         &self.config
     }
 
-    /// The algorithm and launch a call would use (no launch).
+    /// The algorithm and launch a call on unregistered buffers would use (no launch).
     pub fn choose(&self, count: usize, dtype: DataType) -> Result<Choice> {
         let bytes = dtype.bytes(count)?;
-        self.selector.choose(&self.shape(count, dtype, bytes))
+        self.selector
+            .choose(&self.shape(count, dtype, bytes, false))
     }
 
-    fn shape(&self, count: usize, dtype: DataType, bytes: usize) -> CallShape<'_> {
+    /// The algorithm and launch a call on these buffers would use (no launch).
+    pub fn choose_for(
+        &self,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        dtype: DataType,
+    ) -> Result<Choice> {
+        let bytes = dtype.bytes(count)?;
+        let zc = self.zero_copy(input, output, bytes).is_some();
+        self.selector.choose(&self.shape(count, dtype, bytes, zc))
+    }
+
+    /// Registers a user buffer for zero-copy allreduce (collective: every rank calls it,
+    /// in the same order, with its own buffer of the same role). Exports the allocation,
+    /// exchanges the handles and maps every peer's (IPC handle cache). Calls whose input
+    /// and output lie 16-byte aligned inside registered buffers, at the same offsets on
+    /// every rank, then use the zero-copy two-shot above the zero-copy threshold. Cached
+    /// by (pointer, length): registering the same buffer again does nothing.
+    ///
+    /// The buffer must stay allocated until [`Communicator::deregister`] or the
+    /// communicator is dropped (peers map it).
+    pub fn register(&self, memory: &AnyMemory) -> Result<()> {
+        let at = |e: Error| e.at_rank(self.rank);
+        let (base, len) = (memory.ptr(), memory.len());
+        {
+            let reg = self.registered.lock().unwrap_or_else(|p| p.into_inner());
+            if reg.get(&base.0).is_some_and(|r| r.len == len) {
+                return Ok(());
+            }
+        }
+        let handle = self.device.export_memory(memory).map_err(at)?;
+        let all = self.bootstrap.all_gather(&handle.to_bytes()).map_err(at)?;
+        let mut bases = [DevicePtr::NULL; OXCCL_ALLREDUCE_MAX_RANKS as usize];
+        let mut lens = [0u64; OXCCL_ALLREDUCE_MAX_RANKS as usize];
+        let mut imports = Vec::with_capacity(all.len().saturating_sub(1));
+        for (r, bytes) in all.iter().enumerate() {
+            if r == self.rank as usize {
+                bases[r] = base;
+                lens[r] = len as u64;
+                continue;
+            }
+            let h = IpcHandle::from_bytes(bytes).map_err(at)?;
+            let imported = self.device.import_memory(&h).map_err(at)?;
+            bases[r] = imported.ptr();
+            lens[r] = h.len;
+            imports.push(imported);
+        }
+        tracing::debug!(rank = self.rank, base = %base, len, "registered buffer");
+        let mut reg = self.registered.lock().unwrap_or_else(|p| p.into_inner());
+        reg.insert(
+            base.0,
+            Registered {
+                len,
+                bases,
+                lens,
+                _imports: imports,
+            },
+        );
+        Ok(())
+    }
+
+    /// Releases a registration (collective). Every stream that used the buffer in an
+    /// allreduce must be synchronized first; after it returns, every rank may free its
+    /// buffer.
+    pub fn deregister(&self, memory: &AnyMemory) -> Result<()> {
+        let at = |e: Error| e.at_rank(self.rank);
+        self.bootstrap.barrier().map_err(at)?;
+        let removed = {
+            let mut reg = self.registered.lock().unwrap_or_else(|p| p.into_inner());
+            reg.remove(&memory.ptr().0)
+        };
+        drop(removed);
+        // No rank frees its buffer before every peer dropped its mapping.
+        self.bootstrap.barrier().map_err(at)
+    }
+
+    /// Number of registered buffers.
+    pub fn registered_buffers(&self) -> usize {
+        self.registered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
+    /// Every rank's input and output for a zero-copy call, when both lie 16-byte aligned
+    /// inside registered buffers that are long enough on every rank.
+    fn zero_copy(&self, input: DevicePtr, output: DevicePtr, bytes: usize) -> Option<ZeroCopy> {
+        if !input.is_aligned(16) || !output.is_aligned(16) {
+            return None;
+        }
+        let reg = self.registered.lock().unwrap_or_else(|p| p.into_inner());
+        let find = |p: DevicePtr| {
+            let (base, r) = reg.range(..=p.0).next_back()?;
+            let off = p.0 - base;
+            let end = off.checked_add(bytes as u64)?;
+            (end <= r.len as u64 && r.lens[..self.world as usize].iter().all(|l| end <= *l))
+                .then_some((r, off))
+        };
+        let (ri, oi) = find(input)?;
+        let (ro, oo) = find(output)?;
+        let mut z = ZeroCopy {
+            inputs: [DevicePtr::NULL; OXCCL_ALLREDUCE_MAX_RANKS as usize],
+            outputs: [DevicePtr::NULL; OXCCL_ALLREDUCE_MAX_RANKS as usize],
+            offsets: (oi, oo),
+        };
+        for r in 0..self.world as usize {
+            z.inputs[r] = DevicePtr(ri.bases[r].0.checked_add(oi)?);
+            z.outputs[r] = DevicePtr(ro.bases[r].0.checked_add(oo)?);
+        }
+        Some(z)
+    }
+
+    fn shape(&self, count: usize, dtype: DataType, bytes: usize, zero_copy: bool) -> CallShape<'_> {
         CallShape {
             count,
             dtype,
@@ -373,6 +532,7 @@ impl Communicator {
             caps: self.device.capabilities(),
             packet_half_bytes: self.layout.packet_half,
             host: Device::backend(&self.device) == BackendKind::Host,
+            zero_copy,
         }
     }
 
@@ -409,17 +569,28 @@ impl Communicator {
         let bytes = dtype.bytes(count).map_err(at)?;
         check_buffers(input, output, bytes, dtype).map_err(at)?;
         check_types(dtype, accum).map_err(at)?;
+        let zc = self.zero_copy(input, output, bytes);
         let choice = self
             .selector
-            .choose(&self.shape(count, dtype, bytes))
+            .choose(&self.shape(count, dtype, bytes, zc.is_some()))
             .map_err(at)?;
+        let zc = zc.filter(|_| choice.algorithm == Algorithm::TwoShotZc);
         self.check_signature(Signature {
             count: count as u64,
             dtype: dtype.code(),
             op: op.code(),
             accum: accum.code(),
             algorithm: choice.algorithm.code(),
+            zc_offsets: zc.map_or((u64::MAX, u64::MAX), |z| z.offsets),
         })?;
+        let mut peer_input = [std::ptr::null(); OXCCL_ALLREDUCE_MAX_RANKS as usize];
+        let mut peer_output = [std::ptr::null_mut(); OXCCL_ALLREDUCE_MAX_RANKS as usize];
+        if let Some(z) = &zc {
+            for r in 0..self.world as usize {
+                peer_input[r] = void_ptr(z.inputs[r]).cast_const();
+                peer_output[r] = void_ptr(z.outputs[r]);
+            }
+        }
         let mut scratch = [std::ptr::null_mut(); OXCCL_ALLREDUCE_MAX_RANKS as usize];
         for (slot, p) in scratch.iter_mut().zip(self.scratch_ptrs) {
             *slot = void_ptr(p);
@@ -440,10 +611,13 @@ impl Communicator {
             op: op.code(),
             accum: accum.code(),
             _pad0: 0,
+            peer_input,
+            peer_output,
         };
         let kernel = match choice.algorithm {
             Algorithm::OneShotLl => &self.kernels.oneshot,
             Algorithm::TwoShot => &self.kernels.twoshot,
+            Algorithm::TwoShotZc => &self.kernels.twoshot_zc,
             other => {
                 return Err(at(Error::Unsupported(format!(
                     "{other}: no kernel in this build"

@@ -23,16 +23,22 @@ use oxccl_kernels::{formats, reduce};
 pub const ONESHOT_LL: &str = "allreduce_oneshot_ll";
 /// Name of the two-shot kernel (device and host).
 pub const TWOSHOT: &str = "allreduce_twoshot";
+/// Name of the zero-copy two-shot kernel (device and host).
+pub const TWOSHOT_ZC: &str = "allreduce_twoshot_zc";
 
 /// The allreduce host kernels, loaded as a module on the host backend.
 pub static TABLE: HostKernelTable = HostKernelTable {
     name: "oxccl-collectives allreduce (host)",
-    kernels: &[(ONESHOT_LL, oneshot_ll), (TWOSHOT, twoshot)],
+    kernels: &[
+        (ONESHOT_LL, oneshot_ll),
+        (TWOSHOT, twoshot),
+        (TWOSHOT_ZC, twoshot_zc),
+    ],
 };
 
 /// The bytes of an argument block, as a launch takes them.
 pub(crate) fn args_bytes(a: &OxcclAllreduceArgs) -> &[u8] {
-    // SAFETY: OxcclAllreduceArgs is a repr(C) struct from abi_allreduce.h whose size (152)
+    // SAFETY: OxcclAllreduceArgs is a repr(C) struct from abi_allreduce.h whose size (280)
     // is the sum of its fields (static-asserted in C, checked in the tests below), so every
     // byte is an initialised field; the slice borrows `a`.
     unsafe {
@@ -446,6 +452,56 @@ fn twoshot(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Zero-copy two-shot: barrier; reduce my chunk straight from every rank's registered
+/// input and store it into every rank's registered output; barrier.
+fn twoshot_zc(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
+    let c = Call::new(bytes, TWOSHOT_ZC)?;
+    let blocks = (config.grid[0] as usize).clamp(1, OXCCL_ALLREDUCE_MAX_BLOCKS as usize);
+    let (ins, outs) = (c.a.peer_input, c.a.peer_output);
+    if ins[..c.world].iter().any(|p| p.is_null())
+        || outs[..c.world].iter().any(|p| p.is_null())
+        || ins[c.me] != c.a.input
+        || outs[c.me] != c.a.output
+    {
+        return Err(Error::InvalidArgument(format!(
+            "{TWOSHOT_ZC}: missing registered peer buffers"
+        )));
+    }
+    barrier(&c, blocks)?;
+    let units = c.total.div_ceil(16);
+    let chunk = units.div_ceil(c.world);
+    let mut inputs = vec![[0u8; 16]; c.world];
+    for u in (c.me * chunk).min(units)..((c.me + 1) * chunk).min(units) {
+        let off = u * 16;
+        let valid = c.total.saturating_sub(off).min(16);
+        for (r, input) in inputs.iter_mut().enumerate() {
+            *input = [0u8; 16];
+            // SAFETY: launch contract: every rank's registered input holds `total` bytes,
+            // mapped at `ins[r]`; [off, off + valid) is inside. The peers' inputs are not
+            // written during the call (their kernels passed the first barrier).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    ins[r].cast::<u8>().add(off),
+                    input.as_mut_ptr(),
+                    valid,
+                )
+            };
+        }
+        let v = c.reduce_unit(&inputs, valid)?;
+        for k in 1..=c.world {
+            let q = (c.me + k) % c.world;
+            // SAFETY: every rank's registered output holds `total` bytes at `outs[q]`; only
+            // this rank writes chunk `me` of it during the call.
+            unsafe {
+                std::ptr::copy_nonoverlapping(v.as_ptr(), outs[q].cast::<u8>().add(off), valid)
+            };
+        }
+    }
+    barrier(&c, blocks)?;
+    c.finish();
+    Ok(())
+}
+
 /// Raw pointer of a scratch base, for building argument blocks.
 pub(crate) fn void_ptr(p: oxccl_hal::DevicePtr) -> *mut c_void {
     p.0 as usize as *mut c_void
@@ -457,10 +513,10 @@ mod tests {
 
     #[test]
     fn argument_block_has_no_padding() {
-        assert_eq!(size_of::<OxcclAllreduceArgs>(), 152);
+        assert_eq!(size_of::<OxcclAllreduceArgs>(), 280);
         let a = OxcclAllreduceArgs::default();
-        assert_eq!(args_bytes(&a).len(), 152);
-        assert!(parse(&[0u8; 151], "k").is_err());
+        assert_eq!(args_bytes(&a).len(), 280);
+        assert!(parse(&[0u8; 279], "k").is_err());
     }
 
     #[test]

@@ -9,6 +9,20 @@ use crate::algorithms::{Algorithm, CallShape, Plan};
 pub const ALGO_VAR: &str = "OXCCL_ALGO";
 /// Environment variable with the largest message (bytes per rank) one-shot serves.
 pub const ONESHOT_MAX_VAR: &str = "OXCCL_ONESHOT_MAX_BYTES";
+/// Environment variable: on registered buffers, messages above this many bytes per rank
+/// take the zero-copy two-shot (at or below it, one-shot).
+pub const ZC_THRESHOLD_VAR: &str = "OXCCL_ZC_THRESHOLD_BYTES";
+
+/// Default zero-copy threshold in bytes per rank (registered buffers): the zero-copy
+/// two-shot moves each byte over NVLink twice with no staging copy, its fixed cost is two
+/// per-block barriers; one-shot moves `world - 1` LL copies (twice the bytes) in one step.
+pub fn default_zc_threshold(world_size: u32) -> usize {
+    match world_size {
+        0..=2 => 256 << 10,
+        3..=4 => 64 << 10,
+        _ => 32 << 10,
+    }
+}
 
 /// Default one-shot threshold in bytes per rank: one-shot moves `world - 1` copies of the
 /// whole message (doubled by the LL flags) into every GPU, two-shot about two; the more
@@ -28,6 +42,8 @@ pub struct Selector {
     pub forced: Option<Algorithm>,
     /// Largest message one-shot serves when nothing is forced.
     pub oneshot_max_bytes: usize,
+    /// On registered buffers: largest message one-shot serves; above, `twoshot_zc`.
+    pub zc_threshold_bytes: usize,
 }
 
 /// A decision and why.
@@ -57,21 +73,44 @@ impl Selector {
                 plan: Algorithm::OneShotLl.plan(shape)?,
                 reason: "one rank: a local copy".into(),
             }
-        } else if shape.bytes <= self.oneshot_max_bytes {
+        } else if shape.zero_copy && shape.bytes > self.zc_threshold_bytes {
+            Choice {
+                algorithm: Algorithm::TwoShotZc,
+                plan: Algorithm::TwoShotZc.plan(shape)?,
+                reason: format!(
+                    "registered buffers, {} bytes > zero-copy threshold {}",
+                    shape.bytes, self.zc_threshold_bytes
+                ),
+            }
+        } else if shape.bytes <= self.oneshot_max_bytes || shape.zero_copy {
             match Algorithm::OneShotLl.plan(shape) {
                 Ok(plan) => Choice {
                     algorithm: Algorithm::OneShotLl,
                     plan,
-                    reason: format!(
-                        "{} bytes <= one-shot threshold {}",
-                        shape.bytes, self.oneshot_max_bytes
-                    ),
+                    reason: if shape.zero_copy {
+                        format!(
+                            "registered buffers, {} bytes <= zero-copy threshold {}",
+                            shape.bytes, self.zc_threshold_bytes
+                        )
+                    } else {
+                        format!(
+                            "{} bytes <= one-shot threshold {}",
+                            shape.bytes, self.oneshot_max_bytes
+                        )
+                    },
                 },
-                Err(e) => Choice {
-                    algorithm: Algorithm::TwoShot,
-                    plan: Algorithm::TwoShot.plan(shape)?,
-                    reason: format!("one-shot cannot serve it ({e})"),
-                },
+                Err(e) => {
+                    let algorithm = if shape.zero_copy {
+                        Algorithm::TwoShotZc
+                    } else {
+                        Algorithm::TwoShot
+                    };
+                    Choice {
+                        algorithm,
+                        plan: algorithm.plan(shape)?,
+                        reason: format!("one-shot cannot serve it ({e})"),
+                    }
+                }
             }
         } else {
             Choice {
@@ -110,6 +149,7 @@ mod tests {
             caps,
             packet_half_bytes: 1 << 24,
             host: false,
+            zero_copy: false,
         }
     }
 
@@ -122,6 +162,7 @@ mod tests {
         let s = Selector {
             forced: None,
             oneshot_max_bytes: 256 << 10,
+            zc_threshold_bytes: 64 << 10,
         };
         assert_eq!(
             s.choose(&shape(1024, 4, &caps)).unwrap().algorithm,
@@ -136,13 +177,24 @@ mod tests {
             Algorithm::OneShotLl
         );
         let c = s.choose(&shape(1 << 30, 8, &caps)).unwrap();
-        assert!(c.plan.config.grid[0] <= 128);
+        assert_eq!(c.plan.config.grid[0], 132); // the whole chip
         let forced = Selector {
             forced: Some(Algorithm::OneShotLl),
             ..s
         };
         let e = forced.choose(&shape(1 << 30, 8, &caps)).unwrap_err();
         assert!(e.to_string().contains("packet scratch"), "{e}");
+        let mut reg = shape(1 << 20, 4, &caps);
+        reg.zero_copy = true;
+        assert_eq!(s.choose(&reg).unwrap().algorithm, Algorithm::TwoShotZc);
+        reg.bytes = 64 << 10;
+        assert_eq!(s.choose(&reg).unwrap().algorithm, Algorithm::OneShotLl);
+        reg.bytes = 1 << 30;
+        assert!(forced
+            .choose(&reg)
+            .unwrap_err()
+            .to_string()
+            .contains("packet"));
         let nvls = Selector {
             forced: Some(Algorithm::Nvls),
             ..s

@@ -15,7 +15,8 @@ use std::time::Duration;
 use oxccl_collectives::backend::{AnyDevice, AnyMemory, AnyStream};
 use oxccl_collectives::channels::bootstrap::{Bootstrap, BootstrapConfig, UniqueId};
 use oxccl_collectives::hal::{
-    AccumType, BackendKind, DataType, Device, DeviceId, Memory, MemoryKind, ReduceOp, Stream,
+    AccumType, BackendKind, DataType, Device, DeviceId, DevicePtr, Memory, MemoryKind, ReduceOp,
+    Stream,
 };
 use oxccl_collectives::kernels::{formats, reduce};
 use oxccl_collectives::{Algorithm, CommConfig, Communicator};
@@ -72,13 +73,30 @@ impl Rank {
     ) -> Result<(), String> {
         let dev = self.comm.device();
         let bytes = dtype.bytes(count).unwrap();
-        let data = input(dtype, self.comm.rank(), count, salt);
         // Offset by one element when out of place so unaligned buffers are exercised too.
         let skew = if in_place { 0 } else { dtype.size() };
         let a: AnyMemory = dev.alloc(bytes + 16, MemoryKind::Plain).unwrap();
         let b: AnyMemory = dev.alloc(bytes + 16, MemoryKind::Plain).unwrap();
         let inp = a.ptr().offset(skew).unwrap();
         let out = if in_place { inp } else { b.ptr() };
+        self.check_at(inp, out, dtype, op, accum, count, salt)
+    }
+
+    /// Runs one checked allreduce on the given buffers (`inp == out`: in place).
+    #[allow(clippy::too_many_arguments)]
+    fn check_at(
+        &self,
+        inp: DevicePtr,
+        out: DevicePtr,
+        dtype: DataType,
+        op: ReduceOp,
+        accum: AccumType,
+        count: usize,
+        salt: u64,
+    ) -> Result<(), String> {
+        let bytes = dtype.bytes(count).unwrap();
+        let in_place = inp == out;
+        let data = input(dtype, self.comm.rank(), count, salt);
         self.stream.write(inp, &data).unwrap();
         if !in_place {
             self.stream.write(out, &vec![0xa5u8; bytes]).unwrap();
@@ -117,6 +135,7 @@ fn config(algo: Option<Algorithm>) -> CommConfig {
         staging_bytes: 64 << 10, // small staging: large counts take several rounds
         forced: algo,
         oneshot_max_bytes: None,
+        zc_threshold_bytes: None,
     }
 }
 
@@ -214,6 +233,87 @@ fn odd_and_large_counts_on_world_sizes_one_to_four() {
                     98,
                 )
                 .unwrap();
+            });
+        }
+    }
+}
+
+#[test]
+fn zero_copy_on_registered_buffers() {
+    for world in 1..=4u32 {
+        for algo in [Some(Algorithm::TwoShotZc), None] {
+            threads(world, algo, move |r| {
+                let dev = r.comm.device();
+                let a: AnyMemory = dev.alloc(600_000, MemoryKind::Plain).unwrap();
+                let b: AnyMemory = dev.alloc(600_000, MemoryKind::Plain).unwrap();
+                r.comm.register(&a).unwrap();
+                r.comm.register(&b).unwrap();
+                r.comm.register(&a).unwrap(); // cached: no second exchange
+                assert_eq!(r.comm.registered_buffers(), 2);
+                let mut salt = 500;
+                for count in [1usize, 3, 1000, 12345, 150_001] {
+                    for dtype in [DataType::Bf16, DataType::F32, DataType::Fp8E4m3b15] {
+                        if dtype.bytes(count).unwrap() + 32 > 600_000 {
+                            continue;
+                        }
+                        for (inp, out) in [
+                            (a.ptr(), b.ptr()),
+                            (b.ptr(), b.ptr()),
+                            (a.ptr().offset(32).unwrap(), b.ptr().offset(16).unwrap()),
+                        ] {
+                            salt += 1;
+                            let c = r.comm.choose_for(inp, out, count, dtype).unwrap();
+                            if algo.is_some()
+                                || (world > 1
+                                    && dtype.bytes(count).unwrap()
+                                        > oxccl_collectives::selector::default_zc_threshold(world))
+                            {
+                                assert_eq!(c.algorithm, Algorithm::TwoShotZc, "{}", c.reason);
+                            }
+                            r.check_at(
+                                inp,
+                                out,
+                                dtype,
+                                ReduceOp::Sum,
+                                AccumType::Auto,
+                                count,
+                                salt,
+                            )
+                            .unwrap();
+                        }
+                    }
+                }
+                r.check_at(
+                    a.ptr(),
+                    b.ptr(),
+                    DataType::Bf16,
+                    ReduceOp::Avg,
+                    AccumType::F32,
+                    4097,
+                    7,
+                )
+                .unwrap();
+                // Not 16-byte aligned: zero-copy cannot serve it.
+                let odd = a.ptr().offset(2).unwrap();
+                let c = r.comm.choose_for(odd, b.ptr(), 100_000, DataType::Bf16);
+                if algo.is_some() {
+                    assert!(c.is_err());
+                } else {
+                    assert_ne!(c.unwrap().algorithm, Algorithm::TwoShotZc);
+                    r.check_at(
+                        odd,
+                        b.ptr(),
+                        DataType::Bf16,
+                        ReduceOp::Sum,
+                        AccumType::Auto,
+                        100_000,
+                        3,
+                    )
+                    .unwrap();
+                }
+                r.comm.deregister(&a).unwrap();
+                r.comm.deregister(&b).unwrap();
+                assert_eq!(r.comm.registered_buffers(), 0);
             });
         }
     }

@@ -80,6 +80,12 @@ fn run(opts: &Options) -> Result<bool> {
         input: comm.device().alloc(max_bytes + 64, MemoryKind::Plain)?,
         output: comm.device().alloc(max_bytes + 64, MemoryKind::Plain)?,
     };
+    // The common MSCCL++ / NCCL-symmetric-memory usage: buffers registered once, so the
+    // large sizes run zero-copy (peers read the inputs and write the outputs directly).
+    if !opts.no_register {
+        comm.register(&bufs.input)?;
+        comm.register(&bufs.output)?;
+    }
     #[cfg(feature = "cuda")]
     let nccl = if opts.compare_nccl {
         Some(cuda::Nccl::new(&comm, &stream)?)
@@ -101,7 +107,13 @@ fn run(opts: &Options) -> Result<bool> {
         let bytes = opts.dtype.bytes(count)?;
         let seed = 0x5eed_0000 + k as u64;
         host.resize(bytes, 0);
-        let choice = comm.choose(count, opts.dtype)?;
+        let input = bufs.input.ptr();
+        let output = if opts.in_place {
+            input
+        } else {
+            bufs.output.ptr()
+        };
+        let choice = comm.choose_for(input, output, count, opts.dtype)?;
         // Correctness: fresh input, poisoned output, one call, exact check.
         let ours = measure_side(
             opts,
@@ -169,6 +181,10 @@ fn run(opts: &Options) -> Result<bool> {
         );
     }
     stream.synchronize()?;
+    if !opts.no_register {
+        comm.deregister(&bufs.input)?;
+        comm.deregister(&bufs.output)?;
+    }
     drop(bufs);
     #[cfg(feature = "cuda")]
     drop(nccl);

@@ -12,6 +12,8 @@ usage: oxccl-perf [options]
   -o, --op OP             sum prod min max avg (default sum)
       --accum A           auto native f16 f32 (default auto)
       --in-place          reduce in place (default: out of place)
+      --no-register       do not register the buffers with the communicator (default:
+                          registered, so large sizes take the zero-copy two-shot)
   -w, --warmup N          warm-up calls per size, default 5
       --iters N           timed calls per size, default 20
   -N, --nprocs N          start N ranks of this program on this machine
@@ -19,7 +21,7 @@ usage: oxccl-perf [options]
       --compare nccl      measure NCCL (libnccl.so.2, loaded at run time) on the same buffers
       --json FILE         write every row as JSON
   -h, --help              this text
-environment: OXCCL_ALGO, OXCCL_BACKEND, OXCCL_LOG, OXCCL_TIMEOUT_MS, launcher variables";
+environment: OXCCL_ALGO, OXCCL_ONESHOT_MAX_BYTES, OXCCL_ZC_THRESHOLD_BYTES, OXCCL_BACKEND, OXCCL_LOG, OXCCL_TIMEOUT_MS, launcher variables";
 
 /// Parsed options.
 #[derive(Debug, Clone)]
@@ -31,6 +33,7 @@ pub struct Options {
     pub op: ReduceOp,
     pub accum: AccumType,
     pub in_place: bool,
+    pub no_register: bool,
     pub warmup: usize,
     pub iters: usize,
     pub nprocs: Option<u32>,
@@ -83,6 +86,7 @@ impl Options {
             op: ReduceOp::Sum,
             accum: AccumType::Auto,
             in_place: false,
+            no_register: false,
             warmup: 5,
             iters: 20,
             nprocs: None,
@@ -111,6 +115,7 @@ impl Options {
                 "-o" | "--op" => o.op = value()?.parse()?,
                 "--accum" => o.accum = accum(&value()?)?,
                 "--in-place" => o.in_place = true,
+                "--no-register" => o.no_register = true,
                 "-w" | "--warmup" => o.warmup = number(&value()?, "-w")?,
                 "--iters" => o.iters = number(&value()?, "--iters")?.max(1),
                 "-N" | "--nprocs" => {

@@ -75,7 +75,7 @@ pub fn agree(comm: &Communicator, side: Side) -> Result<Side> {
 pub fn header(opts: &Options, comm: &Communicator) {
     let caps = comm.device().capabilities();
     println!(
-        "# oxccl-perf: {} ranks on {} ({}), {} {} accum {}, {}, {} warm-up + {} iterations{}",
+        "# oxccl-perf: {} ranks on {} ({}), {} {} accum {}, {}, {}, {} warm-up + {} iterations{}",
         comm.world_size(),
         caps.name,
         Device::backend(comm.device()),
@@ -86,6 +86,11 @@ pub fn header(opts: &Options, comm: &Communicator) {
             "in place"
         } else {
             "out of place"
+        },
+        if opts.no_register {
+            "unregistered buffers"
+        } else {
+            "registered buffers"
         },
         opts.warmup,
         opts.iters,

@@ -4,7 +4,8 @@
 //! | name | kernel | serves |
 //! |---|---|---|
 //! | `oneshot_ll` | `allreduce_oneshot_ll` | small messages (latency): every rank writes its input as LL16 packets into every peer's scratch, then reduces all ranks' packets locally; one kernel, no barrier |
-//! | `twoshot` | `allreduce_twoshot` | medium and large: reduce-scatter then all-gather through registered staging buffers, per-block barriers between the phases |
+//! | `twoshot` | `allreduce_twoshot` | medium and large on unregistered buffers: reduce-scatter then all-gather through the staging buffers, per-block barriers between the phases |
+//! | `twoshot_zc` | `allreduce_twoshot_zc` | medium and large on registered buffers ([`crate::Communicator::register`]): reduce-scatter reads the peers' inputs, all-gather stores into the peers' outputs; no staging copy, one pass |
 //! | `nvls` | (not built) | NVLink SHARP multicast reduce; gated by `OXCCL_NVLS` and never run on the lent machines |
 //! | `port_channel` | (not built) | multi-node through PortChannels; not built yet |
 
@@ -12,6 +13,7 @@ pub mod nvls;
 pub mod one_shot;
 pub mod port_channel;
 pub mod two_shot;
+pub mod two_shot_zc;
 
 use std::fmt;
 use std::str::FromStr;
@@ -25,6 +27,8 @@ pub enum Algorithm {
     OneShotLl,
     /// Two-shot reduce-scatter + all-gather through staging buffers.
     TwoShot,
+    /// Zero-copy two-shot on registered buffers.
+    TwoShotZc,
     /// NVLS multicast (gated; not built).
     Nvls,
     /// PortChannel (multi-node; not built).
@@ -49,6 +53,9 @@ pub struct CallShape<'a> {
     pub packet_half_bytes: usize,
     /// Whether the kernels run as host functions (host backend).
     pub host: bool,
+    /// Whether input and output are 16-byte aligned inside buffers registered on every
+    /// rank (the zero-copy two-shot can serve the call).
+    pub zero_copy: bool,
 }
 
 /// A launch plan: which kernel and which grid.
@@ -72,7 +79,7 @@ pub struct AlgorithmInfo {
 }
 
 /// Every algorithm, in the selector's order of preference for small messages.
-pub const ALGORITHMS: [AlgorithmInfo; 4] = [
+pub const ALGORITHMS: [AlgorithmInfo; 5] = [
     AlgorithmInfo {
         algorithm: Algorithm::OneShotLl,
         name: "oneshot_ll",
@@ -84,6 +91,13 @@ pub const ALGORITHMS: [AlgorithmInfo; 4] = [
         name: "twoshot",
         serves: "medium and large messages, world size 1..=8; any size (processed in rounds \
                  of the staging buffer)",
+    },
+    AlgorithmInfo {
+        algorithm: Algorithm::TwoShotZc,
+        name: "twoshot_zc",
+        serves: "medium and large messages on registered buffers (Communicator::register), \
+                 world size 1..=8, any size; input and output 16-byte aligned at the same \
+                 offset of every rank's registered buffer",
     },
     AlgorithmInfo {
         algorithm: Algorithm::Nvls,
@@ -103,6 +117,7 @@ impl Algorithm {
         match self {
             Algorithm::OneShotLl => "oneshot_ll",
             Algorithm::TwoShot => "twoshot",
+            Algorithm::TwoShotZc => "twoshot_zc",
             Algorithm::Nvls => "nvls",
             Algorithm::PortChannel => "port_channel",
         }
@@ -115,6 +130,7 @@ impl Algorithm {
             Algorithm::TwoShot => 2,
             Algorithm::Nvls => 3,
             Algorithm::PortChannel => 4,
+            Algorithm::TwoShotZc => 5,
         }
     }
 
@@ -123,6 +139,7 @@ impl Algorithm {
         match self {
             Algorithm::OneShotLl => one_shot::plan(shape),
             Algorithm::TwoShot => two_shot::plan(shape),
+            Algorithm::TwoShotZc => two_shot_zc::plan(shape),
             Algorithm::Nvls => nvls::plan(shape),
             Algorithm::PortChannel => port_channel::plan(shape),
         }
@@ -143,6 +160,7 @@ impl FromStr for Algorithm {
         let alias = match s.as_str() {
             "oneshot" | "one_shot" | "allpairs" => "oneshot_ll",
             "two_shot" => "twoshot",
+            "zc" | "zerocopy" | "zero_copy" | "twoshot_zero_copy" => "twoshot_zc",
             "port" | "portchannel" => "port_channel",
             other => other,
         };
@@ -185,6 +203,6 @@ mod tests {
             Some(Algorithm::OneShotLl)
         );
         let e = "ring".parse::<Algorithm>().unwrap_err().to_string();
-        assert!(e.contains("oneshot_ll, twoshot"), "{e}");
+        assert!(e.contains("oneshot_ll, twoshot, twoshot_zc"), "{e}");
     }
 }

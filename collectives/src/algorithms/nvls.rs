@@ -35,6 +35,7 @@ mod tests {
             caps: &caps,
             packet_half_bytes: 0,
             host: true,
+            zero_copy: false,
         };
         assert!(plan(&s).is_err());
     }

@@ -1,8 +1,8 @@
 /* oxccl/abi_allreduce.h: argument block and scratch layout of the allreduce kernels.
  *
  * Included by abi.h inside its extern "C" block (so bindgen sees it); owned by the
- * collectives crate (collectives/src/). Kernels: allreduce_oneshot_ll, allreduce_twoshot
- * (kernels/src/device/allreduce.cu); host stand-ins with the same names and blocks live in
+ * collectives crate (collectives/src/). Kernels: allreduce_oneshot_ll, allreduce_twoshot,
+ * allreduce_twoshot_zc (kernels/src/device/allreduce.cu); host stand-ins with the same names and blocks live in
  * collectives/src/host_kernels.rs.
  *
  * Every rank owns one scratch allocation with the same layout; every rank maps every
@@ -21,7 +21,7 @@
  *   DONE       blocks of the running kernel that have finished (reset by the last one).
  *   ERROR      0, or OXCCL_ALLREDUCE_ERR_* | (peer rank << 32): first failure seen.
  *   INBOUND    [MAX_BLOCKS][MAX_RANKS]: block b of rank p adds 1 to INBOUND[b][p] of this
- *              rank (release) at each two-shot barrier.
+ *              rank (release) at each two-shot barrier (both two-shot kernels).
  *   EXPECTED   [MAX_BLOCKS][MAX_RANKS]: signals consumed so far (local only).
  */
 #ifndef OXCCL_ABI_ALLREDUCE_H_
@@ -30,14 +30,14 @@
 #include <stdint.h>
 
 #define OXCCL_ALLREDUCE_MAX_RANKS 8
-#define OXCCL_ALLREDUCE_MAX_BLOCKS 128
+#define OXCCL_ALLREDUCE_MAX_BLOCKS 256
 
 #define OXCCL_ALLREDUCE_SYNC_BYTES 65536
 #define OXCCL_ALLREDUCE_SYNC_EPOCH 0
 #define OXCCL_ALLREDUCE_SYNC_DONE 8
 #define OXCCL_ALLREDUCE_SYNC_ERROR 16
 #define OXCCL_ALLREDUCE_SYNC_INBOUND 4096
-#define OXCCL_ALLREDUCE_SYNC_EXPECTED 12288
+#define OXCCL_ALLREDUCE_SYNC_EXPECTED 20480
 
 enum {
   OXCCL_ALLREDUCE_OK = 0,
@@ -54,6 +54,13 @@ enum {
  * reduce chunk `rank` from every rank's staging (rank order) into "out" staging and the
  * output, barrier, copy every peer's reduced chunk into the output. Barriers are per
  * block (block b of every rank), through the INBOUND counters.
+ *
+ * allreduce_twoshot_zc (zero copy, registered buffers): barrier; rank r reduces chunk r
+ * straight from every rank's registered input (peer_input[p], L2-only loads over NVLink)
+ * and stores the result into every rank's registered output (peer_output[p], peer
+ * stores); barrier (so every rank's output is complete when its kernel ends, and no peer
+ * still reads its input). One pass, no staging, any size. input/output must be 16-byte
+ * aligned and at the same offset of every rank's registered buffer.
  *
  * Any count; input/output need only element alignment (16-byte aligned ones take the
  * vector path). In place when input == output. */
@@ -73,8 +80,12 @@ typedef struct OxcclAllreduceArgs {
   uint32_t op;    /* OXCCL_OP_* */
   uint32_t accum; /* OXCCL_ACCUM_* */
   uint32_t _pad0;
+  /* allreduce_twoshot_zc only (null otherwise): every rank's input / output as mapped in
+   * this process (index = rank; [rank] is input / output itself). */
+  const void* peer_input[OXCCL_ALLREDUCE_MAX_RANKS];
+  void* peer_output[OXCCL_ALLREDUCE_MAX_RANKS];
 } OxcclAllreduceArgs;
 
-OXCCL_STATIC_ASSERT(sizeof(OxcclAllreduceArgs) == 152, "OxcclAllreduceArgs");
+OXCCL_STATIC_ASSERT(sizeof(OxcclAllreduceArgs) == 280, "OxcclAllreduceArgs");
 
 #endif /* OXCCL_ABI_ALLREDUCE_H_ */

@@ -1,5 +1,6 @@
-// Allreduce kernels: one-shot all-pairs LL16 packets (small sizes) and two-shot
-// reduce-scatter + all-gather through staging buffers with per-block barriers (large).
+// Allreduce kernels: one-shot all-pairs LL16 packets (small sizes), two-shot
+// reduce-scatter + all-gather through staging buffers with per-block barriers, and the
+// zero-copy two-shot on registered buffers (peer loads of inputs, peer stores of outputs).
 // Argument block and scratch layout: include/oxccl/abi_allreduce.h. Host stand-ins with
 // the same protocol: collectives/src/host_kernels.rs.
 //
@@ -20,10 +21,22 @@ namespace allreduce {
 // same bits as reduce.hpp). This keeps the image (and nvcc's time) small: 2 kernels x
 // (7 + 8) bodies instead of 2 x 8 x 5 x 3.
 
+// Besides `operator()(in, n)` (all inputs at once), every reducer streams: `first` widens
+// rank 0's vector, `add` folds in the next rank's, `finish` rounds once to the element type
+// (same steps, same bits). The zero-copy kernel streams so that no per-rank array is kept.
+
 template <typename Fmt, Acc A, uint32_t Op>
 struct StaticReducer {
+  using State = AccLanes<Fmt>;
   OXCCL_DEVICE_INLINE Vec16 operator()(const Vec16* in, uint32_t n) const {
     return reduce16<Fmt, A, Op>(in, n);
+  }
+  OXCCL_DEVICE_INLINE State first(const Vec16& v) const { return widen16<Fmt, A>(v); }
+  OXCCL_DEVICE_INLINE void add(State& s, const Vec16& v) const {
+    combine<Fmt, A, Op>(s, widen16<Fmt, A>(v));
+  }
+  OXCCL_DEVICE_INLINE Vec16 finish(const State& s, uint32_t n) const {
+    return narrow16<Fmt, A, Op>(s, n);
   }
 };
 
@@ -58,6 +71,32 @@ struct DynamicReducer {
         const float x = acc_round_dyn<Fmt>(acc, Fmt::decode(bit_cast<Lanes<Fmt>>(in[k]).e[i]));
         r = acc_round_dyn<Fmt>(acc, apply_op_dyn(op, r, x));
       }
+      if (op == OXCCL_OP_AVG) r = acc_round_dyn<Fmt>(acc, r / static_cast<float>(n));
+      out.e[i] = Fmt::encode(r);
+    }
+    return bit_cast<Vec16>(out);
+  }
+  using State = AccLanes<Fmt>;
+  OXCCL_DEVICE_INLINE State first(const Vec16& v) const {
+    const Lanes<Fmt> l = bit_cast<Lanes<Fmt>>(v);
+    State s;
+#pragma unroll
+    for (int i = 0; i < Lanes<Fmt>::kCount; ++i) s.v[i] = acc_round_dyn<Fmt>(acc, Fmt::decode(l.e[i]));
+    return s;
+  }
+  OXCCL_DEVICE_INLINE void add(State& s, const Vec16& v) const {
+    const Lanes<Fmt> l = bit_cast<Lanes<Fmt>>(v);
+#pragma unroll
+    for (int i = 0; i < Lanes<Fmt>::kCount; ++i) {
+      const float x = acc_round_dyn<Fmt>(acc, Fmt::decode(l.e[i]));
+      s.v[i] = acc_round_dyn<Fmt>(acc, apply_op_dyn(op, s.v[i], x));
+    }
+  }
+  OXCCL_DEVICE_INLINE Vec16 finish(const State& s, uint32_t n) const {
+    Lanes<Fmt> out;
+#pragma unroll
+    for (int i = 0; i < Lanes<Fmt>::kCount; ++i) {
+      float r = s.v[i];
       if (op == OXCCL_OP_AVG) r = acc_round_dyn<Fmt>(acc, r / static_cast<float>(n));
       out.e[i] = Fmt::encode(r);
     }
@@ -177,6 +216,72 @@ __device__ __noinline__ void twoshot_body(const Reducer reduce, const OxcclAllre
   }
 }
 
+// ---- zero-copy two-shot -----------------------------------------------------------------
+
+/// 16-byte units each thread loads per rank per pass; every rank's loads of a pass are
+/// issued before the first is used (world_size x kZcUnits peer loads in flight).
+constexpr int kZcUnits = 2;
+
+/// Unit `j` of a rank's input: one L2-only 16-byte load when whole (the input is 16-byte
+/// aligned, checked by the host), else the bytes inside the buffer and zeros.
+OXCCL_DEVICE_INLINE Vec16 zc_load(const void* base, uint64_t j, uint64_t total) {
+  if (j * 16 + 16 <= total) return load16_peer(static_cast<const char*>(base) + j * 16);
+  return load_unit(base, j * 16, total);
+}
+
+template <typename Fmt, typename Reducer>
+__device__ __noinline__ void twoshot_zc_body(const Reducer reduce, const OxcclAllreduceArgs& a,
+                                             const Deadline& d, int* failed) {
+  const uint64_t total = a.count * sizeof(typename Fmt::Storage);
+  const uint64_t units = (total + 15) / 16;
+  const uint32_t w = a.world_size;
+  const uint32_t me = a.rank;
+  const uint64_t chunk = (units + w - 1) / w;
+  const uint64_t share = (chunk + gridDim.x - 1) / gridDim.x;
+  const uint64_t start = me * chunk;
+  const uint64_t end = start + chunk < units ? start + chunk : units;
+  const uint64_t lo = start + blockIdx.x * share;
+  const uint64_t hi = lo + share < end ? lo + share : end;
+
+  // Every peer's call has started: its input is ready and its output free to write.
+  if (!block_barrier(a, d, failed)) return;
+
+  const uint64_t step = static_cast<uint64_t>(blockDim.x) * kZcUnits;
+  for (uint64_t j0 = lo + threadIdx.x; j0 < hi; j0 += step) {
+    Vec16 v[OXCCL_ALLREDUCE_MAX_RANKS][kZcUnits];
+#pragma unroll
+    for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
+      if (r < w) {
+#pragma unroll
+        for (int k = 0; k < kZcUnits; ++k) {
+          const uint64_t j = j0 + static_cast<uint64_t>(k) * blockDim.x;
+          v[r][k] = j < hi ? zc_load(a.peer_input[r], j, total) : Vec16{{0, 0, 0, 0}};
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kZcUnits; ++k) {
+      const uint64_t j = j0 + static_cast<uint64_t>(k) * blockDim.x;
+      if (j >= hi) break;
+      typename Reducer::State s = reduce.first(v[0][k]);
+#pragma unroll
+      for (uint32_t r = 1; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
+        if (r < w) reduce.add(s, v[r][k]);
+      }
+      const Vec16 out = reduce.finish(s, w);
+      // Peers first (remote stores take longest), my own output last.
+      for (uint32_t q = 1; q < w; ++q) {
+        const uint32_t p = me + q < w ? me + q : me + q - w;
+        store_unit(a.peer_output[p], j * 16, out, total);
+      }
+      store_unit(a.output, j * 16, out, total);
+    }
+  }
+
+  // Every peer stored its chunk into my output (and finished reading my input).
+  block_barrier(a, d, failed);
+}
+
 /// Calls `body.template operator()<Fmt>(reducer)` with the reducer for the call's types.
 template <typename Body>
 __device__ void dispatch_all(const OxcclAllreduceArgs& a, Body&& body) {
@@ -210,7 +315,7 @@ OXCCL_DEVICE_INLINE bool args_ok(const OxcclAllreduceArgs& a) {
 }  // namespace allreduce
 }  // namespace oxccl
 
-OXCCL_GLOBAL __launch_bounds__(1024) void allreduce_oneshot_ll(OxcclAllreduceArgs args) {
+OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_oneshot_ll(OxcclAllreduceArgs args) {
   using namespace oxccl::allreduce;
   void* own = args.scratch[args.rank < OXCCL_ALLREDUCE_MAX_RANKS ? args.rank : 0];
   if (!args_ok(args)) {
@@ -226,7 +331,7 @@ OXCCL_GLOBAL __launch_bounds__(1024) void allreduce_oneshot_ll(OxcclAllreduceArg
   finish_call(own, epoch);
 }
 
-OXCCL_GLOBAL __launch_bounds__(1024) void allreduce_twoshot(OxcclAllreduceArgs args) {
+OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_twoshot(OxcclAllreduceArgs args) {
   using namespace oxccl::allreduce;
   void* own = args.scratch[args.rank < OXCCL_ALLREDUCE_MAX_RANKS ? args.rank : 0];
   if (!args_ok(args)) {
@@ -240,6 +345,25 @@ OXCCL_GLOBAL __launch_bounds__(1024) void allreduce_twoshot(OxcclAllreduceArgs a
   const Deadline d{now_ns(), args.timeout_ns};
   dispatch_all(args, [&]<typename Fmt>(auto reducer) {
     twoshot_body<Fmt>(reducer, args, d, &failed);
+  });
+  finish_call(own, epoch);
+}
+
+OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_twoshot_zc(OxcclAllreduceArgs args) {
+  using namespace oxccl::allreduce;
+  void* own = args.scratch[args.rank < OXCCL_ALLREDUCE_MAX_RANKS ? args.rank : 0];
+  if (!args_ok(args) || args.peer_input[args.rank] != args.input ||
+      args.peer_output[args.rank] != args.output) {
+    if (oxccl::thread_index() == 0) report(own, OXCCL_ALLREDUCE_ERR_ARGS, args.rank);
+    return;
+  }
+  __shared__ int failed;
+  if (threadIdx.x == 0) failed = 0;
+  const uint64_t epoch =
+      oxccl::atomic_load_relaxed(sync_word(own, OXCCL_ALLREDUCE_SYNC_EPOCH));
+  const Deadline d{now_ns(), args.timeout_ns};
+  dispatch_all(args, [&]<typename Fmt>(auto reducer) {
+    twoshot_zc_body<Fmt>(reducer, args, d, &failed);
   });
   finish_call(own, epoch);
 }
