@@ -55,6 +55,7 @@ fn run() -> BuildResult<()> {
         "HIP_PATH",
         "ROCM_DEVICE_LIB_PATH",
         "LIBCLANG_PATH",
+        "OXCCL_KERNEL_CACHE",
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
@@ -63,12 +64,15 @@ fn run() -> BuildResult<()> {
     for s in &sources {
         println!("cargo:rerun-if-changed={}", s.display());
     }
+    let mut inputs = sources.clone();
     for h in
         fs::read_dir(include.join("oxccl")).map_err(|e| format!("reading include/oxccl: {e}"))?
     {
         let h = h.map_err(|e| e.to_string())?;
         println!("cargo:rerun-if-changed={}", h.path().display());
+        inputs.push(h.path());
     }
+    inputs.sort();
 
     write_kernel_names(&sources, &out)?;
     generate_bindings(&include, &out)?;
@@ -80,10 +84,10 @@ fn run() -> BuildResult<()> {
 
     let unity = write_unity_source(&sources, &out)?;
     if env::var_os("CARGO_FEATURE_CUDA").is_some() {
-        build_cuda(&unity, &include, &out)?;
+        build_cuda(&unity, &include, &out, &inputs)?;
     }
     if env::var_os("CARGO_FEATURE_ROCM").is_some() {
-        build_rocm(&unity, &include, &out, &manifest)?;
+        build_rocm(&unity, &include, &out, &manifest, &inputs)?;
     }
     Ok(())
 }
@@ -241,13 +245,112 @@ fn run_tool(mut cmd: Command, what: &str) -> BuildResult<()> {
     }
 }
 
-fn build_cuda(unity: &Path, include: &Path, out: &Path) -> BuildResult<()> {
+/// Device images take minutes to compile (ptxas dominates) and depend only on the device
+/// sources, the headers, the compiler and its flags: not on the crate's other features nor
+/// on the cargo profile. So images are cached by a hash of exactly those in
+/// `<target dir>/oxccl-kernel-cache` (or `OXCCL_KERNEL_CACHE`; empty disables it), and the
+/// `cuda`, `cuda,rocm`, test and release builds of one tree compile each image once.
+fn run_cached(
+    cmd: Command,
+    what: &str,
+    output: &Path,
+    unity: &Path,
+    inputs: &[PathBuf],
+) -> BuildResult<()> {
+    let Some(dir) = image_cache_dir() else {
+        return run_tool(cmd, what);
+    };
+    let mut key = Fnv64::new();
+    let program = PathBuf::from(cmd.get_program());
+    key.write(program.as_os_str().as_encoded_bytes());
+    // The compiler's size and modification time stand in for its version.
+    if let Ok(meta) = fs::metadata(&program) {
+        key.write(&meta.len().to_le_bytes());
+        if let Ok(Ok(t)) = meta
+            .modified()
+            .map(|t| t.duration_since(std::time::UNIX_EPOCH))
+        {
+            key.write(&t.as_nanos().to_le_bytes());
+        }
+    }
+    for arg in cmd.get_args() {
+        // The unity file and the output live in each build's OUT_DIR: hash contents, not paths.
+        let arg_path = Path::new(arg);
+        if arg_path == output || arg_path == unity {
+            key.write(b"<path>");
+        } else {
+            key.write(arg.as_encoded_bytes());
+        }
+        key.write(&[0]);
+    }
+    for input in std::iter::once(&unity.to_path_buf()).chain(inputs) {
+        let bytes = fs::read(input).map_err(|e| format!("reading {}: {e}", input.display()))?;
+        key.write(&(bytes.len() as u64).to_le_bytes());
+        key.write(&bytes);
+    }
+    let name = output
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "image".to_owned());
+    let cached = dir.join(format!("{:016x}-{name}", key.finish()));
+    if cached.is_file() && fs::copy(&cached, output).is_ok() {
+        return Ok(());
+    }
+    run_tool(cmd, what)?;
+    // Store through a temporary name so a concurrent build never reads half a file; a cache
+    // that cannot be written only costs the next build a compile.
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    if fs::copy(output, &tmp).is_ok() && fs::rename(&tmp, &cached).is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    Ok(())
+}
+
+fn image_cache_dir() -> Option<PathBuf> {
+    let dir = match env::var_os("OXCCL_KERNEL_CACHE") {
+        Some(d) if d.is_empty() => return None,
+        Some(d) => PathBuf::from(d),
+        None => {
+            // OUT_DIR is <target>/[<triple>/]<profile>/build/<crate>/out; cargo marks the
+            // target directory itself with CACHEDIR.TAG.
+            let out = PathBuf::from(env::var_os("OUT_DIR")?);
+            out.ancestors()
+                .find(|p| p.join("CACHEDIR.TAG").is_file())?
+                .join("oxccl-kernel-cache")
+        }
+    };
+    fs::create_dir_all(&dir).ok()?;
+    Some(dir)
+}
+
+/// FNV-1a, 64-bit: stable across Rust versions, unlike `DefaultHasher`.
+struct Fnv64(u64);
+
+impl Fnv64 {
+    fn new() -> Self {
+        Fnv64(0xcbf2_9ce4_8422_2325)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+fn build_cuda(unity: &Path, include: &Path, out: &Path, inputs: &[PathBuf]) -> BuildResult<()> {
     let nvcc = find_nvcc()?;
     let fatbin = out.join("oxccl_kernels.fatbin");
     let mut cmd = Command::new(&nvcc);
+    // ptxas is the slow step (minutes for the self-test's many reduction variants);
+    // --split-compile=0 lets it optimise functions on every core.
     cmd.arg("--fatbin")
         .arg("-std=c++20")
         .arg("-O3")
+        .arg("--split-compile=0")
         .arg("-I")
         .arg(include);
     for arch in arch_list("90", "OXCCL_CUDA_ARCHS") {
@@ -262,7 +365,7 @@ fn build_cuda(unity: &Path, include: &Path, out: &Path) -> BuildResult<()> {
             .arg(format!("arch=compute_{arch},code=sm_{arch}"));
     }
     cmd.arg("-o").arg(&fatbin).arg(unity);
-    run_tool(cmd, "nvcc")
+    run_cached(cmd, "nvcc", &fatbin, unity, inputs)
 }
 
 /// The HIP compiler and the paths it needs.
@@ -351,7 +454,13 @@ fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
     None
 }
 
-fn build_rocm(unity: &Path, include: &Path, out: &Path, manifest: &Path) -> BuildResult<()> {
+fn build_rocm(
+    unity: &Path,
+    include: &Path,
+    out: &Path,
+    manifest: &Path,
+    inputs: &[PathBuf],
+) -> BuildResult<()> {
     let tc = find_hip(manifest)?;
     let archs = arch_list("gfx942", "OXCCL_ROCM_ARCHS");
     let mut objects = Vec::new();
@@ -385,7 +494,7 @@ fn build_rocm(unity: &Path, include: &Path, out: &Path, manifest: &Path) -> Buil
             cmd.arg(format!("--rocm-device-lib-path={}", p.display()));
         }
         cmd.arg("-o").arg(&object).arg(unity);
-        run_tool(cmd, "clang (HIP)")?;
+        run_cached(cmd, "clang (HIP)", &object, unity, inputs)?;
         let bytes = fs::read(&object).map_err(|e| format!("reading {}: {e}", object.display()))?;
         objects.push((arch.clone(), bytes));
     }
