@@ -468,7 +468,10 @@ fn a_dead_peer_is_a_timeout_not_a_hang() {
 
 /// The signature bytes rank 0's first call sends (count 4, f32, sum, auto, one-shot).
 fn signature_of_first_call() -> Vec<u8> {
+    // count, then the zero-copy offsets (none), then dtype, op, accum, algorithm.
     let mut v = 4u64.to_le_bytes().to_vec();
+    v.extend_from_slice(&u64::MAX.to_le_bytes());
+    v.extend_from_slice(&u64::MAX.to_le_bytes());
     for x in [
         DataType::F32.code(),
         ReduceOp::Sum.code(),
