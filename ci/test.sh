@@ -47,6 +47,10 @@ for entry in "${MATRIX[@]}"; do
     run "test [$label]" cargo test "${args[@]}"
 done
 
+# The device images the cuda+rocm rows built: sm_90 SASS and the gfx942 ELF flag are there,
+# and both disassemblies show the system-scope release add of the signal path.
+run "kernel artifacts" env PROFILE=debug bash ci/toolchains/check-artifacts.sh cuda rocm
+
 echo
 echo "== oxccl CI matrix ($(( $(date +%s) - START ))s) =="
 printf '%s\n' "${ROWS[@]}"
