@@ -91,8 +91,13 @@ fn stream_refuses_addresses_outside_live_memory() {
     let m = d.alloc(64, MemoryKind::Plain).unwrap();
     let e = s.write(DevicePtr(16), &[1, 2, 3]).unwrap_err();
     assert!(e.to_string().contains("not inside any live"), "{e}");
-    let past_page = m.ptr().offset(page_size()).unwrap();
-    assert!(s.write(past_page, &[1]).is_err());
+    // Crossing the end of the mapping is refused even when another mapping (a test running
+    // in parallel) starts right after it.
+    let last_byte = m.ptr().offset(page_size() - 1).unwrap();
+    assert!(s.write(last_byte, &[1, 2]).is_err());
+    // Memory that is not host-backend memory at all (this test's own heap).
+    let heap = Box::new([0u8; 64]);
+    assert!(s.write(DevicePtr(heap.as_ptr() as u64), &[1]).is_err());
     let mut buf = [0u8; 8];
     assert!(s.read(DevicePtr(u64::MAX - 2), &mut buf).is_err());
     // SAFETY: refused before anything is queued (overlapping ranges).
