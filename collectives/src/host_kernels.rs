@@ -79,19 +79,10 @@ impl Call {
     fn new(bytes: &[u8], kernel: &'static str) -> Result<Call> {
         let a = parse(bytes, kernel)?;
         let dtype = DataType::from_code(a.dtype)?;
-        let op = ReduceOp::ALL
-            .into_iter()
-            .find(|o| o.code() == a.op)
-            .ok_or_else(|| Error::Unsupported(format!("{kernel}: reduce op code {}", a.op)))?;
-        let accum = [
-            AccumType::Auto,
-            AccumType::Native,
-            AccumType::F16,
-            AccumType::F32,
-        ]
-        .into_iter()
-        .find(|x| x.code() == a.accum)
-        .ok_or_else(|| Error::Unsupported(format!("{kernel}: accumulation code {}", a.accum)))?;
+        let op = ReduceOp::from_code(a.op)
+            .map_err(|_| Error::Unsupported(format!("{kernel}: reduce op code {}", a.op)))?;
+        let accum = AccumType::from_code(a.accum)
+            .map_err(|_| Error::Unsupported(format!("{kernel}: accumulation code {}", a.accum)))?;
         let world = a.world_size as usize;
         let me = a.rank as usize;
         if world == 0 || world > OXCCL_ALLREDUCE_MAX_RANKS as usize || me >= world {

@@ -254,6 +254,14 @@ impl ReduceOp {
             ReduceOp::Avg => 4,
         }
     }
+
+    /// Inverse of [`ReduceOp::code`].
+    pub fn from_code(code: u32) -> Result<Self> {
+        ReduceOp::ALL
+            .into_iter()
+            .find(|o| o.code() == code)
+            .ok_or_else(|| Error::Unsupported(format!("reduce op code {code}")))
+    }
 }
 
 impl fmt::Display for ReduceOp {
@@ -295,6 +303,14 @@ pub enum AccumType {
 }
 
 impl AccumType {
+    /// Every accumulation type, in declaration order.
+    pub const ALL: [AccumType; 4] = [
+        AccumType::Auto,
+        AccumType::Native,
+        AccumType::F16,
+        AccumType::F32,
+    ];
+
     /// The concrete accumulation type for `dtype`: never `Auto`.
     pub const fn resolve(self, dtype: DataType) -> AccumType {
         match self {
@@ -311,6 +327,14 @@ impl AccumType {
             AccumType::F16 => 2,
             AccumType::F32 => 3,
         }
+    }
+
+    /// Inverse of [`AccumType::code`].
+    pub fn from_code(code: u32) -> Result<Self> {
+        AccumType::ALL
+            .into_iter()
+            .find(|a| a.code() == code)
+            .ok_or_else(|| Error::Unsupported(format!("accumulation code {code}")))
     }
 }
 
@@ -379,4 +403,26 @@ pub enum MemoryKind {
     /// Memory that stays coherent while other devices write it (flags, semaphores). On
     /// AMD this is fine-grained or uncached memory; elsewhere it is `Physical`.
     Coherent,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip_and_unknown_codes_are_refused() {
+        for d in DataType::ALL {
+            assert_eq!(DataType::from_code(d.code()).unwrap(), d);
+        }
+        for o in ReduceOp::ALL {
+            assert_eq!(ReduceOp::from_code(o.code()).unwrap(), o);
+        }
+        for a in AccumType::ALL {
+            assert_eq!(AccumType::from_code(a.code()).unwrap(), a);
+        }
+        assert!(DataType::from_code(8).is_err());
+        assert!(ReduceOp::from_code(5).is_err());
+        let e = AccumType::from_code(4).unwrap_err().to_string();
+        assert!(e.contains("accumulation code 4"), "{e}");
+    }
 }

@@ -189,19 +189,8 @@ fn selftest_encode(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
 fn selftest_reduce(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     let a: abi::OxcclSelftestReduceArgs = args(bytes, "oxccl_selftest_reduce")?;
     let dtype = DataType::from_code(a.dtype)?;
-    let op = ReduceOp::ALL
-        .into_iter()
-        .find(|o| o.code() == a.op)
-        .ok_or_else(|| Error::Unsupported(format!("reduce op code {}", a.op)))?;
-    let accum = [
-        AccumType::Auto,
-        AccumType::Native,
-        AccumType::F16,
-        AccumType::F32,
-    ]
-    .into_iter()
-    .find(|x| x.code() == a.accum)
-    .ok_or_else(|| Error::Unsupported(format!("accumulation code {}", a.accum)))?;
+    let op = ReduceOp::from_code(a.op)?;
+    let accum = AccumType::from_code(a.accum)?;
     let k = a.num_inputs as usize;
     if k == 0 || k > a.inputs.len() {
         return Err(Error::InvalidArgument(format!(
