@@ -2,7 +2,8 @@
 //! NCCL measured on the same buffers in the same run (`--compare nccl`, CUDA builds).
 //!
 //! ```text
-//! oxccl-perf -N 4 -b 1K -e 1G -f 2 -d bf16 -o sum --graph --compare nccl --json out.json
+//! oxccl-perf -N 4 -b 1K -e 1G -f 2 -d bf16 -o sum --graph --compare nccl --json out.json --plot out.png
+//! oxccl-perf --plot-from out.json --plot out.png
 //! ```
 //!
 //! Ranks: `-N n` starts n copies of itself on this machine (one per device, the host
@@ -15,6 +16,7 @@ mod check;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod options;
+mod plot;
 mod report;
 mod spawn;
 
@@ -45,6 +47,15 @@ fn main() -> ExitCode {
         println!("{}", options::USAGE);
         return ExitCode::SUCCESS;
     }
+    if let (Some(from), Some(png)) = (&opts.plot_from, opts.plot_from_target()) {
+        return match plot_from(from, &png) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("oxccl-perf: --plot-from {from}: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Some(n) = opts.nprocs {
         if std::env::var("RANK").is_err() {
             return spawn::run(n);
@@ -58,6 +69,18 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `--plot-from FILE.json`: draws a table written earlier by `--json`; runs nothing.
+fn plot_from(json: &str, png: &str) -> Result<()> {
+    let text = std::fs::read_to_string(json).map_err(|e| oxccl_collectives::hal::Error::Os {
+        call: "read (--plot-from)",
+        source: e,
+    })?;
+    let fig = plot::Figure::from_json(&text)?;
+    plot::write_png(std::path::Path::new(png), &fig)?;
+    println!("# plot: {png} ({} sizes)", fig.points.len());
+    Ok(())
 }
 
 /// Buffers of one rank, sized for the largest message.
@@ -101,6 +124,7 @@ fn run(opts: &Options) -> Result<bool> {
     }
     let mut rows = Vec::new();
     let mut all_ok = true;
+    let mut plot_ok = true;
     let mut host = vec![0u8; 0];
     for (k, bytes) in opts.sizes().into_iter().enumerate() {
         let count = (bytes / opts.dtype.size()).max(1);
@@ -170,6 +194,17 @@ fn run(opts: &Options) -> Result<bool> {
         if let Some(path) = &opts.json {
             report::write_json(path, opts, &comm, &rows)?;
         }
+        if let Some(path) = &opts.plot {
+            // A failed plot fails the run but must not skip the collective teardown.
+            let fig = plot::Figure::from_rows(opts, &comm, &rows);
+            match plot::write_png(std::path::Path::new(path), &fig) {
+                Ok(()) => println!("# plot: {path}"),
+                Err(e) => {
+                    eprintln!("oxccl-perf: --plot: {e}");
+                    plot_ok = false;
+                }
+            }
+        }
         println!(
             "# {}: every size {}",
             if all_ok { "PASS" } else { "FAIL" },
@@ -189,7 +224,7 @@ fn run(opts: &Options) -> Result<bool> {
     #[cfg(feature = "cuda")]
     drop(nccl);
     comm.destroy()?;
-    Ok(all_ok)
+    Ok(all_ok && plot_ok)
 }
 
 /// Checks then times one implementation (`call(input, output)` queues one allreduce).

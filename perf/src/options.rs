@@ -20,6 +20,10 @@ usage: oxccl-perf [options]
       --graph             time CUDA graph replays of the calls (CUDA only)
       --compare nccl      measure NCCL (libnccl.so.2, loaded at run time) on the same buffers
       --json FILE         write every row as JSON
+      --plot FILE.png     draw latency and busbw against the size (oxccl, and NCCL when
+                          compared) into a PNG
+      --plot-from FILE    draw the PNG from a JSON file written earlier by --json and exit
+                          (to --plot FILE.png, default: FILE with .png for .json)
   -h, --help              this text
 environment: OXCCL_ALGO, OXCCL_ONESHOT_MAX_BYTES, OXCCL_ZC_THRESHOLD_BYTES, OXCCL_BACKEND, OXCCL_LOG, OXCCL_TIMEOUT_MS, launcher variables";
 
@@ -40,6 +44,8 @@ pub struct Options {
     pub graph: bool,
     pub compare_nccl: bool,
     pub json: Option<String>,
+    pub plot: Option<String>,
+    pub plot_from: Option<String>,
     pub help: bool,
 }
 
@@ -93,6 +99,8 @@ impl Options {
             graph: false,
             compare_nccl: false,
             json: None,
+            plot: None,
+            plot_from: None,
             help: false,
         };
         let mut it = args.into_iter();
@@ -134,6 +142,16 @@ impl Options {
                     o.compare_nccl = true;
                 }
                 "--json" => o.json = Some(value()?),
+                "--plot" => {
+                    let v = value()?;
+                    if !v.to_ascii_lowercase().ends_with(".png") {
+                        return Err(Error::InvalidArgument(format!(
+                            "--plot {v}: the file name must end in .png"
+                        )));
+                    }
+                    o.plot = Some(v);
+                }
+                "--plot-from" => o.plot_from = Some(value()?),
                 "-h" | "--help" => o.help = true,
                 other => return Err(Error::InvalidArgument(format!("unknown option '{other}'"))),
             }
@@ -148,6 +166,21 @@ impl Options {
             return Err(Error::InvalidArgument("-f must be at least 2".into()));
         }
         Ok(o)
+    }
+
+    /// Where `--plot-from` draws: `--plot`, else the JSON file's name with `.png`.
+    pub fn plot_from_target(&self) -> Option<String> {
+        let from = self.plot_from.as_ref()?;
+        Some(self.plot.clone().unwrap_or_else(|| {
+            let p = std::path::Path::new(from);
+            if p.extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("json"))
+            {
+                p.with_extension("png").to_string_lossy().into_owned()
+            } else {
+                format!("{from}.png")
+            }
+        }))
     }
 
     /// Message sizes in bytes, smallest first.
@@ -182,6 +215,12 @@ mod tests {
             (Some(2), DataType::F32, ReduceOp::Max, 3)
         );
         assert_eq!(o.json.as_deref(), Some("x.json"));
+        let o = parse("--plot-from r.json --plot=out.PNG").unwrap();
+        assert_eq!(
+            (o.plot_from.as_deref(), o.plot.as_deref()),
+            (Some("r.json"), Some("out.PNG"))
+        );
+        assert!(parse("--plot out.svg").is_err());
         assert_eq!(parse_size("3G").unwrap(), 3 << 30);
         assert!(parse("-b 1X").is_err());
         assert!(parse("-b 2M -e 1M").is_err());
