@@ -88,4 +88,42 @@ typedef struct OxcclAllreduceArgs {
 
 OXCCL_STATIC_ASSERT(sizeof(OxcclAllreduceArgs) == 280, "OxcclAllreduceArgs");
 
+/* ---- PortChannel allreduce (allreduce_port, kernels/src/device/allreduce_port.cu; host
+ * stand-in in collectives/src/port_allreduce.rs) -------------------------------------------
+ * Every rank owns one scratch allocation registered for its transports, same layout:
+ *   [0, PORT_SYNC_BYTES)                      sync area: ROUND (rounds completed, advanced by
+ *                                             the kernel), ERROR (as SYNC_ERROR above)
+ *   [send_offset, +2*chunk_bytes)             send[parity]: this rank's input chunk, the
+ *                                             proxy's source
+ *   [recv_offset, +2*world*chunk_bytes)       recv[parity][rank r]: rank r's chunk, written
+ *                                             by r's proxy
+ * Per round k (global round g = ROUND + k, parity g & 1): copy the input chunk into
+ * send[parity]; one thread per peer p pushes put_with_signal(send[parity] ->
+ * p.recv[parity][rank]) and waits for p's signal; reduce every rank's chunk in rank order
+ * into the output. A rank may only be one round ahead of a peer (it needs the peer's data
+ * of every round), so parity double buffering protects both send and recv slots. */
+#define OXCCL_PORT_ALLREDUCE_SYNC_BYTES 4096
+#define OXCCL_PORT_ALLREDUCE_SYNC_ROUND 0
+#define OXCCL_PORT_ALLREDUCE_SYNC_ERROR 8
+
+typedef struct OxcclPortAllreduceArgs {
+  const void* input;
+  void* output;
+  void* scratch;                    /* this rank's scratch (layout above) */
+  const OxcclPortChannel* channels; /* [world_size] in device memory; [rank] unused */
+  uint64_t count;                   /* elements */
+  uint64_t chunk_bytes;             /* bytes of one slot, a multiple of 16 */
+  uint64_t send_offset;
+  uint64_t recv_offset;
+  uint64_t timeout_ns; /* bound of every wait; 0 = the semaphores' spin limit only */
+  uint32_t rank;
+  uint32_t world_size;
+  uint32_t dtype; /* OXCCL_DTYPE_* */
+  uint32_t op;    /* OXCCL_OP_* */
+  uint32_t accum; /* OXCCL_ACCUM_* */
+  uint32_t _pad0;
+} OxcclPortAllreduceArgs;
+
+OXCCL_STATIC_ASSERT(sizeof(OxcclPortAllreduceArgs) == 96, "OxcclPortAllreduceArgs");
+
 #endif /* OXCCL_ABI_ALLREDUCE_H_ */
