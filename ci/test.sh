@@ -47,6 +47,10 @@ for entry in "${MATRIX[@]}"; do
     run "test [$label]" cargo test "${args[@]}"
 done
 
+# liboxccl_nccl.so (the NCCL C API) from C: a test program built against its nccl.h with
+# gcc, run on the host backend across forked processes (no GPU needed).
+run "nccl-api C test" bash ci/nccl-api-test.sh
+
 # The device images the cuda+rocm rows built: sm_90 SASS and the gfx942 ELF flag are there,
 # and both disassemblies show the system-scope release add of the signal path.
 run "kernel artifacts" env PROFILE=debug bash ci/toolchains/check-artifacts.sh cuda rocm

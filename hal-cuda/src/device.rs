@@ -270,6 +270,18 @@ impl CudaDevice {
         self.ctx.bind()
     }
 
+    /// Wraps a stream another library made (a `cudaStream_t` is a `CUstream`; `NULL` is
+    /// the legacy default stream) so oxccl work can be queued on it. The wrapper never
+    /// destroys the stream.
+    ///
+    /// # Safety
+    /// `raw` must be a live stream of this device's primary context (or `NULL`, or one of
+    /// the per-thread/legacy special handles) for as long as the returned value is used;
+    /// its owner destroys it, after the last use.
+    pub unsafe fn borrow_stream(&self, raw: sys::CUstream) -> CudaStream {
+        CudaStream::borrowed_in(Arc::clone(&self.ctx), raw)
+    }
+
     /// Minimum granularity of physical allocations on this device, in bytes.
     pub fn granularity(&self) -> usize {
         self.granularity

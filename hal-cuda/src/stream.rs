@@ -32,11 +32,14 @@ pub fn validate_launch(config: &LaunchConfig) -> Result<()> {
     Ok(())
 }
 
-/// A non-blocking stream on one device; destroyed on drop.
+/// A stream on one device: a non-blocking stream made here (destroyed on drop), or a
+/// stream borrowed from another library ([`crate::CudaDevice::borrow_stream`], never
+/// destroyed here).
 #[derive(Debug)]
 pub struct CudaStream {
     ctx: Arc<Context>,
     stream: sys::CUstream,
+    owned: bool,
 }
 
 // SAFETY: a CUstream is a driver handle usable from any thread; the driver API is
@@ -48,7 +51,19 @@ unsafe impl Sync for CudaStream {}
 impl CudaStream {
     pub(crate) fn new(ctx: Arc<Context>) -> Result<CudaStream> {
         let stream = result::stream_create()?;
-        Ok(CudaStream { ctx, stream })
+        Ok(CudaStream {
+            ctx,
+            stream,
+            owned: true,
+        })
+    }
+
+    pub(crate) fn borrowed_in(ctx: Arc<Context>, stream: sys::CUstream) -> CudaStream {
+        CudaStream {
+            ctx,
+            stream,
+            owned: false,
+        }
     }
 
     /// The raw driver stream (for interop with other CUDA libraries).
@@ -67,6 +82,9 @@ impl CudaStream {
 
 impl Drop for CudaStream {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         if let Err(e) = self.ctx.bind() {
             tracing::warn!(error = %e, "binding the context to destroy a stream");
         }

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# PyTorch (backend="nccl") on liboxccl_nccl.so, on the GPU machine: for each world size,
+# ci/gpu/torch_nccl_api.py runs under torchrun twice, without and with
+# LD_PRELOAD=liboxccl_nccl.so (OXCCL_NCCL_LOG=info), then its `compare` step checks the
+# results (forwarded all_gather/broadcast bit for bit, all-reduces within a dtype tolerance,
+# both runs against a float64 reference) and prints the allreduce timings side by side; the
+# log shows which calls oxccl served.
+#
+#     ci/gpu/run-torch-nccl-api.sh [LIB] [WORLD SIZES...]      (default: .gpu/liboxccl_nccl.so 2 4)
+#
+# Build LIB here with: cargo build --release -p oxccl-nccl-api --features cuda, copied into
+# .gpu/ (see docs/nccl-api.md). NVLS stays off: NCCL_NVLS_ENABLE=0, OXCCL_NVLS never set.
+set -uo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+lib="$(realpath "${1:-${repo_root}/.gpu/liboxccl_nccl.so}")"
+shift || true
+worlds=("$@")
+[[ ${#worlds[@]} -gt 0 ]] || worlds=(2 4)
+results="${OUT:-${repo_root}/.gpu/results}/torch-nccl-api"
+step_timeout="${OXCCL_STEP_TIMEOUT:-540}"
+script="${repo_root}/ci/gpu/torch_nccl_api.py"
+export NCCL_NVLS_ENABLE=0
+unset OXCCL_NVLS
+export OXCCL_TIMEOUT_MS="${OXCCL_TIMEOUT_MS:-20000}"
+
+if [[ ! -f "${lib}" ]]; then
+    echo "run-torch-nccl-api.sh: ${lib} not found (build it with --features cuda and copy it to .gpu/)" >&2
+    exit 2
+fi
+# The real NCCL oxccl forwards to: the one PyTorch uses (its pip package), unless set.
+if [[ -z "${OXCCL_NCCL_LIB_PATH:-}" ]]; then
+    guess="$(python3 -c 'import os, nvidia.nccl as m; print(os.path.join(list(m.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null || true)"
+    [[ -n "${guess}" && -f "${guess}" ]] && export OXCCL_NCCL_LIB_PATH="${guess}"
+fi
+echo "run-torch-nccl-api.sh: lib ${lib}; real NCCL ${OXCCL_NCCL_LIB_PATH:-libnccl.so.2 (default search)}; results ${results}"
+nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>/dev/null || true
+ngpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)"
+
+status=0
+for n in "${worlds[@]}"; do
+    if [[ "${ngpus}" -lt "${n}" ]]; then
+        echo "=== world ${n}: skipped (${ngpus} GPUs)"
+        continue
+    fi
+    dir="${results}/n${n}"
+    rm -rf "${dir}"
+    mkdir -p "${dir}"
+    echo
+    echo "=== world ${n}: without the preload (real NCCL)"
+    timeout --kill-after=20 "${step_timeout}" torchrun --standalone --nproc_per_node="${n}" \
+        "${script}" run --out "${dir}/baseline" 2>&1 | tee "${dir}/baseline.log" | grep -v '^oxccl-nccl:' | tail -20
+    rc_base=${PIPESTATUS[0]}
+    echo
+    echo "=== world ${n}: LD_PRELOAD=${lib}"
+    LD_PRELOAD="${lib}" OXCCL_NCCL_LOG=info timeout --kill-after=20 "${step_timeout}" \
+        torchrun --standalone --nproc_per_node="${n}" "${script}" run --out "${dir}/oxccl" \
+        >"${dir}/oxccl.log" 2>&1
+    rc_ox=$?
+    grep -v '^oxccl-nccl:' "${dir}/oxccl.log" | tail -20
+    echo
+    echo "--- which side served the calls (OXCCL_NCCL_LOG=info, all ranks):"
+    grep -c -- '-> oxccl' "${dir}/oxccl.log" | sed 's/^/allreduces served by oxccl: /'
+    grep -o -- 'nccl[A-Za-z]* count=[0-9]* dtype=[a-z0-9]* op=[a-z0-9]* -> oxccl ([a-z_]*)' "${dir}/oxccl.log" \
+        | sed 's/count=[0-9]* //' | sort | uniq -c | sort -rn | head -20
+    echo "forwarded to the real NCCL:"
+    grep -o -- 'rank [0-9]* nccl[A-Za-z]*.*-> nccl (forwarded: .*)' "${dir}/oxccl.log" \
+        | sed -e 's/^rank [0-9]* //' -e 's/count=[0-9]* //' | sort | uniq -c | sort -rn | head -20
+    grep -E 'oxccl-nccl: (rank [0-9]+/|real NCCL|error)' "${dir}/oxccl.log" | head -12
+    echo
+    echo "=== world ${n}: compare"
+    if [[ ${rc_base} -ne 0 || ${rc_ox} -ne 0 ]]; then
+        echo "=== world ${n}: a run failed (without preload: exit ${rc_base}, with: exit ${rc_ox}); logs in ${dir}"
+        status=1
+    fi
+    python3 "${script}" compare "${dir}/baseline" "${dir}/oxccl" --world "${n}" || status=1
+done
+echo
+echo "run-torch-nccl-api.sh: $([[ ${status} -eq 0 ]] && echo PASS || echo FAIL)"
+exit ${status}

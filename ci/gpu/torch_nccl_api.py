@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""PyTorch torch.distributed (backend="nccl") on liboxccl_nccl.so, for torchrun.
+
+    torchrun --standalone --nproc_per_node=N ci/gpu/torch_nccl_api.py run --out DIR
+    python3 ci/gpu/torch_nccl_api.py compare BASELINE_DIR OXCCL_DIR
+
+`run` is a training-loop-like job: each step all-reduces seeded random "gradients" of many
+sizes (1, 3, 1000, 12345, 2**20+7, 64Mi elements) in bf16, fp16 and fp32 in place (sum; avg
+too for fp32), replays all-reduces captured in a torch.cuda.CUDAGraph, and runs
+all_gather_into_tensor and broadcast (which liboxccl_nccl forwards to the real NCCL). Every
+all-reduce is checked in the script against a float64 reference computed from every rank's
+seeded input; results (full tensors up to 2**20+7 elements, a strided sample and a hash of
+larger ones) go to DIR/rank<r>.pt, allreduce timings (CUDA events, median) to
+DIR/timing.json. `compare` checks two runs: forwarded ops bit for bit, all-reduces within a
+dtype tolerance (NCCL's ring order and oxccl's rank order may round differently), and prints
+the timings side by side.
+"""
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+SIZES = [1, 3, 1000, 12345, 2**20 + 7, 64 * 2**20]
+FULL_LIMIT = 2**20 + 7  # tensors up to this many elements are saved whole
+SAMPLE_STRIDE = 997
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# Tolerance per element: RTOL[dtype] * world * sum_i |x_i| (every partial sum may round once).
+RTOL = {"bf16": 2.0**-7, "fp16": 2.0**-10, "fp32": 2.0**-21}
+GRAPH_SIZES = [12345, 2**20 + 7]
+STEPS = 2
+
+
+def seed_of(*parts):
+    h = hashlib.sha256(repr(parts).encode()).digest()
+    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
+
+
+def make_input(rank, n, dtype_name, tag):
+    g = torch.Generator(device="cpu")
+    g.manual_seed(seed_of(rank, n, dtype_name, tag))
+    return torch.randn(n, generator=g, dtype=torch.float32).to(DTYPES[dtype_name])
+
+
+def reference(world, n, dtype_name, tag, device, avg=False):
+    """float64 sum of every rank's input, and sum of absolute values (for the tolerance)."""
+    total = torch.zeros(n, dtype=torch.float64, device=device)
+    absum = torch.zeros(n, dtype=torch.float64, device=device)
+    for r in range(world):
+        x = make_input(r, n, dtype_name, tag).to(device=device, dtype=torch.float64)
+        total += x
+        absum += x.abs()
+    if avg:
+        total /= world
+        absum /= world
+    return total, absum
+
+
+def digest(t):
+    return hashlib.sha256(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+
+
+def keep(results, key, t):
+    t = t.detach()
+    entry = {"hash": digest(t), "numel": t.numel()}
+    if t.numel() <= FULL_LIMIT:
+        entry["full"] = t.cpu().clone()
+    else:
+        entry["sample"] = t[::SAMPLE_STRIDE].cpu().clone()
+    results[key] = entry
+
+
+def check_against_reference(key, out, world, n, dtype_name, tag, device, avg, errors):
+    ref, absum = reference(world, n, dtype_name, tag, device, avg)
+    err = (out.to(torch.float64) - ref).abs()
+    tol = RTOL[dtype_name] * world * absum + 1e-30
+    bad = int((err > tol).sum().item())
+    if bad:
+        i = int(torch.argmax(err / tol).item())
+        errors.append(f"{key}: {bad} of {n} elements off the float64 reference "
+                      f"(worst at {i}: got {out[i].item()}, reference {ref[i].item()}, tol {tol[i].item():.3g})")
+    return float((err / tol).max().item()) if n else 0.0
+
+
+def run(args):
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    torch.cuda.set_device(local)
+    device = torch.device("cuda", local)
+    dist.init_process_group(backend="nccl")
+    os.makedirs(args.out, exist_ok=True)
+    results, errors, worst = {}, [], {}
+    sizes = [s for s in SIZES if s <= args.max_elems]
+    if rank == 0:
+        print(f"torch {torch.__version__}, NCCL version {torch.cuda.nccl.version()}, world {world}, "
+              f"LD_PRELOAD={os.environ.get('LD_PRELOAD', '')}", flush=True)
+
+    # The training loop: every step all-reduces "gradients" of every size and dtype.
+    for step in range(STEPS):
+        for dname in DTYPES:
+            for n in sizes:
+                ops = [("sum", dist.ReduceOp.SUM)] + ([("avg", dist.ReduceOp.AVG)] if dname == "fp32" else [])
+                for oname, op in ops:
+                    tag = ("grad", step, oname)
+                    x = make_input(rank, n, dname, tag).to(device)
+                    dist.all_reduce(x, op=op)
+                    torch.cuda.synchronize()
+                    key = f"allreduce/{oname}/{dname}/{n}/step{step}"
+                    worst[key] = check_against_reference(key, x, world, n, dname, tag, device, oname == "avg", errors)
+                    keep(results, key, x)
+
+    # CUDA graphs: capture one all-reduce per (dtype, size), replay with new inputs.
+    for dname in DTYPES:
+        for n in [s for s in GRAPH_SIZES if s <= args.max_elems]:
+            static = torch.zeros(n, dtype=DTYPES[dname], device=device)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):  # warm-up outside the capture (creates the communicator)
+                    dist.all_reduce(static)
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                dist.all_reduce(static)
+            for replay in range(3):
+                tag = ("graph", replay)
+                static.copy_(make_input(rank, n, dname, tag).to(device))
+                graph.replay()
+                torch.cuda.synchronize()
+                key = f"graph/sum/{dname}/{n}/replay{replay}"
+                worst[key] = check_against_reference(key, static, world, n, dname, tag, device, False, errors)
+                keep(results, key, static)
+            del graph
+
+    # Forwarded collectives: all_gather_into_tensor and broadcast, compared bit for bit.
+    for dname in DTYPES:
+        for n in [s for s in (1, 1000, 2**20 + 7) if s <= args.max_elems]:
+            x = make_input(rank, n, dname, ("gather",)).to(device)
+            out = torch.empty(n * world, dtype=x.dtype, device=device)
+            dist.all_gather_into_tensor(out, x)
+            torch.cuda.synchronize()
+            expect = torch.cat([make_input(r, n, dname, ("gather",)) for r in range(world)]).to(device)
+            if not torch.equal(out, expect):
+                errors.append(f"allgather/{dname}/{n}: result differs from the inputs")
+            keep(results, f"allgather/{dname}/{n}", out)
+            b = make_input(rank, n, dname, ("bcast",)).to(device)
+            dist.broadcast(b, src=world - 1)
+            torch.cuda.synchronize()
+            if not torch.equal(b, make_input(world - 1, n, dname, ("bcast",)).to(device)):
+                errors.append(f"broadcast/{dname}/{n}: result differs from the root's input")
+            keep(results, f"broadcast/{dname}/{n}", b)
+
+    # Timing: in-place all_reduce (sum) per size and dtype, CUDA events, median of iterations.
+    timing = {}
+    for dname in DTYPES:
+        for n in sizes:
+            x = make_input(rank, n, dname, ("time",)).to(device)
+            for _ in range(args.warmup):
+                dist.all_reduce(x)
+            samples = []
+            for _ in range(args.iters):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                if args.barrier:
+                    dist.barrier()
+                start.record()
+                dist.all_reduce(x)
+                end.record()
+                end.synchronize()
+                samples.append(start.elapsed_time(end) * 1000.0)
+            t = torch.tensor([statistics.median(samples)], dtype=torch.float64, device=device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's median
+            timing[f"{dname}/{n}"] = {"us": t.item(), "bytes": n * x.element_size()}
+
+    torch.save({"results": results, "errors": errors, "worst": worst}, os.path.join(args.out, f"rank{rank}.pt"))
+    if rank == 0:
+        with open(os.path.join(args.out, "timing.json"), "w") as f:
+            json.dump({"world": world, "timing": timing}, f, indent=1)
+    all_errors = [None] * world
+    dist.all_gather_object(all_errors, errors)
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank == 0:
+        flat = [f"rank {r}: {e}" for r, es in enumerate(all_errors) for e in es]
+        for e in flat:
+            print("ERROR", e)
+        print(f"run: {len(results)} results per rank, {len(flat)} errors; worst error/tolerance "
+              f"{max(worst.values()) if worst else 0:.3f}", flush=True)
+    return 1 if any(all_errors) else 0
+
+
+def compare(args):
+    base_dir, ox_dir = args.baseline, args.oxccl
+    failures = 0
+    ranks = sorted(f for f in os.listdir(base_dir) if f.startswith("rank") and f.endswith(".pt"))
+    if not ranks:
+        print(f"compare: no rank*.pt in {base_dir}")
+        return 1
+    for f in ranks:
+        a = torch.load(os.path.join(base_dir, f))
+        b = torch.load(os.path.join(ox_dir, f))
+        for key, ea in a["results"].items():
+            eb = b["results"].get(key)
+            if eb is None:
+                print(f"FAIL {f} {key}: missing in the oxccl run")
+                failures += 1
+                continue
+            forwarded = key.startswith(("allgather/", "broadcast/"))
+            if forwarded:
+                if ea["hash"] != eb["hash"]:
+                    print(f"FAIL {f} {key}: forwarded op differs from the run without the preload")
+                    failures += 1
+                continue
+            dname = key.split("/")[2]
+            ta = ea.get("full", ea.get("sample")).to(torch.float64)
+            tb = eb.get("full", eb.get("sample")).to(torch.float64)
+            # Both runs are checked against the float64 reference in the run itself; here
+            # their difference may be up to twice that tolerance, with sum |x_i| bounded by
+            # |result| + 6 per rank (randn inputs), divided by the world size for avg.
+            world = args.world
+            spread = 6.0 * (world if "/avg/" not in key else 1)
+            tol = 2 * RTOL[dname] * world * (ta.abs() + spread)
+            bad = int(((ta - tb).abs() > tol).sum().item())
+            exact = ea["hash"] == eb["hash"]
+            if bad:
+                print(f"FAIL {f} {key}: {bad} elements differ beyond tolerance from the run without the preload")
+                failures += 1
+            elif args.verbose:
+                print(f"ok   {f} {key}: {'bit-identical' if exact else 'within tolerance'}")
+        for name, d in (("baseline", a), ("oxccl", b)):
+            for e in d["errors"]:
+                print(f"FAIL {f} ({name} run): {e}")
+                failures += 1
+    ta = json.load(open(os.path.join(base_dir, "timing.json")))["timing"]
+    tb = json.load(open(os.path.join(ox_dir, "timing.json")))["timing"]
+    print()
+    print(f"{'dtype':>5} {'elements':>10} {'bytes':>11} {'NCCL us':>9} {'oxccl us':>9} {'NCCL/oxccl':>10}")
+    for key in ta:
+        dname, n = key.split("/")
+        x, y = ta[key]["us"], tb.get(key, {}).get("us", float("nan"))
+        print(f"{dname:>5} {int(n):>10} {ta[key]['bytes']:>11} {x:>9.1f} {y:>9.1f} {x / y if y else float('nan'):>10.2f}")
+    print()
+    print(f"compare: {failures} failures")
+    return 1 if failures else 0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--out", required=True)
+    r.add_argument("--iters", type=int, default=20)
+    r.add_argument("--warmup", type=int, default=5)
+    r.add_argument("--max-elems", type=int, default=64 * 2**20)
+    r.add_argument("--barrier", action="store_true", help="barrier before each timed call")
+    c = sub.add_parser("compare")
+    c.add_argument("baseline")
+    c.add_argument("oxccl")
+    c.add_argument("--world", type=int, required=True)
+    c.add_argument("--verbose", action="store_true")
+    args = p.parse_args()
+    t0 = time.time()
+    rc = run(args) if args.cmd == "run" else compare(args)
+    if args.cmd == "compare" or int(os.environ.get("RANK", "0")) == 0:
+        print(f"{args.cmd}: {time.time() - t0:.1f}s, exit {rc}", flush=True)
+    sys.exit(rc)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,663 @@
+//! `ncclComm_t` of this library: the oxccl side (a bootstrap, and a communicator where
+//! oxccl can serve) and the real NCCL's communicator, created together.
+
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use oxccl_collectives::backend::{AnyDevice, AnyMemory, AnyStream};
+use oxccl_collectives::channels::bootstrap::{Bootstrap, BootstrapConfig, UniqueId};
+use oxccl_collectives::hal::{
+    AccumType, BackendKind, DataType, Device, DeviceId, DevicePtr, Memory, MemoryKind, ReduceOp,
+    Stream,
+};
+use oxccl_collectives::kernels::abi::OXCCL_ALLREDUCE_MAX_RANKS;
+use oxccl_collectives::{CommConfig, Communicator};
+
+use crate::error::{log_info, ApiError, ApiResult};
+use crate::id::{self, PackedId};
+use crate::real::{real, RealNccl};
+use crate::types::*;
+
+/// First word of every [`Comm`]; anything else at a `ncclComm_t` is not ours.
+pub const COMM_MAGIC: u64 = u64::from_le_bytes(*b"OXNCCLCM");
+
+/// The backend this process runs oxccl on, chosen once (`OXCCL_BACKEND`, else the first
+/// built GPU backend with a device, else the host backend in a build without GPU backends).
+pub fn backend() -> ApiResult<BackendKind> {
+    static KIND: OnceLock<Result<BackendKind, String>> = OnceLock::new();
+    KIND.get_or_init(|| oxccl_collectives::backend::chosen().map_err(|e| e.to_string()))
+        .clone()
+        .map_err(|e| ApiError::invalid_usage(format!("no oxccl backend: {e}")))
+}
+
+/// The real NCCL, when this process uses one: never on the host backend (its buffers are
+/// host memory, which NCCL cannot use).
+pub fn real_nccl() -> Result<&'static RealNccl, String> {
+    match backend() {
+        Ok(BackendKind::Host) => Err(
+            "the host backend (OXCCL_BACKEND=host or a build without GPU backends) never \
+             uses the real NCCL"
+                .into(),
+        ),
+        _ => real(),
+    }
+}
+
+/// The oxccl side of a communicator.
+#[derive(Debug)]
+pub enum Oxccl {
+    /// oxccl serves allreduce.
+    Serving(Box<Communicator>),
+    /// oxccl cannot serve (world size above one node's); the bootstrap is kept for splits.
+    BootstrapOnly(Bootstrap),
+}
+
+impl Oxccl {
+    fn bootstrap(&self) -> &Bootstrap {
+        match self {
+            Oxccl::Serving(c) => c.bootstrap(),
+            Oxccl::BootstrapOnly(b) => b,
+        }
+    }
+}
+
+/// A real NCCL communicator handle.
+#[derive(Debug, Clone, Copy)]
+pub struct RealComm(pub Opaque);
+// SAFETY: an NCCL communicator may be used from any thread (NCCL's own rule: one thread at
+// a time per communicator, which the caller keeps, as with NCCL itself).
+unsafe impl Send for RealComm {}
+// SAFETY: as above.
+unsafe impl Sync for RealComm {}
+
+/// Host-backend state: the stream oxccl's host kernels run on and the staging buffer the
+/// caller's host memory is copied through.
+#[derive(Debug)]
+struct HostState {
+    stream: AnyStream,
+    staging: Mutex<Option<AnyMemory>>,
+}
+
+/// What a `ncclComm_t` of this library points at.
+#[derive(Debug)]
+#[repr(C)]
+pub struct Comm {
+    magic: u64,
+    /// This rank.
+    pub rank: u32,
+    /// Number of ranks.
+    pub nranks: u32,
+    /// Device ordinal (CUDA) or host device number.
+    pub device: i32,
+    /// The backend.
+    pub kind: BackendKind,
+    /// The oxccl side.
+    pub oxccl: Oxccl,
+    /// The real NCCL's communicator, when a real NCCL is loaded.
+    pub real: Option<RealComm>,
+    /// Why there is no real communicator (for messages).
+    pub no_real_reason: String,
+    /// Sticky error of an operation that failed after it was queued.
+    pub async_error: AtomicI32,
+    finalized: AtomicBool,
+    host: Option<HostState>,
+}
+
+/// What a `ncclComm_t` argument turned out to be.
+#[derive(Debug, Clone, Copy)]
+pub enum Target {
+    /// One of ours.
+    Ours(&'static Comm),
+    /// A real NCCL communicator (the real library calls its own exported functions through
+    /// the global scope, so they arrive here with its own communicators).
+    Foreign(Opaque),
+}
+
+/// Classifies a `ncclComm_t`: null is an error, our magic is ours, anything else is the
+/// real NCCL's when one is loaded and an error otherwise.
+///
+/// # Safety
+/// A non-null `comm` must point at readable memory of at least 8 bytes (a communicator
+/// made by this library or by the real NCCL, not yet destroyed).
+pub unsafe fn resolve(comm: Opaque) -> ApiResult<Target> {
+    if comm.is_null() {
+        return Err(ApiError::invalid_argument("comm is NULL"));
+    }
+    // SAFETY: the caller guarantees 8 readable bytes; unaligned read in case it is foreign.
+    let magic = unsafe { comm.cast::<u64>().read_unaligned() };
+    if magic == COMM_MAGIC {
+        // SAFETY: our magic is only written by `Comm::new`, into a leaked `Box<Comm>` that
+        // lives until ncclCommDestroy/Abort.
+        return Ok(Target::Ours(unsafe { &*comm.cast::<Comm>() }));
+    }
+    match real_nccl() {
+        Ok(_) => Ok(Target::Foreign(comm)),
+        Err(_) => Err(ApiError::invalid_argument(
+            "comm is not a communicator of this library (bad magic; destroyed already?)",
+        )),
+    }
+}
+
+/// The real NCCL communicator a forwarded call runs on.
+pub fn real_comm_of(target: Target, name: &str, why: &str) -> ApiResult<Opaque> {
+    match target {
+        Target::Foreign(p) => Ok(p),
+        Target::Ours(c) => c.real.map(|r| r.0).ok_or_else(|| {
+            ApiError::invalid_usage(format!(
+                "{why}, so it must be forwarded to the real NCCL, but this communicator has \
+                 none ({name} on rank {}): {}",
+                c.rank, c.no_real_reason
+            ))
+        }),
+    }
+}
+
+/// Turns a real NCCL result into ours, with the real library's last error as the message.
+pub(crate) fn check_real(
+    rc: NcclResult,
+    real: &RealNccl,
+    comm: Opaque,
+    name: &str,
+) -> ApiResult<()> {
+    if rc == NCCL_SUCCESS {
+        return Ok(());
+    }
+    let detail = real
+        .fns
+        .get_last_error
+        .map(|f| {
+            // SAFETY: NCCL returns a NUL-terminated string (or NULL) for any comm value.
+            let p = unsafe { f(comm) };
+            if p.is_null() {
+                String::new()
+            } else {
+                // SAFETY: non-null, NUL-terminated, owned by NCCL.
+                unsafe { std::ffi::CStr::from_ptr(p) }
+                    .to_string_lossy()
+                    .into_owned()
+            }
+        })
+        .unwrap_or_default();
+    Err(ApiError {
+        code: rc,
+        message: format!(
+            "the real NCCL's {name} returned {rc} ({}): {detail}",
+            crate::error::error_string(rc).to_string_lossy()
+        ),
+    })
+}
+
+/// The device ordinal the calling thread's CUDA context belongs to (NCCL's rule: the
+/// communicator lives on the current device); 0 when no context is current.
+#[cfg(feature = "cuda")]
+fn current_cuda_device() -> u32 {
+    use cudarc::driver::sys;
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: `dev` is a valid out-pointer; libcuda is loaded (the CUDA backend was chosen,
+    // which probed it).
+    let rc = unsafe { sys::cuCtxGetDevice(&mut dev) };
+    if rc == sys::CUresult::CUDA_SUCCESS {
+        u32::try_from(dev).unwrap_or(0)
+    } else {
+        0
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn current_cuda_device() -> u32 {
+    0
+}
+
+fn blocking_copy(config: *mut NcclConfig) -> Option<Box<NcclConfig>> {
+    if config.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null config points at the caller's ncclConfig_t, whose first field is
+    // its size.
+    let size = unsafe { config.cast::<usize>().read_unaligned() };
+    let n = size.min(std::mem::size_of::<NcclConfig>());
+    // SAFETY: all-zero bytes are a valid NcclConfig (integers and null pointers).
+    let mut copy: Box<NcclConfig> = Box::new(unsafe { std::mem::zeroed() });
+    // SAFETY: `n` bytes are readable at `config` (its own size says so) and writable in
+    // `copy` (at most its size).
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            config.cast::<u8>(),
+            (&mut *copy as *mut NcclConfig).cast::<u8>(),
+            n,
+        )
+    };
+    if n >= CONFIG_BLOCKING_OFFSET + 4 {
+        // oxccl's side is always blocking; the real side follows, so that init and every
+        // call complete before returning (no ncclInProgress to poll).
+        copy.blocking = 1;
+    }
+    Some(copy)
+}
+
+impl Comm {
+    /// Creates both sides (collective over the `nranks` callers of one id).
+    pub fn init(
+        nranks: c_int,
+        id: &NcclUniqueId,
+        rank: c_int,
+        config: *mut NcclConfig,
+        device: Option<u32>,
+    ) -> ApiResult<Box<Comm>> {
+        if nranks < 1 {
+            return Err(ApiError::invalid_argument(format!(
+                "nranks {nranks} is not positive"
+            )));
+        }
+        if rank < 0 || rank >= nranks {
+            return Err(ApiError::invalid_argument(format!(
+                "rank {rank} is not in 0..{nranks}"
+            )));
+        }
+        let (rank, nranks) = (rank as u32, nranks as u32);
+        let packed = id::unpack(&id.bytes())?;
+        let kind = backend()?;
+        let device = match (device, kind) {
+            (Some(d), _) => d,
+            (None, BackendKind::Host) => {
+                rank % oxccl_collectives::backend::device_count_of(BackendKind::Host)?
+            }
+            (None, _) => current_cuda_device(),
+        };
+        let bootstrap = Bootstrap::new(&packed.oxccl, rank, nranks, &BootstrapConfig::from_env()?)?;
+        let mut host = None;
+        let oxccl = if nranks <= OXCCL_ALLREDUCE_MAX_RANKS {
+            let dev = AnyDevice::open_with(kind, DeviceId(device))?;
+            if kind == BackendKind::Host {
+                host = Some(HostState {
+                    stream: dev.create_stream()?,
+                    staging: Mutex::new(None),
+                });
+            }
+            let comm = Communicator::new(bootstrap, dev, CommConfig::from_env()?)?;
+            Oxccl::Serving(Box::new(comm))
+        } else {
+            Oxccl::BootstrapOnly(bootstrap)
+        };
+        let (real, no_real_reason) = init_real(&packed, nranks, rank, config)?;
+        log_info!(
+            "rank {rank}/{nranks} device {device} ({kind}): oxccl {}, real NCCL {}",
+            match oxccl {
+                Oxccl::Serving(_) => "serving allreduce".to_string(),
+                Oxccl::BootstrapOnly(_) =>
+                    format!("not serving (world size above {OXCCL_ALLREDUCE_MAX_RANKS})"),
+            },
+            if real.is_some() {
+                "communicator ready".to_string()
+            } else {
+                format!("none ({no_real_reason})")
+            }
+        );
+        Ok(Box::new(Comm {
+            magic: COMM_MAGIC,
+            rank,
+            nranks,
+            device: device as i32,
+            kind,
+            oxccl,
+            real,
+            no_real_reason,
+            async_error: AtomicI32::new(NCCL_SUCCESS),
+            finalized: AtomicBool::new(false),
+            host,
+        }))
+    }
+
+    /// The oxccl communicator, when oxccl serves this communicator.
+    pub fn serving(&self) -> Option<&Communicator> {
+        match &self.oxccl {
+            Oxccl::Serving(c) => Some(c),
+            Oxccl::BootstrapOnly(_) => None,
+        }
+    }
+
+    /// Splits (collective over the parent's ranks): `None` for `NCCL_SPLIT_NOCOLOR`.
+    pub fn split(
+        &self,
+        color: c_int,
+        key: c_int,
+        config: *mut NcclConfig,
+    ) -> ApiResult<Option<Box<Comm>>> {
+        if color < NCCL_SPLIT_NOCOLOR {
+            return Err(ApiError::invalid_argument(format!(
+                "color {color} is negative and not NCCL_SPLIT_NOCOLOR"
+            )));
+        }
+        let boot = self.oxccl.bootstrap();
+        let mut mine = Vec::with_capacity(8);
+        mine.extend_from_slice(&color.to_le_bytes());
+        mine.extend_from_slice(&key.to_le_bytes());
+        let all = boot.all_gather(&mine)?;
+        let mut members: Vec<(c_int, u32)> = Vec::new();
+        for (r, b) in all.iter().enumerate() {
+            let (Some(c), Some(k)) = (b.get(0..4), b.get(4..8)) else {
+                return Err(ApiError::internal("short split record from a peer"));
+            };
+            let c = c_int::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            let k = c_int::from_le_bytes([k[0], k[1], k[2], k[3]]);
+            if c == color && color != NCCL_SPLIT_NOCOLOR {
+                members.push((k, r as u32));
+            }
+        }
+        members.sort_unstable();
+        let leader = members.first().map(|m| m.1);
+        let new_rank = members.iter().position(|m| m.1 == self.rank);
+        // The leader of each color makes the group's oxccl id and everyone shares theirs.
+        let made = if leader == Some(self.rank) {
+            UniqueId::create(&BootstrapConfig::from_env()?)?
+                .to_bytes()
+                .to_vec()
+        } else {
+            Vec::new()
+        };
+        let ids = boot.all_gather(&made)?;
+        // The real side splits with the same color and key.
+        let mut new_real = None;
+        if let Some(rc) = self.real {
+            let real = real_nccl().map_err(ApiError::internal)?;
+            let f = real
+                .fns
+                .comm_split
+                .ok_or_else(|| ApiError::invalid_usage("the real NCCL has no ncclCommSplit"))?;
+            let mut out: Opaque = std::ptr::null_mut();
+            let mut cfg = blocking_copy(config);
+            let cfg_ptr = cfg
+                .as_deref_mut()
+                .map_or(std::ptr::null_mut(), |c| c as *mut NcclConfig);
+            // SAFETY: `rc` is a live real communicator, `out` a valid out-pointer, `cfg_ptr`
+            // null or a full-size config copy.
+            let r = unsafe { f(rc.0, color, key, &mut out, cfg_ptr) };
+            check_real(r, real, rc.0, "ncclCommSplit")?;
+            new_real = (!out.is_null()).then_some(RealComm(out));
+        }
+        let (Some(leader), Some(new_rank)) = (leader, new_rank) else {
+            return Ok(None);
+        };
+        let id_bytes = ids
+            .get(leader as usize)
+            .ok_or_else(|| ApiError::internal("no id from the split leader"))?;
+        let oxccl_id = UniqueId::from_bytes(id_bytes)?;
+        let n = members.len() as u32;
+        let bootstrap =
+            Bootstrap::new(&oxccl_id, new_rank as u32, n, &BootstrapConfig::from_env()?)?;
+        let mut host = None;
+        let oxccl = if n <= OXCCL_ALLREDUCE_MAX_RANKS {
+            let dev = AnyDevice::open_with(self.kind, DeviceId(self.device as u32))?;
+            if self.kind == BackendKind::Host {
+                host = Some(HostState {
+                    stream: dev.create_stream()?,
+                    staging: Mutex::new(None),
+                });
+            }
+            Oxccl::Serving(Box::new(Communicator::new(
+                bootstrap,
+                dev,
+                CommConfig::from_env()?,
+            )?))
+        } else {
+            Oxccl::BootstrapOnly(bootstrap)
+        };
+        log_info!(
+            "rank {} split color {color} key {key} -> rank {new_rank}/{n}",
+            self.rank
+        );
+        Ok(Some(Box::new(Comm {
+            magic: COMM_MAGIC,
+            rank: new_rank as u32,
+            nranks: n,
+            device: self.device,
+            kind: self.kind,
+            oxccl,
+            real: new_real,
+            no_real_reason: self.no_real_reason.clone(),
+            async_error: AtomicI32::new(NCCL_SUCCESS),
+            finalized: AtomicBool::new(false),
+            host,
+        })))
+    }
+
+    /// Allreduce served by oxccl. Returns the algorithm's name for the log.
+    ///
+    /// # Safety
+    /// NCCL's contract for ncclAllReduce: `send` and `recv` hold `count` elements on this
+    /// communicator's device (host memory on the host backend), `stream` is a live stream
+    /// of that device, every rank makes the same calls.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn all_reduce(
+        &self,
+        comm: &Communicator,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: CudaStreamT,
+    ) -> ApiResult<String> {
+        let algo = if crate::error::log_enabled() && self.host.is_none() {
+            comm.choose_for(send, recv, count, dtype)
+                .map(|c| c.algorithm.to_string())
+                .unwrap_or_else(|e| format!("? ({e})"))
+        } else {
+            String::new()
+        };
+        if let Some(host) = &self.host {
+            return self.host_all_reduce(host, comm, send, recv, count, dtype, op);
+        }
+        let s = self.borrow_stream(comm, stream)?;
+        // SAFETY: this function's contract is all_reduce's (buffers and stream).
+        unsafe { comm.all_reduce(send, recv, count, dtype, op, AccumType::Auto, &s) }?;
+        Ok(algo)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn borrow_stream(&self, comm: &Communicator, stream: CudaStreamT) -> ApiResult<AnyStream> {
+        match comm.device() {
+            // SAFETY: NCCL's contract: the caller's stream is live on this device for the
+            // call; the borrowed wrapper is dropped before returning and destroys nothing.
+            AnyDevice::Cuda(d) => Ok(AnyStream::Cuda(unsafe { d.borrow_stream(stream.cast()) })),
+            _ => Err(ApiError::internal(
+                "a GPU call on a communicator without a CUDA device",
+            )),
+        }
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn borrow_stream(&self, _comm: &Communicator, _stream: CudaStreamT) -> ApiResult<AnyStream> {
+        Err(ApiError::internal(
+            "this build has no GPU backend to run on the caller's stream",
+        ))
+    }
+
+    /// The host backend's allreduce: the caller's host buffers are copied into a
+    /// host-backend (shared-memory) buffer, reduced across the processes by oxccl's host
+    /// kernels, and copied back; returns once done (the stream argument is not used).
+    #[allow(clippy::too_many_arguments)]
+    fn host_all_reduce(
+        &self,
+        host: &HostState,
+        comm: &Communicator,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> ApiResult<String> {
+        let bytes = dtype.bytes(count)?;
+        let mut staging = host.staging.lock().unwrap_or_else(|p| p.into_inner());
+        if staging.as_ref().is_none_or(|m| m.len() < bytes) {
+            *staging = None;
+            *staging = Some(comm.device().alloc(bytes.max(4096), MemoryKind::Plain)?);
+        }
+        let mem = staging
+            .as_ref()
+            .ok_or_else(|| ApiError::internal("no staging buffer"))?;
+        // SAFETY: NCCL's contract: `send` holds `bytes` readable bytes of host memory here.
+        let input = unsafe { std::slice::from_raw_parts(send.0 as usize as *const u8, bytes) };
+        host.stream.write(mem.ptr(), input)?;
+        let run = || -> ApiResult<()> {
+            // SAFETY: the staging buffer holds `count` elements and lives until the stream
+            // is synchronized below; in place is allowed.
+            unsafe {
+                comm.all_reduce(
+                    mem.ptr(),
+                    mem.ptr(),
+                    count,
+                    dtype,
+                    op,
+                    AccumType::Auto,
+                    &host.stream,
+                )
+            }?;
+            host.stream.synchronize()?;
+            comm.check_error(&host.stream)?;
+            Ok(())
+        };
+        if let Err(e) = run() {
+            self.async_error.store(e.code, Ordering::Relaxed);
+            return Err(e);
+        }
+        // SAFETY: NCCL's contract: `recv` holds `bytes` writable bytes of host memory.
+        let out = unsafe { std::slice::from_raw_parts_mut(recv.0 as usize as *mut u8, bytes) };
+        host.stream.read(mem.ptr(), out)?;
+        Ok("host".into())
+    }
+
+    /// Waits for this rank's oxccl work and for every rank (collective).
+    pub fn finalize(&self) -> ApiResult<()> {
+        if self.finalized.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        if let Oxccl::Serving(c) = &self.oxccl {
+            c.device().synchronize()?;
+        }
+        self.oxccl.bootstrap().barrier()?;
+        Ok(())
+    }
+
+    /// Releases everything; `graceful` waits for the peers first (ncclCommDestroy),
+    /// otherwise not (ncclCommAbort).
+    pub fn destroy(mut self: Box<Self>, graceful: bool) -> ApiResult<()> {
+        self.magic = 0;
+        let mut result = Ok(());
+        if graceful {
+            result = self.finalize();
+        }
+        if let Some(rc) = self.real.take() {
+            let real = real_nccl().map_err(ApiError::internal)?;
+            let f = if graceful {
+                real.fns.comm_destroy
+            } else {
+                real.fns.comm_abort
+            };
+            if let Some(f) = f {
+                // SAFETY: `rc` is a live real communicator, released exactly once here.
+                let r = unsafe { f(rc.0) };
+                result = result.and(check_real(r, real, rc.0, "ncclCommDestroy"));
+            }
+        }
+        drop(self);
+        result
+    }
+}
+
+/// The real side of a new communicator (none on the host backend or without NCCL).
+fn init_real(
+    packed: &PackedId,
+    nranks: u32,
+    rank: u32,
+    config: *mut NcclConfig,
+) -> ApiResult<(Option<RealComm>, String)> {
+    let Some(real_id) = packed.real else {
+        return Ok((
+            None,
+            match real_nccl() {
+                Err(e) => e,
+                Ok(_) => "the unique id carries no real NCCL id (it was made where no real \
+                          NCCL was loaded)"
+                    .into(),
+            },
+        ));
+    };
+    let real = real_nccl().map_err(|e| {
+        ApiError::invalid_usage(format!(
+            "the unique id carries a real NCCL id but this rank has no real NCCL: {e}"
+        ))
+    })?;
+    let id = NcclUniqueId::from_bytes(&real_id);
+    let mut out: Opaque = std::ptr::null_mut();
+    let mut cfg = blocking_copy(config);
+    let rc = match (
+        cfg.as_deref_mut(),
+        real.fns.comm_init_rank_config,
+        real.fns.comm_init_rank,
+    ) {
+        // SAFETY: valid out-pointer, the real id, a full-size config copy.
+        (Some(c), Some(f), _) => unsafe { f(&mut out, nranks as c_int, id, rank as c_int, c) },
+        // SAFETY: valid out-pointer and the real id.
+        (None, _, Some(f)) => unsafe { f(&mut out, nranks as c_int, id, rank as c_int) },
+        _ => {
+            return Err(ApiError::invalid_usage(
+                "the real NCCL has no ncclCommInitRank(Config)",
+            ))
+        }
+    };
+    check_real(rc, real, std::ptr::null_mut(), "ncclCommInitRank")?;
+    Ok((Some(RealComm(out)), String::new()))
+}
+
+/// Makes a packed id: a fresh oxccl bootstrap id (its root thread starts in this process)
+/// and the real NCCL's id when one is loaded.
+pub fn new_unique_id() -> ApiResult<NcclUniqueId> {
+    let oxccl = UniqueId::create(&BootstrapConfig::from_env()?)?;
+    let real_id = match real_nccl() {
+        Ok(real) => {
+            let f = real
+                .fns
+                .get_unique_id
+                .ok_or_else(|| ApiError::invalid_usage("the real NCCL has no ncclGetUniqueId"))?;
+            let mut id = NcclUniqueId {
+                internal: [0; NCCL_UNIQUE_ID_BYTES],
+            };
+            // SAFETY: `id` is a valid out-pointer.
+            let rc = unsafe { f(&mut id) };
+            check_real(rc, real, std::ptr::null_mut(), "ncclGetUniqueId")?;
+            Some(id.bytes())
+        }
+        Err(_) => None,
+    };
+    let bytes = id::pack(&PackedId {
+        oxccl,
+        real: real_id,
+    })?;
+    Ok(NcclUniqueId::from_bytes(&bytes))
+}
+
+/// oxccl's type for an NCCL data type, when oxccl serves it.
+pub fn served_dtype(dtype: NcclDataType) -> Option<DataType> {
+    match dtype {
+        NCCL_FLOAT32 => Some(DataType::F32),
+        NCCL_FLOAT16 => Some(DataType::F16),
+        NCCL_BFLOAT16 => Some(DataType::Bf16),
+        NCCL_FLOAT8_E4M3 => Some(DataType::Fp8E4m3),
+        NCCL_FLOAT8_E5M2 => Some(DataType::Fp8E5m2),
+        _ => None,
+    }
+}
+
+/// oxccl's operator for an NCCL operator, when oxccl serves it.
+pub fn served_op(op: NcclRedOp) -> Option<ReduceOp> {
+    match op {
+        NCCL_SUM => Some(ReduceOp::Sum),
+        NCCL_PROD => Some(ReduceOp::Prod),
+        NCCL_MAX => Some(ReduceOp::Max),
+        NCCL_MIN => Some(ReduceOp::Min),
+        NCCL_AVG => Some(ReduceOp::Avg),
+        _ => None,
+    }
+}

@@ -1,0 +1,865 @@
+//! Every function of NCCL 2.28's `nccl.h` (and the host functions of `nccl_device.h` that
+//! take a communicator), with NCCL's exact names and the `pnccl*` aliases NCCL exports.
+//!
+//! The contract of each function is NCCL's (see `include/nccl.h`): callers pass pointers
+//! NCCL's documentation allows, and that is the safety contract of every `unsafe extern
+//! "C" fn` here. Each body runs inside [`guard`]: a panic becomes `ncclInternalError` and
+//! every failure leaves a message for `ncclGetLastError`.
+
+// The safety contract of every export is NCCL's documented API (stated once above).
+#![allow(clippy::missing_safety_doc)]
+// NCCL's names.
+#![allow(non_snake_case)]
+
+use std::cell::Cell;
+use std::ffi::{c_char, c_int, c_void};
+
+use oxccl_collectives::hal::{BackendKind, DevicePtr};
+
+use crate::comm::{
+    backend, check_real, new_unique_id, real_comm_of, real_nccl, resolve, served_dtype, served_op,
+    Comm, Target,
+};
+use crate::error::{
+    error_string, guard, guard_value, last_error_ptr, log_enabled, log_info, set_last_error,
+    ApiError, ApiResult,
+};
+use crate::real::RealNccl;
+use crate::types::*;
+
+/// Found by [`crate::real`] in a library it loads: that library is this one.
+#[no_mangle]
+pub static oxccl_nccl_api_marker: u8 = 1;
+
+/// `ncclGetVersion` without a real NCCL: 2.28.0.
+pub const OWN_VERSION: c_int = 22800;
+
+macro_rules! export {
+    ($(#[$m:meta])* fn $name:ident / $alias:ident ($($arg:ident : $ty:ty),*) $(-> $ret:ty)? $body:block) => {
+        $(#[$m])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? $body
+
+        #[doc = concat!("NCCL's profiling alias of [`", stringify!($name), "`].")]
+        #[no_mangle]
+        pub unsafe extern "C" fn $alias($($arg: $ty),*) $(-> $ret)? {
+            // SAFETY: the same contract as the function it calls.
+            unsafe { $name($($arg),*) }
+        }
+    };
+}
+
+/// Runs `call` on the real NCCL with the real communicator behind `comm`.
+///
+/// # Safety
+/// `comm` is null or a communicator of this library or of the real NCCL.
+unsafe fn forward(
+    name: &'static str,
+    comm: Opaque,
+    why: &str,
+    detail: impl FnOnce() -> String,
+    call: impl FnOnce(&'static RealNccl, Opaque) -> Option<NcclResult>,
+) -> ApiResult<()> {
+    // SAFETY: this function's contract.
+    let target = unsafe { resolve(comm) }?;
+    let raw = real_comm_of(target, name, why)?;
+    let real = real_nccl().map_err(|e| ApiError::invalid_usage(format!("{why}: {e}")))?;
+    if let Target::Ours(c) = target {
+        if log_enabled() {
+            log_info!(
+                "rank {} {name}{} -> nccl (forwarded: {why})",
+                c.rank,
+                detail()
+            );
+        }
+    }
+    let rc = call(real, raw).ok_or_else(|| {
+        ApiError::invalid_usage(format!("the real NCCL at {} has no {name}", real.path))
+    })?;
+    check_real(rc, real, raw, name)
+}
+
+/// Runs `call` on the real NCCL for a function without a communicator.
+fn forward_plain(
+    name: &'static str,
+    call: impl FnOnce(&'static RealNccl) -> Option<NcclResult>,
+) -> ApiResult<()> {
+    let real = real_nccl().map_err(|e| {
+        ApiError::invalid_usage(format!(
+            "not served by oxccl and no real NCCL to forward to: {e}"
+        ))
+    })?;
+    let rc = call(real).ok_or_else(|| {
+        ApiError::invalid_usage(format!("the real NCCL at {} has no {name}", real.path))
+    })?;
+    check_real(rc, real, std::ptr::null_mut(), name)
+}
+
+const NOT_SERVED: &str = "not served by oxccl";
+
+macro_rules! forwarded {
+    ($name:ident / $alias:ident, $field:ident, $comm:ident, ($($arg:ident : $ty:ty),*)) => {
+        export! {
+            #[doc = concat!("`", stringify!($name), "`: not served by oxccl; forwarded to the real NCCL on its communicator (`ncclInvalidUsage` without one).")]
+            fn $name / $alias ($($arg: $ty),*) -> NcclResult {
+                guard(stringify!($name), || {
+                    let call = |real: &'static RealNccl, c: Opaque| {
+                        let f = real.fns.$field?;
+                        let $comm = c;
+                        // SAFETY: the caller's arguments satisfy NCCL's contract, which the
+                        // real function shares, with the real communicator substituted.
+                        Some(unsafe { f($($arg),*) })
+                    };
+                    // SAFETY: NCCL's contract makes `comm` a communicator or null.
+                    unsafe { forward(stringify!($name), $comm, NOT_SERVED, String::new, call) }
+                })
+            }
+        }
+    };
+}
+
+fn out<T>(ptr: *mut T, what: &str) -> ApiResult<&'static mut T> {
+    // SAFETY: NCCL's contract: a non-null out-pointer is valid for writes.
+    unsafe { ptr.as_mut() }.ok_or_else(|| ApiError::invalid_argument(format!("{what} is NULL")))
+}
+
+// ---- Version, ids, errors -------------------------------------------------------------
+
+export! {
+    /// The real NCCL's version code when one is loaded (so version checks of programs built
+    /// against it pass), else 22800 (2.28.0).
+    fn ncclGetVersion / pncclGetVersion(version: *mut c_int) -> NcclResult {
+        guard("ncclGetVersion", || {
+            *out(version, "version")? = real_nccl().map_or(OWN_VERSION, |r| r.version);
+            Ok(())
+        })
+    }
+}
+
+export! {
+    /// A packed id: oxccl's bootstrap id and the real NCCL's id (see [`crate::id`]).
+    fn ncclGetUniqueId / pncclGetUniqueId(uniqueId: *mut NcclUniqueId) -> NcclResult {
+        guard("ncclGetUniqueId", || {
+            let slot = out(uniqueId, "uniqueId")?;
+            *slot = new_unique_id()?;
+            Ok(())
+        })
+    }
+}
+
+export! {
+    /// NCCL's static description of a result code.
+    fn ncclGetErrorString / pncclGetErrorString(result: NcclResult) -> *const c_char {
+        error_string(result).as_ptr()
+    }
+}
+
+export! {
+    /// This thread's last error message (the real NCCL's, for one of its communicators).
+    fn ncclGetLastError / pncclGetLastError(comm: Opaque) -> *const c_char {
+        guard_value("ncclGetLastError", last_error_ptr(), || {
+            if !comm.is_null() {
+                // SAFETY: NCCL's contract: a non-null comm is a communicator.
+                if let Ok(Target::Foreign(c)) = unsafe { resolve(comm) } {
+                    if let Some(f) = real_nccl().ok().and_then(|r| r.fns.get_last_error) {
+                        // SAFETY: a real communicator passed to the real library.
+                        return unsafe { f(c) };
+                    }
+                }
+            }
+            last_error_ptr()
+        })
+    }
+}
+
+export! {
+    /// Forwarded to the real NCCL when loaded; nothing to reset otherwise.
+    fn ncclResetDebugInit / pncclResetDebugInit() {
+        guard_value("ncclResetDebugInit", (), || {
+            if let Some(f) = real_nccl().ok().and_then(|r| r.fns.reset_debug_init) {
+                // SAFETY: no arguments.
+                unsafe { f() }
+            }
+        })
+    }
+}
+
+// ---- Communicator life cycle ------------------------------------------------------------
+
+/// Stores a new communicator into the caller's slot.
+fn publish(slot: &mut Opaque, comm: Box<Comm>) {
+    *slot = Box::into_raw(comm).cast();
+}
+
+export! {
+    /// Creates the oxccl side and the real NCCL's communicator (when the id carries one).
+    fn ncclCommInitRank / pncclCommInitRank(comm: *mut Opaque, nranks: c_int, commId: NcclUniqueId, rank: c_int) -> NcclResult {
+        guard("ncclCommInitRank", || {
+            let slot = out(comm, "comm")?;
+            publish(slot, Comm::init(nranks, &commId, rank, std::ptr::null_mut(), None)?);
+            Ok(())
+        })
+    }
+}
+
+export! {
+    /// As [`ncclCommInitRank`]; the config goes to the real NCCL, made blocking.
+    fn ncclCommInitRankConfig / pncclCommInitRankConfig(comm: *mut Opaque, nranks: c_int, commId: NcclUniqueId, rank: c_int, config: *mut NcclConfig) -> NcclResult {
+        guard("ncclCommInitRankConfig", || {
+            let slot = out(comm, "comm")?;
+            publish(slot, Comm::init(nranks, &commId, rank, config, None)?);
+            Ok(())
+        })
+    }
+}
+
+export! {
+    /// Uses the first of the ids (every id of this library already names one root).
+    fn ncclCommInitRankScalable / pncclCommInitRankScalable(newcomm: *mut Opaque, nranks: c_int, myrank: c_int, nId: c_int, commIds: *mut NcclUniqueId, config: *mut NcclConfig) -> NcclResult {
+        guard("ncclCommInitRankScalable", || {
+            let slot = out(newcomm, "newcomm")?;
+            if nId < 1 {
+                return Err(ApiError::invalid_argument(format!("nId {nId} is not positive")));
+            }
+            let id = *out(commIds, "commIds")?;
+            publish(slot, Comm::init(nranks, &id, myrank, config, None)?);
+            Ok(())
+        })
+    }
+}
+
+export! {
+    /// One process, `ndev` devices: one thread per device joins a fresh id (the oxccl
+    /// bootstrap and the real NCCL's init both work across threads of one process).
+    fn ncclCommInitAll / pncclCommInitAll(comm: *mut Opaque, ndev: c_int, devlist: *const c_int) -> NcclResult {
+        guard("ncclCommInitAll", || {
+            if comm.is_null() {
+                return Err(ApiError::invalid_argument("comm is NULL"));
+            }
+            if ndev < 1 {
+                return Err(ApiError::invalid_argument(format!("ndev {ndev} is not positive")));
+            }
+            let n = ndev as usize;
+            let mut devices = Vec::with_capacity(n);
+            for i in 0..n {
+                let d = if devlist.is_null() {
+                    i as c_int
+                } else {
+                    // SAFETY: NCCL's contract: devlist holds ndev entries.
+                    unsafe { *devlist.add(i) }
+                };
+                let d = u32::try_from(d).map_err(|_| {
+                    ApiError::invalid_argument(format!("devlist[{i}] = {d} is negative"))
+                })?;
+                devices.push(d);
+            }
+            let id = new_unique_id()?;
+            let results: Vec<ApiResult<Box<Comm>>> = std::thread::scope(|s| {
+                let handles: Vec<_> = devices
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &d)| {
+                        s.spawn(move || Comm::init(ndev, &id, i as c_int, std::ptr::null_mut(), Some(d)))
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|_| Err(ApiError::internal("an init thread panicked"))))
+                    .collect()
+            });
+            if let Some(e) = results.iter().find_map(|r| r.as_ref().err()).cloned() {
+                for c in results.into_iter().flatten() {
+                    let _ = c.destroy(false);
+                }
+                return Err(e);
+            }
+            for (i, c) in results.into_iter().flatten().enumerate() {
+                // SAFETY: NCCL's contract: comm holds ndev slots.
+                let slot = unsafe { &mut *comm.add(i) };
+                publish(slot, c);
+            }
+            Ok(())
+        })
+    }
+}
+
+export! {
+    /// Splits both sides; `NCCL_SPLIT_NOCOLOR` gives `*newcomm = NULL`.
+    fn ncclCommSplit / pncclCommSplit(comm: Opaque, color: c_int, key: c_int, newcomm: *mut Opaque, config: *mut NcclConfig) -> NcclResult {
+        guard("ncclCommSplit", || {
+            let slot = out(newcomm, "newcomm")?;
+            // SAFETY: NCCL's contract on comm.
+            match unsafe { resolve(comm) }? {
+                Target::Ours(c) => {
+                    *slot = std::ptr::null_mut();
+                    if let Some(child) = c.split(color, key, config)? {
+                        publish(slot, child);
+                    }
+                    Ok(())
+                }
+                Target::Foreign(_) => {
+                    let call = |real: &'static RealNccl, c: Opaque| {
+                        let f = real.fns.comm_split?;
+                        // SAFETY: a real communicator and the caller's arguments.
+                        Some(unsafe { f(c, color, key, newcomm, config) })
+                    };
+                    // SAFETY: as above.
+                    unsafe { forward("ncclCommSplit", comm, NOT_SERVED, String::new, call) }
+                }
+            }
+        })
+    }
+}
+
+forwarded!(ncclCommShrink / pncclCommShrink, comm_shrink, comm, (comm: Opaque, excludeRanksList: *mut c_int, excludeRanksCount: c_int, newcomm: *mut Opaque, config: *mut NcclConfig, shrinkFlags: c_int));
+forwarded!(ncclCommRevoke / pncclCommRevoke, comm_revoke, comm, (comm: Opaque, revokeFlags: c_int));
+
+export! {
+    /// Waits for this rank's queued work and for every rank (collective), then finalizes
+    /// the real communicator.
+    fn ncclCommFinalize / pncclCommFinalize(comm: Opaque) -> NcclResult {
+        guard("ncclCommFinalize", || {
+            // SAFETY: NCCL's contract on comm.
+            let target = unsafe { resolve(comm) }?;
+            if let Target::Ours(c) = target {
+                c.finalize()?;
+                if c.real.is_none() {
+                    return Ok(());
+                }
+            }
+            let call = |real: &'static RealNccl, c: Opaque| {
+                let f = real.fns.comm_finalize?;
+                // SAFETY: a real communicator.
+                Some(unsafe { f(c) })
+            };
+            // SAFETY: as above.
+            unsafe { forward("ncclCommFinalize", comm, "the real side", String::new, call) }
+        })
+    }
+}
+
+fn release(name: &'static str, comm: Opaque, graceful: bool) -> ApiResult<()> {
+    if comm.is_null() {
+        // NCCL's own behaviour for a NULL communicator here.
+        return Ok(());
+    }
+    // SAFETY: NCCL's contract on comm.
+    match unsafe { resolve(comm) }? {
+        Target::Ours(_) => {
+            // SAFETY: `resolve` saw our magic: `comm` is a `Box<Comm>` leaked by `publish`,
+            // released exactly once here (the magic is cleared first).
+            let boxed = unsafe { Box::from_raw(comm.cast::<Comm>()) };
+            boxed.destroy(graceful)
+        }
+        Target::Foreign(_) => {
+            let call = |real: &'static RealNccl, c: Opaque| {
+                let f = if graceful {
+                    real.fns.comm_destroy?
+                } else {
+                    real.fns.comm_abort?
+                };
+                // SAFETY: a real communicator.
+                Some(unsafe { f(c) })
+            };
+            // SAFETY: as above.
+            unsafe { forward(name, comm, NOT_SERVED, String::new, call) }
+        }
+    }
+}
+
+export! {
+    /// Releases both sides after a barrier of the oxccl side (unless finalized already).
+    /// NULL is accepted, as NCCL does.
+    fn ncclCommDestroy / pncclCommDestroy(comm: Opaque) -> NcclResult {
+        guard("ncclCommDestroy", || release("ncclCommDestroy", comm, true))
+    }
+}
+
+export! {
+    /// Releases both sides without waiting for the peers. NULL is accepted, as NCCL does.
+    fn ncclCommAbort / pncclCommAbort(comm: Opaque) -> NcclResult {
+        guard("ncclCommAbort", || release("ncclCommAbort", comm, false))
+    }
+}
+
+export! {
+    /// The sticky error of a failed operation, else the real communicator's.
+    fn ncclCommGetAsyncError / pncclCommGetAsyncError(comm: Opaque, asyncError: *mut NcclResult) -> NcclResult {
+        guard("ncclCommGetAsyncError", || {
+            let slot = out(asyncError, "asyncError")?;
+            // SAFETY: NCCL's contract on comm.
+            let target = unsafe { resolve(comm) }?;
+            if let Target::Ours(c) = target {
+                let e = c.async_error.load(std::sync::atomic::Ordering::Relaxed);
+                *slot = e;
+                if e != NCCL_SUCCESS || c.real.is_none() {
+                    return Ok(());
+                }
+            }
+            let call = |real: &'static RealNccl, c: Opaque| {
+                let f = real.fns.comm_get_async_error?;
+                // SAFETY: a real communicator and a valid out-pointer.
+                Some(unsafe { f(c, asyncError) })
+            };
+            // SAFETY: as above.
+            unsafe { forward("ncclCommGetAsyncError", comm, "the real side", String::new, call) }
+        })
+    }
+}
+
+macro_rules! query {
+    ($name:ident / $alias:ident, $field:ident, $what:literal, |$c:ident| $value:expr) => {
+        export! {
+            #[doc = concat!("`", stringify!($name), "`: answered from this library's communicator.")]
+            fn $name / $alias(comm: Opaque, value: *mut c_int) -> NcclResult {
+                guard(stringify!($name), || {
+                    let slot = out(value, $what)?;
+                    // SAFETY: NCCL's contract on comm.
+                    match unsafe { resolve(comm) }? {
+                        Target::Ours($c) => {
+                            *slot = $value;
+                            Ok(())
+                        }
+                        Target::Foreign(_) => {
+                            let call = |real: &'static RealNccl, c: Opaque| {
+                                let f = real.fns.$field?;
+                                // SAFETY: a real communicator and a valid out-pointer.
+                                Some(unsafe { f(c, value) })
+                            };
+                            // SAFETY: as above.
+                            unsafe { forward(stringify!($name), comm, NOT_SERVED, String::new, call) }
+                        }
+                    }
+                })
+            }
+        }
+    };
+}
+
+query!(
+    ncclCommCount / pncclCommCount,
+    comm_count,
+    "count",
+    |c| c.nranks as c_int
+);
+query!(
+    ncclCommCuDevice / pncclCommCuDevice,
+    comm_cu_device,
+    "device",
+    |c| c.device
+);
+query!(
+    ncclCommUserRank / pncclCommUserRank,
+    comm_user_rank,
+    "rank",
+    |c| c.rank as c_int
+);
+
+// ---- Memory and registration ------------------------------------------------------------
+
+export! {
+    /// Forwarded to the real NCCL when loaded; else `cuMemAlloc` (CUDA backend) or zeroed
+    /// host memory (host backend).
+    fn ncclMemAlloc / pncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> NcclResult {
+        guard("ncclMemAlloc", || {
+            let slot = out(ptr, "ptr")?;
+            if let Ok(real) = real_nccl() {
+                let f = real.fns.mem_alloc.ok_or_else(|| ApiError::invalid_usage("the real NCCL has no ncclMemAlloc"))?;
+                // SAFETY: a valid out-pointer.
+                let rc = unsafe { f(slot, size) };
+                return check_real(rc, real, std::ptr::null_mut(), "ncclMemAlloc");
+            }
+            *slot = own_alloc(size)?;
+            Ok(())
+        })
+    }
+}
+
+export! {
+    /// Frees memory from [`ncclMemAlloc`] (the same way it was allocated).
+    fn ncclMemFree / pncclMemFree(ptr: *mut c_void) -> NcclResult {
+        guard("ncclMemFree", || {
+            if let Ok(real) = real_nccl() {
+                let f = real.fns.mem_free.ok_or_else(|| ApiError::invalid_usage("the real NCCL has no ncclMemFree"))?;
+                // SAFETY: the caller's pointer came from ncclMemAlloc, which forwarded too.
+                let rc = unsafe { f(ptr) };
+                return check_real(rc, real, std::ptr::null_mut(), "ncclMemFree");
+            }
+            own_free(ptr)
+        })
+    }
+}
+
+fn own_alloc(size: usize) -> ApiResult<*mut c_void> {
+    match backend()? {
+        BackendKind::Host => {
+            // SAFETY: calloc with any size; a null result is handled.
+            let p = unsafe { libc::calloc(1, size.max(1)) };
+            if p.is_null() {
+                return Err(ApiError {
+                    code: NCCL_SYSTEM_ERROR,
+                    message: format!("calloc of {size} bytes failed"),
+                });
+            }
+            Ok(p)
+        }
+        _ => cuda_alloc(size),
+    }
+}
+
+fn own_free(ptr: *mut c_void) -> ApiResult<()> {
+    if ptr.is_null() {
+        return Ok(());
+    }
+    match backend()? {
+        BackendKind::Host => {
+            // SAFETY: NCCL's contract: `ptr` came from ncclMemAlloc, which used calloc here.
+            unsafe { libc::free(ptr) };
+            Ok(())
+        }
+        _ => cuda_free(ptr),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_alloc(size: usize) -> ApiResult<*mut c_void> {
+    use cudarc::driver::sys;
+    let mut p: sys::CUdeviceptr = 0;
+    // SAFETY: valid out-pointer; libcuda is loaded (the CUDA backend was chosen).
+    let rc = unsafe { sys::cuMemAlloc_v2(&mut p, size.max(1)) };
+    if rc != sys::CUresult::CUDA_SUCCESS {
+        return Err(ApiError {
+            code: NCCL_UNHANDLED_CUDA_ERROR,
+            message: format!("cuMemAlloc of {size} bytes failed: {rc:?}"),
+        });
+    }
+    Ok(p as usize as *mut c_void)
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_free(ptr: *mut c_void) -> ApiResult<()> {
+    use cudarc::driver::sys;
+    // SAFETY: NCCL's contract: `ptr` came from ncclMemAlloc (cuMemAlloc here).
+    let rc = unsafe { sys::cuMemFree_v2(ptr as usize as sys::CUdeviceptr) };
+    if rc != sys::CUresult::CUDA_SUCCESS {
+        return Err(ApiError {
+            code: NCCL_UNHANDLED_CUDA_ERROR,
+            message: format!("cuMemFree failed: {rc:?}"),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_alloc(_size: usize) -> ApiResult<*mut c_void> {
+    Err(ApiError::invalid_usage(
+        "no GPU backend in this build and no real NCCL",
+    ))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_free(_ptr: *mut c_void) -> ApiResult<()> {
+    Err(ApiError::invalid_usage(
+        "no GPU backend in this build and no real NCCL",
+    ))
+}
+
+export! {
+    /// Forwarded to the real NCCL when the communicator has one; else a token (the buffer
+    /// address) is returned and nothing is registered (oxccl then takes its non-zero-copy
+    /// algorithms for this buffer).
+    fn ncclCommRegister / pncclCommRegister(comm: Opaque, buff: *mut c_void, size: usize, handle: *mut *mut c_void) -> NcclResult {
+        guard("ncclCommRegister", || {
+            let slot = out(handle, "handle")?;
+            if buff.is_null() {
+                return Err(ApiError::invalid_argument("buff is NULL"));
+            }
+            // SAFETY: NCCL's contract on comm.
+            if let Target::Ours(c) = unsafe { resolve(comm) }? {
+                if c.real.is_none() {
+                    *slot = buff;
+                    return Ok(());
+                }
+            }
+            let call = |real: &'static RealNccl, c: Opaque| {
+                let f = real.fns.comm_register?;
+                // SAFETY: a real communicator, the caller's buffer, a valid out-pointer.
+                Some(unsafe { f(c, buff, size, handle) })
+            };
+            // SAFETY: as above.
+            unsafe { forward("ncclCommRegister", comm, "registration is the real side's", String::new, call) }
+        })
+    }
+}
+
+export! {
+    /// Undoes [`ncclCommRegister`].
+    fn ncclCommDeregister / pncclCommDeregister(comm: Opaque, handle: *mut c_void) -> NcclResult {
+        guard("ncclCommDeregister", || {
+            // SAFETY: NCCL's contract on comm.
+            if let Target::Ours(c) = unsafe { resolve(comm) }? {
+                if c.real.is_none() {
+                    return Ok(());
+                }
+            }
+            let call = |real: &'static RealNccl, c: Opaque| {
+                let f = real.fns.comm_deregister?;
+                // SAFETY: a real communicator and its handle.
+                Some(unsafe { f(c, handle) })
+            };
+            // SAFETY: as above.
+            unsafe { forward("ncclCommDeregister", comm, "registration is the real side's", String::new, call) }
+        })
+    }
+}
+
+forwarded!(ncclCommWindowRegister / pncclCommWindowRegister, comm_window_register, comm, (comm: Opaque, buff: *mut c_void, size: usize, win: *mut Opaque, winFlags: c_int));
+forwarded!(ncclCommWindowDeregister / pncclCommWindowDeregister, comm_window_deregister, comm, (comm: Opaque, win: Opaque));
+forwarded!(ncclRedOpCreatePreMulSum / pncclRedOpCreatePreMulSum, red_op_create_pre_mul_sum, comm, (op: *mut NcclRedOp, scalar: *mut c_void, datatype: NcclDataType, residence: NcclScalarResidence, comm: Opaque));
+forwarded!(ncclRedOpDestroy / pncclRedOpDestroy, red_op_destroy, comm, (op: NcclRedOp, comm: Opaque));
+
+// ---- Collectives ------------------------------------------------------------------------
+
+export! {
+    /// Served by oxccl for fp32/fp16/bf16/fp8 e4m3/e5m2 with sum/prod/min/max/avg on a
+    /// communicator oxccl serves (one node, up to 8 ranks), on the caller's stream; every
+    /// other call is forwarded to the real NCCL.
+    fn ncclAllReduce / pncclAllReduce(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, op: NcclRedOp, comm: Opaque, stream: CudaStreamT) -> NcclResult {
+        guard("ncclAllReduce", || {
+            // SAFETY: NCCL's contract on every argument.
+            unsafe { all_reduce(sendbuff, recvbuff, count, datatype, op, comm, stream) }
+        })
+    }
+}
+
+/// Checks a data type and count: the element size, or `ncclInvalidArgument`.
+pub fn check_count(count: usize, datatype: NcclDataType) -> ApiResult<usize> {
+    let size = type_size(datatype).ok_or_else(|| {
+        ApiError::invalid_argument(format!(
+            "datatype {datatype} is not an ncclDataType_t (0..{NCCL_NUM_TYPES})"
+        ))
+    })?;
+    count
+        .checked_mul(size)
+        .filter(|b| *b <= isize::MAX as usize)
+        .ok_or_else(|| {
+            ApiError::invalid_argument(format!(
+                "count {count} of {} overflows the address space",
+                type_name(datatype)
+            ))
+        })
+}
+
+/// # Safety
+/// NCCL's contract for ncclAllReduce.
+unsafe fn all_reduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: NcclDataType,
+    op: NcclRedOp,
+    comm: Opaque,
+    stream: CudaStreamT,
+) -> ApiResult<()> {
+    // SAFETY: NCCL's contract on comm.
+    let target = unsafe { resolve(comm) }?;
+    let detail = || {
+        format!(
+            " count={count} dtype={} op={}",
+            type_name(datatype),
+            op_name(op)
+        )
+    };
+    let forward_why = |why: String| {
+        let call = |real: &'static RealNccl, c: Opaque| {
+            let f = real.fns.all_reduce?;
+            // SAFETY: the caller's arguments with the real communicator.
+            Some(unsafe { f(sendbuff, recvbuff, count, datatype, op, c, stream) })
+        };
+        // SAFETY: NCCL's contract on comm.
+        unsafe { forward("ncclAllReduce", comm, &why, detail, call) }
+    };
+    let c = match target {
+        Target::Foreign(_) => return forward_why(NOT_SERVED.into()),
+        Target::Ours(c) => c,
+    };
+    check_count(count, datatype)?;
+    if op < 0 {
+        return Err(ApiError::invalid_argument(format!(
+            "op {op} is not an ncclRedOp_t"
+        )));
+    }
+    if count > 0 && (sendbuff.is_null() || recvbuff.is_null()) {
+        return Err(ApiError::invalid_argument(format!(
+            "sendbuff {sendbuff:?} or recvbuff {recvbuff:?} is NULL with count {count}"
+        )));
+    }
+    let why = match (served_dtype(datatype), served_op(op), c.serving()) {
+        (Some(dtype), Some(rop), Some(ox)) => {
+            if count == 0 {
+                return Ok(());
+            }
+            let send = DevicePtr(sendbuff as usize as u64);
+            let recv = DevicePtr(recvbuff as usize as u64);
+            // SAFETY: NCCL's contract on buffers and stream is oxccl's.
+            let algo = unsafe { c.all_reduce(ox, send, recv, count, dtype, rop, stream) }?;
+            log_info!(
+                "rank {} ncclAllReduce{} -> oxccl ({algo})",
+                c.rank,
+                detail()
+            );
+            return Ok(());
+        }
+        (None, _, _) => format!("dtype {} is not served by oxccl", type_name(datatype)),
+        (_, None, _) => format!("op {op} (a PreMulSum operator) is not served by oxccl"),
+        (_, _, None) => format!(
+            "oxccl does not serve this communicator ({} ranks: above one node)",
+            c.nranks
+        ),
+    };
+    forward_why(why)
+}
+
+forwarded!(ncclReduce / pncclReduce, reduce, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, op: NcclRedOp, root: c_int, comm: Opaque, stream: CudaStreamT));
+forwarded!(ncclBcast / pncclBcast, bcast, comm, (buff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT));
+forwarded!(ncclBroadcast / pncclBroadcast, broadcast, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT));
+forwarded!(ncclReduceScatter / pncclReduceScatter, reduce_scatter, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: NcclDataType, op: NcclRedOp, comm: Opaque, stream: CudaStreamT));
+forwarded!(ncclAllGather / pncclAllGather, all_gather, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: NcclDataType, comm: Opaque, stream: CudaStreamT));
+forwarded!(ncclAlltoAll / pncclAlltoAll, all_to_all, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, comm: Opaque, stream: CudaStreamT));
+forwarded!(ncclGather / pncclGather, gather, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT));
+forwarded!(ncclScatter / pncclScatter, scatter, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT));
+forwarded!(ncclSend / pncclSend, send, comm, (sendbuff: *const c_void, count: usize, datatype: NcclDataType, peer: c_int, comm: Opaque, stream: CudaStreamT));
+forwarded!(ncclRecv / pncclRecv, recv, comm, (recvbuff: *mut c_void, count: usize, datatype: NcclDataType, peer: c_int, comm: Opaque, stream: CudaStreamT));
+
+// ---- Groups -----------------------------------------------------------------------------
+
+thread_local! {
+    static GROUP_DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
+export! {
+    /// Opens a group on the real NCCL (when loaded). oxccl's allreduces inside a group run
+    /// when called, not at ncclGroupEnd.
+    fn ncclGroupStart / pncclGroupStart() -> NcclResult {
+        guard("ncclGroupStart", || {
+            if let Ok(real) = real_nccl() {
+                if let Some(f) = real.fns.group_start {
+                    // SAFETY: no arguments.
+                    check_real(unsafe { f() }, real, std::ptr::null_mut(), "ncclGroupStart")?;
+                }
+            }
+            GROUP_DEPTH.with(|d| d.set(d.get().saturating_add(1)));
+            Ok(())
+        })
+    }
+}
+
+fn leave_group(name: &str) -> ApiResult<()> {
+    GROUP_DEPTH.with(|d| {
+        if d.get() == 0 {
+            return Err(ApiError::invalid_usage(format!(
+                "{name} without ncclGroupStart"
+            )));
+        }
+        d.set(d.get() - 1);
+        Ok(())
+    })
+}
+
+export! {
+    /// Closes a group (and the real NCCL's).
+    fn ncclGroupEnd / pncclGroupEnd() -> NcclResult {
+        guard("ncclGroupEnd", || {
+            leave_group("ncclGroupEnd")?;
+            if let Ok(real) = real_nccl() {
+                if let Some(f) = real.fns.group_end {
+                    // SAFETY: no arguments.
+                    return check_real(unsafe { f() }, real, std::ptr::null_mut(), "ncclGroupEnd");
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+export! {
+    /// Forwarded to the real NCCL (`ncclInvalidUsage` without one); closes the group.
+    fn ncclGroupSimulateEnd / pncclGroupSimulateEnd(simInfo: *mut c_void) -> NcclResult {
+        guard("ncclGroupSimulateEnd", || {
+            leave_group("ncclGroupSimulateEnd")?;
+            forward_plain("ncclGroupSimulateEnd", |real| {
+                let f = real.fns.group_simulate_end?;
+                // SAFETY: the caller's sim info.
+                Some(unsafe { f(simInfo) })
+            })
+        })
+    }
+}
+
+/// The current group depth of this thread (for tests).
+pub fn group_depth() -> u32 {
+    GROUP_DEPTH.with(Cell::get)
+}
+
+// ---- Device-API host functions that take a communicator ------------------------------
+
+forwarded!(ncclDevCommCreate / pncclDevCommCreate, dev_comm_create, comm, (comm: Opaque, reqs: *const c_void, outDevComm: *mut c_void));
+forwarded!(ncclDevCommDestroy / pncclDevCommDestroy, dev_comm_destroy, comm, (comm: Opaque, devComm: *const c_void));
+forwarded!(ncclGinBarrierCreateRequirement / pncclGinBarrierCreateRequirement, gin_barrier_create_requirement, comm, (comm: Opaque, team: NcclTeam, nBarriers: c_int, outHandle: *mut c_void, outReq: *mut c_void));
+
+macro_rules! team_fn {
+    ($name:ident / $alias:ident, $field:ident) => {
+        export! {
+            #[doc = concat!("`", stringify!($name), "`: forwarded to the real NCCL; a zero team (and a last error) without one.")]
+            fn $name / $alias(comm: Opaque) -> NcclTeam {
+                let mut team = NcclTeam::default();
+                let rc = guard(stringify!($name), || {
+                    let call = |real: &'static RealNccl, c: Opaque| {
+                        let f = real.fns.$field?;
+                        // SAFETY: a real communicator.
+                        team = unsafe { f(c) };
+                        Some(NCCL_SUCCESS)
+                    };
+                    // SAFETY: NCCL's contract on comm.
+                    unsafe { forward(stringify!($name), comm, NOT_SERVED, String::new, call) }
+                });
+                if rc != NCCL_SUCCESS {
+                    set_last_error(&format!("{}: failed with {rc}", stringify!($name)));
+                }
+                team
+            }
+        }
+    };
+}
+
+team_fn!(ncclTeamWorld / pncclTeamWorld, team_world);
+team_fn!(ncclTeamLsa / pncclTeamLsa, team_lsa);
+team_fn!(ncclTeamRail / pncclTeamRail, team_rail);
+
+macro_rules! team_rank_fn {
+    ($name:ident / $alias:ident, $field:ident) => {
+        export! {
+            #[doc = concat!("`", stringify!($name), "`: forwarded to the real NCCL; -1 without one.")]
+            fn $name / $alias(comm: Opaque, team: NcclTeam, rank: c_int) -> c_int {
+                let mut answer = -1;
+                let _ = guard(stringify!($name), || {
+                    let call = |real: &'static RealNccl, c: Opaque| {
+                        let f = real.fns.$field?;
+                        // SAFETY: a real communicator and the caller's team.
+                        answer = unsafe { f(c, team, rank) };
+                        Some(NCCL_SUCCESS)
+                    };
+                    // SAFETY: NCCL's contract on comm.
+                    unsafe { forward(stringify!($name), comm, NOT_SERVED, String::new, call) }
+                });
+                answer
+            }
+        }
+    };
+}
+
+team_rank_fn!(
+    ncclTeamRankToWorld / pncclTeamRankToWorld,
+    team_rank_to_world
+);
+team_rank_fn!(ncclTeamRankToLsa / pncclTeamRankToLsa, team_rank_to_lsa);

@@ -1,0 +1,30 @@
+//! # oxccl-nccl-api: `liboxccl_nccl.so`, the NCCL C API served by oxccl
+//!
+//! A `cdylib` that exports every function of NCCL 2.28's `nccl.h` (and the `pnccl*`
+//! aliases) with NCCL's names and ABI (`include/nccl.h` is our own header of that ABI), so a
+//! program built against NCCL runs on oxccl when this library is preloaded
+//! (`LD_PRELOAD=liboxccl_nccl.so`):
+//!
+//! - `ncclAllReduce` of fp32/fp16/bf16/fp8 (e4m3, e5m2) with sum/prod/min/max/avg, on one
+//!   node of up to 8 ranks, is served by oxccl's algorithms on the caller's stream (inside
+//!   CUDA graph capture too);
+//! - everything else (other collectives, send/recv, other types, PreMulSum operators,
+//!   windows, larger worlds) is forwarded to the real NCCL, loaded at run time from
+//!   `OXCCL_NCCL_LIB_PATH` or `libnccl.so.2`, on a real communicator created beside the
+//!   oxccl one at init; without a real NCCL those calls return `ncclInvalidUsage` and
+//!   `ncclGetLastError` says why;
+//! - a communicator the real NCCL made (the real library calls some of its own exported
+//!   functions, which then land here) is recognised by its missing magic and passed
+//!   through unchanged.
+//!
+//! The unique id carries both ids ([`id`]). `OXCCL_NCCL_LOG=info` logs which side served
+//! each call. On the host backend (`OXCCL_BACKEND=host`, or a build without GPU backends)
+//! allreduce runs on host memory across processes, synchronously: that is what CI tests.
+//! `docs/nccl-api.md` has the details.
+
+pub mod comm;
+pub mod error;
+pub mod exports;
+pub mod id;
+pub mod real;
+pub mod types;

@@ -1,0 +1,337 @@
+/*
+ * C test of liboxccl_nccl on the host backend (no GPU): compiled against
+ * nccl-api/include/nccl.h and linked against liboxccl_nccl.so by ci/nccl-api-test.sh,
+ * run with OXCCL_BACKEND=host. Covers the life cycle, error codes and strings, bad
+ * arguments, the unique id, real allreduces across forked processes and across threads
+ * (ncclCommInitAll) checked against a reference computed here, splits, groups, and calls
+ * that must be forwarded to a real NCCL that is absent.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "nccl.h"
+
+static int failures = 0;
+static const char* who = "main";
+
+#define CHECK(cond, ...)                                                   \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      fprintf(stderr, "[%s] FAIL %s:%d: %s: ", who, __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                                        \
+      fprintf(stderr, " (last error: %s)\n", ncclGetLastError(NULL));      \
+      failures++;                                                          \
+    }                                                                      \
+  } while (0)
+
+#define EXPECT(call, code) \
+  do { ncclResult_t r_ = (call); CHECK(r_ == (code), "%s returned %d, expected %d", #call, (int)r_, (int)(code)); } while (0)
+#define OK(call) EXPECT(call, ncclSuccess)
+
+static uint64_t rng_state;
+static uint64_t next_u64(void) {
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return rng_state;
+}
+
+/* The input of `rank` for a test: small integers (exact in fp32 sums) plus a fraction. */
+static void fill(float* x, size_t n, int rank, int salt) {
+  rng_state = 0x9e3779b97f4a7c15ull ^ ((uint64_t)rank << 32) ^ (uint64_t)salt * 7919u ^ n;
+  for (size_t i = 0; i < n; i++) x[i] = (float)((int64_t)(next_u64() % 2001) - 1000) / 8.0f;
+}
+
+static int last_error_contains(const char* needle) {
+  const char* e = ncclGetLastError(NULL);
+  return e && strstr(e, needle) != NULL;
+}
+
+static const size_t COUNTS[] = {1, 3, 1000, 12345, (1u << 20) + 7};
+#define NCOUNTS (sizeof(COUNTS) / sizeof(COUNTS[0]))
+
+/* Allreduces of every count, in and out of place, sum/max/avg, checked against the inputs
+ * of every rank computed here (rank order, as oxccl reduces). */
+static void allreduce_suite(ncclComm_t comm, int rank, int nranks, int salt) {
+  for (size_t ci = 0; ci < NCOUNTS; ci++) {
+    size_t n = COUNTS[ci];
+    float* in = malloc(n * sizeof(float));
+    float* out = malloc(n * sizeof(float));
+    float* peer = malloc(n * sizeof(float));
+    float* sum = calloc(n, sizeof(float));
+    float* max = malloc(n * sizeof(float));
+    for (int r = 0; r < nranks; r++) {
+      fill(peer, n, r, salt + (int)ci);
+      for (size_t i = 0; i < n; i++) {
+        sum[i] = r == 0 ? peer[i] : sum[i] + peer[i];
+        max[i] = r == 0 ? peer[i] : fmaxf(max[i], peer[i]);
+      }
+    }
+    fill(in, n, rank, salt + (int)ci);
+    OK(ncclAllReduce(in, out, n, ncclFloat32, ncclSum, comm, NULL));
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += out[i] != sum[i];
+    CHECK(bad == 0, "sum of %zu floats: %zu wrong", n, bad);
+    /* In place. */
+    memcpy(out, in, n * sizeof(float));
+    OK(ncclAllReduce(out, out, n, ncclFloat32, ncclMax, comm, NULL));
+    bad = 0;
+    for (size_t i = 0; i < n; i++) bad += out[i] != max[i];
+    CHECK(bad == 0, "in-place max of %zu floats: %zu wrong", n, bad);
+    OK(ncclAllReduce(in, out, n, ncclFloat32, ncclAvg, comm, NULL));
+    bad = 0;
+    for (size_t i = 0; i < n; i++) bad += fabsf(out[i] - sum[i] / nranks) > 1e-5f * (1.0f + fabsf(sum[i]));
+    CHECK(bad == 0, "avg of %zu floats: %zu wrong", n, bad);
+    free(in); free(out); free(peer); free(sum); free(max);
+  }
+}
+
+/* One rank of a job of `nranks` forked processes. */
+static int child(ncclUniqueId id, int rank, int nranks) {
+  char name[32];
+  snprintf(name, sizeof name, "rank %d/%d", rank, nranks);
+  who = name;
+  ncclComm_t comm = NULL;
+  OK(ncclCommInitRank(&comm, nranks, id, rank));
+  if (!comm) return 1;
+  int v = -1;
+  OK(ncclCommCount(comm, &v));
+  CHECK(v == nranks, "count %d", v);
+  OK(ncclCommUserRank(comm, &v));
+  CHECK(v == rank, "rank %d", v);
+  allreduce_suite(comm, rank, nranks, 100);
+
+  /* Split: even and odd ranks; the last rank of an odd-sized job opts out. */
+  int color = (nranks % 2 == 1 && rank == nranks - 1) ? NCCL_SPLIT_NOCOLOR : rank % 2;
+  ncclComm_t sub = (ncclComm_t)0x1;
+  OK(ncclCommSplit(comm, color, -rank, &sub, NULL));
+  if (color == NCCL_SPLIT_NOCOLOR) {
+    CHECK(sub == NULL, "NOCOLOR gave a communicator");
+  } else if (sub) {
+    int members = 0;
+    for (int r = 0; r < nranks; r++)
+      if (!(nranks % 2 == 1 && r == nranks - 1) && r % 2 == color) members++;
+    OK(ncclCommCount(sub, &v));
+    CHECK(v == members, "split count %d, expected %d", v, members);
+    int subrank = -1;
+    OK(ncclCommUserRank(sub, &subrank));
+    /* key = -rank: the highest parent rank is sub-rank 0. */
+    CHECK(subrank == members - 1 - rank / 2, "split rank %d (parent %d)", subrank, rank);
+    size_t n = 4097;
+    float* x = malloc(n * sizeof(float));
+    float ref = 0;
+    for (int r = 0; r < nranks; r++)
+      if (!(nranks % 2 == 1 && r == nranks - 1) && r % 2 == color) ref += (float)(r + 1);
+    for (size_t i = 0; i < n; i++) x[i] = (float)(rank + 1);
+    OK(ncclAllReduce(x, x, n, ncclFloat32, ncclSum, sub, NULL));
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += x[i] != ref;
+    CHECK(bad == 0, "split allreduce: %zu wrong (x[0] = %g, expected %g)", bad, x[0], ref);
+    free(x);
+    OK(ncclCommDestroy(sub));
+  }
+
+  /* Forwarded without a real NCCL. */
+  float a[4] = {0}, b[16] = {0};
+  EXPECT(ncclAllGather(a, b, 4, ncclFloat32, comm, NULL), ncclInvalidUsage);
+  CHECK(last_error_contains("real NCCL"), "forwarding error names the reason");
+
+  OK(ncclCommFinalize(comm));
+  if (rank == 0)
+    OK(ncclCommAbort(comm));
+  else
+    OK(ncclCommDestroy(comm));
+  return failures ? 1 : 0;
+}
+
+static int run_job(int nranks) {
+  ncclUniqueId id;
+  OK(ncclGetUniqueId(&id));
+  pid_t pids[8];
+  for (int r = 0; r < nranks; r++) {
+    pids[r] = fork();
+    if (pids[r] == 0) _exit(child(id, r, nranks));
+  }
+  int bad = 0;
+  for (int r = 0; r < nranks; r++) {
+    int status = 0;
+    waitpid(pids[r], &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      fprintf(stderr, "[main] FAIL: rank %d of %d exited with status %d\n", r, nranks, status);
+      bad++;
+    }
+  }
+  failures += bad;
+  return bad;
+}
+
+struct thread_arg {
+  ncclComm_t comm;
+  int rank, nranks;
+};
+
+static void* thread_rank(void* p) {
+  struct thread_arg* a = p;
+  allreduce_suite(a->comm, a->rank, a->nranks, 300);
+  return NULL;
+}
+
+static void single_process_tests(void) {
+  int version = 0;
+  OK(ncclGetVersion(&version));
+  CHECK(version >= 22800, "version %d", version);
+  EXPECT(ncclGetVersion(NULL), ncclInvalidArgument);
+  CHECK(last_error_contains("NULL"), "NULL version pointer named");
+
+  for (int c = 0; c <= ncclNumResults; c++) {
+    const char* s = ncclGetErrorString((ncclResult_t)c);
+    CHECK(s && *s, "no string for code %d", c);
+  }
+  CHECK(strcmp(ncclGetErrorString(ncclSuccess), "no error") == 0, "success string");
+
+  /* Bad communicators. */
+  int v = 0;
+  EXPECT(ncclCommCount(NULL, &v), ncclInvalidArgument);
+  CHECK(last_error_contains("comm is NULL"), "null comm message");
+  uint64_t fake[16] = {0};
+  EXPECT(ncclCommCount((ncclComm_t)fake, &v), ncclInvalidArgument);
+  CHECK(last_error_contains("not a communicator"), "bad magic message");
+  float x[8] = {0};
+  EXPECT(ncclAllReduce(x, x, 8, ncclFloat32, ncclSum, NULL, NULL), ncclInvalidArgument);
+  EXPECT(ncclCommFinalize(NULL), ncclInvalidArgument);
+  OK(ncclCommDestroy(NULL)); /* as NCCL */
+  EXPECT(ncclGetUniqueId(NULL), ncclInvalidArgument);
+
+  /* Bad init arguments. */
+  ncclUniqueId id;
+  OK(ncclGetUniqueId(&id));
+  ncclComm_t comm = NULL;
+  EXPECT(ncclCommInitRank(&comm, 0, id, 0), ncclInvalidArgument);
+  EXPECT(ncclCommInitRank(&comm, 2, id, 2), ncclInvalidArgument);
+  EXPECT(ncclCommInitRank(&comm, 1, id, -1), ncclInvalidArgument);
+  EXPECT(ncclCommInitRank(NULL, 1, id, 0), ncclInvalidArgument);
+  ncclUniqueId junk;
+  memset(&junk, 0x5a, sizeof junk);
+  EXPECT(ncclCommInitRank(&comm, 1, junk, 0), ncclInvalidArgument);
+  CHECK(last_error_contains("unique id"), "junk id message");
+
+  /* One rank, with a config. */
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  OK(ncclCommInitRankConfig(&comm, 1, id, 0, &config));
+  CHECK(comm != NULL, "no communicator");
+  if (!comm) return;
+  OK(ncclCommCount(comm, &v));
+  CHECK(v == 1, "count %d", v);
+  OK(ncclCommUserRank(comm, &v));
+  CHECK(v == 0, "rank %d", v);
+  v = -1;
+  OK(ncclCommCuDevice(comm, &v));
+  CHECK(v >= 0, "device %d", v);
+  ncclResult_t async = ncclInternalError;
+  OK(ncclCommGetAsyncError(comm, &async));
+  CHECK(async == ncclSuccess, "async error %d", (int)async);
+  EXPECT(ncclCommCount(comm, NULL), ncclInvalidArgument);
+
+  /* Bad allreduce arguments. */
+  EXPECT(ncclAllReduce(x, x, 8, (ncclDataType_t)99, ncclSum, comm, NULL), ncclInvalidArgument);
+  CHECK(last_error_contains("datatype 99"), "bad dtype message");
+  EXPECT(ncclAllReduce(x, x, 8, (ncclDataType_t)-1, ncclSum, comm, NULL), ncclInvalidArgument);
+  EXPECT(ncclAllReduce(x, x, SIZE_MAX / 2, ncclFloat32, ncclSum, comm, NULL), ncclInvalidArgument);
+  CHECK(last_error_contains("overflow"), "overflow message");
+  EXPECT(ncclAllReduce(NULL, x, 8, ncclFloat32, ncclSum, comm, NULL), ncclInvalidArgument);
+  EXPECT(ncclAllReduce(x, NULL, 8, ncclFloat32, ncclSum, comm, NULL), ncclInvalidArgument);
+  EXPECT(ncclAllReduce(x, x, 8, ncclFloat32, (ncclRedOp_t)-3, comm, NULL), ncclInvalidArgument);
+  OK(ncclAllReduce(NULL, NULL, 0, ncclFloat32, ncclSum, comm, NULL));
+
+  /* Served with one rank: the output is the input. */
+  allreduce_suite(comm, 0, 1, 200);
+
+  /* Forwarded without a real NCCL: a clear ncclInvalidUsage. */
+  int32_t ints[8] = {0};
+  EXPECT(ncclAllReduce(ints, ints, 8, ncclInt32, ncclSum, comm, NULL), ncclInvalidUsage);
+  CHECK(last_error_contains("int32") && last_error_contains("real NCCL"), "int32 forward message");
+  EXPECT(ncclAllReduce(x, x, 8, ncclFloat32, (ncclRedOp_t)5, comm, NULL), ncclInvalidUsage);
+  EXPECT(ncclBroadcast(x, x, 8, ncclFloat32, 0, comm, NULL), ncclInvalidUsage);
+  EXPECT(ncclSend(x, 8, ncclFloat32, 0, comm, NULL), ncclInvalidUsage);
+  EXPECT(ncclRecv(x, 8, ncclFloat32, 0, comm, NULL), ncclInvalidUsage);
+  EXPECT(ncclReduceScatter(x, x, 8, ncclFloat32, ncclSum, comm, NULL), ncclInvalidUsage);
+  ncclRedOp_t op;
+  float scalar = 2.0f;
+  EXPECT(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat32, ncclScalarHostImmediate, comm), ncclInvalidUsage);
+  CHECK(last_error_contains("real NCCL"), "forwarding error names the reason");
+
+  /* Groups. */
+  OK(ncclGroupStart());
+  OK(ncclAllReduce(x, x, 8, ncclFloat32, ncclSum, comm, NULL));
+  OK(ncclGroupEnd());
+  EXPECT(ncclGroupEnd(), ncclInvalidUsage);
+
+  /* Memory and registration. */
+  void* mem = NULL;
+  OK(ncclMemAlloc(&mem, 1 << 20));
+  CHECK(mem != NULL, "ncclMemAlloc gave NULL");
+  void* handle = NULL;
+  OK(ncclCommRegister(comm, mem, 1 << 20, &handle));
+  CHECK(handle != NULL, "no registration handle");
+  OK(ncclAllReduce(mem, mem, (1 << 20) / 4, ncclFloat32, ncclSum, comm, NULL));
+  OK(ncclCommDeregister(comm, handle));
+  OK(ncclMemFree(mem));
+  EXPECT(ncclMemAlloc(NULL, 16), ncclInvalidArgument);
+
+  /* Split of one rank. */
+  ncclComm_t sub = NULL;
+  OK(ncclCommSplit(comm, NCCL_SPLIT_NOCOLOR, 0, &sub, NULL));
+  CHECK(sub == NULL, "NOCOLOR gave a communicator");
+  OK(ncclCommSplit(comm, 3, 0, &sub, NULL));
+  CHECK(sub != NULL, "split gave no communicator");
+  if (sub) {
+    OK(ncclCommCount(sub, &v));
+    CHECK(v == 1, "split count %d", v);
+    OK(ncclCommDestroy(sub));
+  }
+  EXPECT(ncclCommSplit(comm, -7, 0, &sub, NULL), ncclInvalidArgument);
+
+  OK(ncclCommFinalize(comm));
+  OK(ncclCommDestroy(comm));
+
+  /* ncclCommInitAll: one process, two ranks on threads. */
+  ncclComm_t comms[2] = {NULL, NULL};
+  int devs[2] = {0, 1};
+  OK(ncclCommInitAll(comms, 2, devs));
+  if (comms[0] && comms[1]) {
+    pthread_t t[2];
+    struct thread_arg args[2] = {{comms[0], 0, 2}, {comms[1], 1, 2}};
+    for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, thread_rank, &args[i]);
+    for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+    for (int i = 0; i < 2; i++) OK(ncclCommAbort(comms[i]));
+  } else {
+    CHECK(0, "ncclCommInitAll gave no communicators");
+  }
+  EXPECT(ncclCommInitAll(comms, 0, devs), ncclInvalidArgument);
+}
+
+int main(void) {
+  setvbuf(stdout, NULL, _IONBF, 0);
+  /* The multi-process jobs first, while this process has no communicator threads. */
+  int jobs[] = {2, 3};
+  for (int j = 0; j < 2; j++) {
+    printf("api_test: %d processes\n", jobs[j]);
+    run_job(jobs[j]);
+  }
+  printf("api_test: single-process tests\n");
+  single_process_tests();
+  if (failures) {
+    printf("api_test: %d FAILURES\n", failures);
+    return 1;
+  }
+  printf("api_test: all passed\n");
+  return 0;
+}
