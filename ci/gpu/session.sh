@@ -7,6 +7,9 @@
 #                                  # multi-process suite on 2 and 4 GPUs, channels tables
 #     ci/gpu/session.sh allreduce  # correctness matrix (ci/gpu/run-allreduce.sh, part 1)
 #     ci/gpu/session.sh perf       # bf16 sum vs NCCL, graph replay, 2 and 4 GPUs
+#     ci/gpu/session.sh tune       # tuner (graph replay), then bf16 vs NCCL with the tuned
+#                                  # table and checks of every dtype with it; port_channel
+#     ci/gpu/session.sh torch      # PyTorch with liboxccl_nccl.so preloaded vs plain NCCL
 #
 # NVLS is never used: NCCL_NVLS_ENABLE=0 is exported and OXCCL_NVLS is unset, so no
 # multicast object is created by NCCL or by oxccl. A step starts only while the phase's
@@ -14,7 +17,7 @@
 set -uo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "${repo_root}"
-phase="${1:?usage: ci/gpu/session.sh hal|allreduce|perf}"
+phase="${1:?usage: ci/gpu/session.sh hal|allreduce|perf|tune|torch}"
 out="${OUT:-${repo_root}/.gpu/results}"
 # Step logs go to one folder that is packed at the end: the device tool returns few files.
 logs="$(mktemp -d /tmp/oxccl-session-logs.XXXXXX)"
@@ -117,6 +120,39 @@ perf)
             step "sweep ${n}gpu ${algo} 16K..1M" 60 env OXCCL_ALGO="${algo}" .gpu/oxccl-perf -N "${n}" \
                 -b 16K -e 1M -f 2 -d bf16 -w 5 --iters 20 --graph --json "${out}/sweep-${algo}-${n}gpu.json"
         done
+    done
+    ;;
+tune)
+    # Tables go to $OUT so they come back; every perf run below loads them (same build).
+    export OXCCL_TUNE_DIR="${out}/tune" OXCCL_TIMEOUT_MS=20000
+    q=(-w 1 --iters 2)
+    for n in ${OXCCL_SESSION_GPUS:-2 4}; do
+        ((ngpus >= n)) || continue
+        export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
+        step "tune ${n}gpu bf16 (force) + perf vs NCCL graph" 300 .gpu/oxccl-perf -N "${n}" -b 1K -e 1G -f 2 \
+            -d bf16 -w 5 --iters 20 --graph --compare nccl --tune force \
+            --json "${out}/allreduce-bf16-${n}gpu-tuned.json"
+        step "tune ${n}gpu f32 + check" 120 .gpu/oxccl-perf -N "${n}" -b 3 -e 256M -f 7 -d f32 --tune cache "${q[@]}"
+        for dtype in bf16 f16 fp8_e4m3 fp8_e4m3b15; do
+            step "check ${n}gpu tuned-bf16-table ${dtype} odd in-place graph" 60 .gpu/oxccl-perf -N "${n}" \
+                -b 1003 -e 256M -f 7 -d "${dtype}" --in-place --graph --tune cache "${q[@]}"
+        done
+        step "check ${n}gpu tuned bf16 unregistered" 60 .gpu/oxccl-perf -N "${n}" -b 1K -e 64M -f 4 -d bf16 \
+            --no-register --tune cache "${q[@]}"
+        for dtype in bf16 f32 fp8_e4m3b15; do
+            step "check ${n}gpu port_channel ${dtype} 2B..64M" 90 env OXCCL_ALGO=port_channel \
+                .gpu/oxccl-perf -N "${n}" -b 2 -e 64M -f 7 -d "${dtype}" "${q[@]}"
+        done
+        step "perf ${n}gpu port_channel bf16 graph" 90 env OXCCL_ALGO=port_channel .gpu/oxccl-perf -N "${n}" \
+            -b 1K -e 256M -f 4 -d bf16 -w 3 --iters 10 --graph --json "${out}/port-channel-bf16-${n}gpu.json"
+    done
+    ;;
+torch)
+    for n in ${OXCCL_SESSION_GPUS:-2 4}; do
+        ((ngpus >= n)) || continue
+        export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
+        step "torch ${n}gpu with and without liboxccl_nccl.so" 400 \
+            bash ci/gpu/run-torch-nccl-api.sh "${n}" "${repo_root}/.gpu/liboxccl_nccl.so" "${out}/torch-${n}gpu"
     done
     ;;
 *)

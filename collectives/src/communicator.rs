@@ -20,8 +20,8 @@
 //! time out (`timeout`, default 30 s): the kernel records the failure in device memory
 //! ([`Communicator::check_error`]) on GPUs, and the host backend's stream reports it.
 
-use std::collections::{BTreeMap, HashSet};
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use oxccl_backend::{AnyBackend, AnyDevice, AnyImported, AnyKernel, AnyMemory, AnyStream};
@@ -35,11 +35,17 @@ use oxccl_kernels::abi::{
     OXCCL_ALLREDUCE_MAX_RANKS, OXCCL_ALLREDUCE_SYNC_BYTES, OXCCL_ALLREDUCE_SYNC_ERROR,
 };
 
-use crate::algorithms::{one_shot, Algorithm, CallShape};
-use crate::host_kernels::{self, args_bytes, void_ptr, ONESHOT_LL, TWOSHOT, TWOSHOT_ZC};
+use crate::algorithms::{one_shot, Algorithm, CallShape, Plan};
+use crate::host_kernels::{
+    self, args_bytes, void_ptr, ONESHOT_LL, TWOSHOT, TWOSHOT_PUSH, TWOSHOT_ZC,
+};
 use crate::selector::{
     default_oneshot_max, default_zc_threshold, Choice, Selector, ALGO_VAR, ONESHOT_MAX_VAR,
     ZC_THRESHOLD_VAR,
+};
+use crate::tuner::{
+    self, TuneMode, TuneSource, TuneTable, DEFAULT_TUNE_MAX, TUNE_DTYPES_VAR, TUNE_MAX_VAR,
+    TUNE_VAR,
 };
 
 /// Environment variable: bound of every device wait, in milliseconds (0 = forever).
@@ -68,6 +74,14 @@ pub struct CommConfig {
     /// On registered buffers, messages above this take the zero-copy two-shot; `None`:
     /// the world-size default ([`default_zc_threshold`]).
     pub zc_threshold_bytes: Option<usize>,
+    /// Whether to tune at creation ([`crate::tuner`]).
+    pub tune: TuneMode,
+    /// Data types tuned at creation.
+    pub tune_dtypes: Vec<DataType>,
+    /// Largest size tuned (bytes per rank).
+    pub tune_max_bytes: usize,
+    /// Directory of cached tune tables; `None`: [`tuner::cache_dir`] (`OXCCL_TUNE_DIR`, ...).
+    pub tune_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for CommConfig {
@@ -78,6 +92,10 @@ impl Default for CommConfig {
             forced: None,
             oneshot_max_bytes: None,
             zc_threshold_bytes: None,
+            tune: TuneMode::Off,
+            tune_dtypes: vec![DataType::Bf16],
+            tune_max_bytes: DEFAULT_TUNE_MAX,
+            tune_dir: None,
         }
     }
 }
@@ -93,7 +111,8 @@ fn env_number(var: &str) -> Result<Option<u64>> {
 
 impl CommConfig {
     /// From the environment: `OXCCL_ALGO`, `OXCCL_TIMEOUT_MS`, `OXCCL_STAGING_MB`,
-    /// `OXCCL_ONESHOT_MAX_BYTES`, `OXCCL_ZC_THRESHOLD_BYTES`.
+    /// `OXCCL_ONESHOT_MAX_BYTES`, `OXCCL_ZC_THRESHOLD_BYTES`, `OXCCL_TUNE`,
+    /// `OXCCL_TUNE_DTYPES`, `OXCCL_TUNE_MAX_BYTES`.
     pub fn from_env() -> Result<Self> {
         let mut c = CommConfig::default();
         if let Ok(name) = std::env::var(ALGO_VAR) {
@@ -117,6 +136,19 @@ impl CommConfig {
         }
         if let Some(b) = env_number(ZC_THRESHOLD_VAR)? {
             c.zc_threshold_bytes = Some(usize::try_from(b).unwrap_or(usize::MAX));
+        }
+        if let Ok(v) = std::env::var(TUNE_VAR) {
+            c.tune = v.parse()?;
+        }
+        if let Ok(v) = std::env::var(TUNE_DTYPES_VAR) {
+            c.tune_dtypes = v
+                .split(',')
+                .filter(|d| !d.trim().is_empty())
+                .map(|d| d.trim().parse::<DataType>())
+                .collect::<Result<_>>()?;
+        }
+        if let Some(b) = env_number(TUNE_MAX_VAR)? {
+            c.tune_max_bytes = usize::try_from(b).unwrap_or(usize::MAX);
         }
         Ok(c)
     }
@@ -165,6 +197,8 @@ struct Signature {
     op: u32,
     accum: u32,
     algorithm: u32,
+    /// Blocks and threads (a tuned table that differs between ranks shows up here).
+    launch: (u32, u32),
     /// Zero-copy: offsets of input and output in their registered buffers (ranks must
     /// agree); `u64::MAX` otherwise.
     zc_offsets: (u64, u64),
@@ -176,7 +210,14 @@ impl Signature {
         for x in [self.count, self.zc_offsets.0, self.zc_offsets.1] {
             v.extend_from_slice(&x.to_le_bytes());
         }
-        for x in [self.dtype, self.op, self.accum, self.algorithm] {
+        for x in [
+            self.dtype,
+            self.op,
+            self.accum,
+            self.algorithm,
+            self.launch.0,
+            self.launch.1,
+        ] {
             v.extend_from_slice(&x.to_le_bytes());
         }
         v
@@ -189,6 +230,7 @@ struct Kernels {
     oneshot: AnyKernel,
     twoshot: AnyKernel,
     twoshot_zc: AnyKernel,
+    twoshot_push: AnyKernel,
 }
 
 /// A user buffer registered on every rank ([`Communicator::register`]).
@@ -204,9 +246,20 @@ struct Registered {
     _imports: Vec<AnyImported>,
 }
 
+/// One call's buffers and types.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Call {
+    pub(crate) input: DevicePtr,
+    pub(crate) output: DevicePtr,
+    pub(crate) count: usize,
+    pub(crate) dtype: DataType,
+    pub(crate) op: ReduceOp,
+    pub(crate) accum: AccumType,
+}
+
 /// Every rank's view of one call's buffers for the zero-copy kernel.
 #[derive(Debug, Clone, Copy)]
-struct ZeroCopy {
+pub(crate) struct ZeroCopy {
     inputs: [DevicePtr; OXCCL_ALLREDUCE_MAX_RANKS as usize],
     outputs: [DevicePtr; OXCCL_ALLREDUCE_MAX_RANKS as usize],
     offsets: (u64, u64),
@@ -242,6 +295,8 @@ pub struct Communicator {
     seen: Mutex<HashSet<Signature>>,
     /// Registered user buffers by base address on this rank.
     registered: Mutex<BTreeMap<u64, Registered>>,
+    /// Tuned tables by data type ([`Communicator::tune`]).
+    tuned: Mutex<HashMap<DataType, Arc<TuneTable>>>,
     // Drop order matters: peers' mappings (registered buffers above, scratch here), then
     // our scratch, then the module and device.
     peers: Vec<Option<AnyImported>>,
@@ -301,6 +356,7 @@ impl Communicator {
             oneshot: module.kernel(ONESHOT_LL).map_err(at)?,
             twoshot: module.kernel(TWOSHOT).map_err(at)?,
             twoshot_zc: module.kernel(TWOSHOT_ZC).map_err(at)?,
+            twoshot_push: module.kernel(TWOSHOT_PUSH).map_err(at)?,
         };
         let oneshot_max = config
             .oneshot_max_bytes
@@ -354,7 +410,7 @@ impl Communicator {
             scratch_bytes = layout.total,
             "communicator ready"
         );
-        Ok(Communicator {
+        let comm = Communicator {
             rank,
             world,
             selector: Selector {
@@ -370,12 +426,22 @@ impl Communicator {
             scratch_ptrs,
             seen: Mutex::new(HashSet::new()),
             registered: Mutex::new(BTreeMap::new()),
+            tuned: Mutex::new(HashMap::new()),
             peers,
             scratch,
             _module: module,
             bootstrap,
             device,
-        })
+        };
+        if comm.config.tune != TuneMode::Off {
+            let dtypes = comm.config.tune_dtypes.clone();
+            comm.tune(
+                &dtypes,
+                comm.config.tune_max_bytes,
+                comm.config.tune == TuneMode::Force,
+            )?;
+        }
+        Ok(comm)
     }
 
     /// This rank.
@@ -406,8 +472,7 @@ impl Communicator {
     /// The algorithm and launch a call on unregistered buffers would use (no launch).
     pub fn choose(&self, count: usize, dtype: DataType) -> Result<Choice> {
         let bytes = dtype.bytes(count)?;
-        self.selector
-            .choose(&self.shape(count, dtype, bytes, false))
+        self.select(&self.shape(count, dtype, bytes, false))
     }
 
     /// The algorithm and launch a call on these buffers would use (no launch).
@@ -420,7 +485,80 @@ impl Communicator {
     ) -> Result<Choice> {
         let bytes = dtype.bytes(count)?;
         let zc = self.zero_copy(input, output, bytes).is_some();
-        self.selector.choose(&self.shape(count, dtype, bytes, zc))
+        self.select(&self.shape(count, dtype, bytes, zc))
+    }
+
+    /// The selector's choice with this data type's tuned table, if any.
+    fn select(&self, shape: &CallShape<'_>) -> Result<Choice> {
+        let table = self
+            .tuned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&shape.dtype)
+            .cloned();
+        self.selector.choose_tuned(shape, table.as_deref())
+    }
+
+    /// The tuned table of a data type, if one is in use.
+    pub fn tuned_table(&self, dtype: DataType) -> Option<Arc<TuneTable>> {
+        self.tuned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&dtype)
+            .cloned()
+    }
+
+    /// Tunes the selector for `dtypes` (collective: every rank calls it with the same
+    /// arguments; no other work of this communicator may be in flight). Per data type:
+    /// loads the cached table unless `force`, checks every rank loaded the same one, and
+    /// otherwise measures every candidate up to `max_bytes` per rank ([`crate::tuner`])
+    /// and caches the result. Returns the tables now in use and where each came from.
+    pub fn tune(
+        &self,
+        dtypes: &[DataType],
+        max_bytes: usize,
+        force: bool,
+    ) -> Result<Vec<(Arc<TuneTable>, TuneSource)>> {
+        let at = |e: Error| e.at_rank(self.rank);
+        let dir = self.config.tune_dir.clone().or_else(tuner::cache_dir);
+        let mut out = Vec::with_capacity(dtypes.len());
+        for &dtype in dtypes {
+            let key = tuner::key_of(&self.device, self.world, dtype);
+            let loaded = match (&dir, force) {
+                (Some(d), false) => tuner::load(d, &key),
+                _ => None,
+            };
+            // Use a cached table only if every rank has the very same one.
+            let mine = loaded.as_ref().map_or(0, TuneTable::fingerprint);
+            let all = self.bootstrap.all_gather(&mine.to_le_bytes()).map_err(at)?;
+            let same = all.iter().all(|b| b.as_slice() == mine.to_le_bytes());
+            let (table, source) = match loaded {
+                Some(t) if same => (t, TuneSource::Cache),
+                _ => {
+                    let t = tuner::measure(self, dtype, max_bytes).map_err(at)?;
+                    if let Some(d) = &dir {
+                        if let Err(e) = tuner::store(d, &t) {
+                            tracing::warn!(rank = self.rank, error = %e, "tune table not cached");
+                        }
+                    }
+                    (t, TuneSource::Measured)
+                }
+            };
+            tracing::info!(
+                rank = self.rank,
+                %dtype,
+                entries = table.entries.len(),
+                ?source,
+                "tune table in use"
+            );
+            let table = Arc::new(table);
+            self.tuned
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(dtype, Arc::clone(&table));
+            out.push((table, source));
+        }
+        Ok(out)
     }
 
     /// Registers a user buffer for zero-copy allreduce (collective: every rank calls it,
@@ -571,21 +709,96 @@ impl Communicator {
         check_types(dtype, accum).map_err(at)?;
         let zc = self.zero_copy(input, output, bytes);
         let choice = self
-            .selector
-            .choose(&self.shape(count, dtype, bytes, zc.is_some()))
+            .select(&self.shape(count, dtype, bytes, zc.is_some()))
             .map_err(at)?;
-        let zc = zc.filter(|_| choice.algorithm == Algorithm::TwoShotZc);
+        // Registered buffers: zero-copy reads the peers' inputs and writes their outputs,
+        // push writes their outputs.
+        let zc = zc.filter(|_| {
+            matches!(
+                choice.algorithm,
+                Algorithm::TwoShotZc | Algorithm::TwoShotPush
+            )
+        });
         self.check_signature(Signature {
             count: count as u64,
             dtype: dtype.code(),
             op: op.code(),
             accum: accum.code(),
             algorithm: choice.algorithm.code(),
+            launch: (choice.plan.config.grid[0], choice.plan.config.block[0]),
             zc_offsets: zc.map_or((u64::MAX, u64::MAX), |z| z.offsets),
         })?;
+        // SAFETY: the caller's obligations (this function's contract); the plan came from
+        // the selector for this call.
+        unsafe {
+            self.launch(
+                choice.algorithm,
+                &choice.plan,
+                Call {
+                    input,
+                    output,
+                    count,
+                    dtype,
+                    op,
+                    accum,
+                },
+                zc.as_ref(),
+                stream,
+            )
+        }
+    }
+
+    /// Every rank's view of registered `input`/`output` for a zero-copy call of `bytes`
+    /// (`None` when they are not registered, aligned and long enough on every rank).
+    pub(crate) fn zero_copy_view(
+        &self,
+        input: DevicePtr,
+        output: DevicePtr,
+        bytes: usize,
+    ) -> Option<ZeroCopy> {
+        self.zero_copy(input, output, bytes)
+    }
+
+    /// The call shape the selector and the tuner see.
+    pub(crate) fn call_shape(
+        &self,
+        count: usize,
+        dtype: DataType,
+        zero_copy: bool,
+    ) -> Result<CallShape<'_>> {
+        Ok(self.shape(count, dtype, dtype.bytes(count)?, zero_copy))
+    }
+
+    /// One launch of `algorithm` with `plan` (no selection, no cross-rank check).
+    ///
+    /// # Safety
+    /// As [`Communicator::all_reduce`]; besides, every rank must launch the same algorithm
+    /// and plan, and `zc` must be this call's view when the algorithm is `twoshot_zc`.
+    pub(crate) unsafe fn launch(
+        &self,
+        algorithm: Algorithm,
+        plan: &Plan,
+        call: Call,
+        zc: Option<&ZeroCopy>,
+        stream: &AnyStream,
+    ) -> Result<()> {
+        let at = |e: Error| e.at_rank(self.rank);
+        let Call {
+            input,
+            output,
+            count,
+            dtype,
+            op,
+            accum,
+        } = call;
+        if algorithm == Algorithm::TwoShotZc && zc.is_none() {
+            return Err(at(Error::InvalidArgument(
+                "twoshot_zc needs registered buffers".into(),
+            )));
+        }
         let mut peer_input = [std::ptr::null(); OXCCL_ALLREDUCE_MAX_RANKS as usize];
         let mut peer_output = [std::ptr::null_mut(); OXCCL_ALLREDUCE_MAX_RANKS as usize];
-        if let Some(z) = &zc {
+        if let Some(z) = zc {
             for r in 0..self.world as usize {
                 peer_input[r] = void_ptr(z.inputs[r]).cast_const();
                 peer_output[r] = void_ptr(z.outputs[r]);
@@ -614,10 +827,11 @@ impl Communicator {
             peer_input,
             peer_output,
         };
-        let kernel = match choice.algorithm {
+        let kernel = match algorithm {
             Algorithm::OneShotLl => &self.kernels.oneshot,
             Algorithm::TwoShot => &self.kernels.twoshot,
             Algorithm::TwoShotZc => &self.kernels.twoshot_zc,
+            Algorithm::TwoShotPush => &self.kernels.twoshot_push,
             other => {
                 return Err(at(Error::Unsupported(format!(
                     "{other}: no kernel in this build"
@@ -627,7 +841,7 @@ impl Communicator {
         // SAFETY: the argument block matches the kernel (abi_allreduce.h); the scratch
         // pointers are this communicator's live mappings (kept until drop); input and
         // output are the caller's obligation (this function's contract).
-        unsafe { stream.launch(kernel, &choice.plan.config, args_bytes(&args)) }.map_err(at)
+        unsafe { stream.launch(kernel, &plan.config, args_bytes(&args)) }.map_err(at)
     }
 
     fn check_signature(&self, sig: Signature) -> Result<()> {
@@ -649,12 +863,15 @@ impl Communicator {
         if !differing.is_empty() {
             return Err(Error::InvalidArgument(format!(
                 "mismatched all_reduce calls: ranks {differing:?} called with a different \
-                 (count, dtype, op, accum, algorithm) than this rank's ({}, {}, {}, {}, {})",
+                 (count, dtype, op, accum, algorithm, grid x block) than this rank's ({}, {}, \
+                 {}, {}, {}, {} x {}); with a tuned table, every rank must use the same one",
                 sig.count,
                 DataType::from_code(sig.dtype).map_or("?".into(), |d| d.to_string()),
                 sig.op,
                 sig.accum,
-                sig.algorithm
+                sig.algorithm,
+                sig.launch.0,
+                sig.launch.1
             ))
             .at_rank(self.rank));
         }

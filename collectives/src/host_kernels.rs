@@ -25,6 +25,8 @@ pub const ONESHOT_LL: &str = "allreduce_oneshot_ll";
 pub const TWOSHOT: &str = "allreduce_twoshot";
 /// Name of the zero-copy two-shot kernel (device and host).
 pub const TWOSHOT_ZC: &str = "allreduce_twoshot_zc";
+/// Name of the push two-shot kernel (device and host).
+pub const TWOSHOT_PUSH: &str = "allreduce_twoshot_push";
 
 /// The allreduce host kernels, loaded as a module on the host backend.
 pub static TABLE: HostKernelTable = HostKernelTable {
@@ -33,6 +35,7 @@ pub static TABLE: HostKernelTable = HostKernelTable {
         (ONESHOT_LL, oneshot_ll),
         (TWOSHOT, twoshot),
         (TWOSHOT_ZC, twoshot_zc),
+        (TWOSHOT_PUSH, twoshot_push),
     ],
 };
 
@@ -363,39 +366,52 @@ fn barrier(c: &Call, blocks: usize) -> Result<()> {
     Ok(())
 }
 
+/// The staging geometry of both staging kernels (`Rounds` in allreduce.cu): per full
+/// round `world` slots of `cap` units; a shorter last round uses the same slot positions.
+fn rounds(c: &Call, kernel: &str) -> Result<(usize, usize)> {
+    let cap = c.a.data_bytes as usize / (16 * c.world);
+    if cap == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{kernel}: staging of {} bytes holds no unit per rank",
+            c.a.data_bytes
+        )));
+    }
+    Ok((cap, cap * 16 * c.world))
+}
+
+/// Copies 16 bytes from `src` to `dst`.
+///
+/// # Safety
+/// Both must be valid for 16 bytes.
+unsafe fn copy16(src: *const u8, dst: *mut u8) {
+    // SAFETY: the caller's obligations.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, 16) }
+}
+
 fn twoshot(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     let c = Call::new(bytes, TWOSHOT)?;
     let blocks = (config.grid[0] as usize).clamp(1, OXCCL_ALLREDUCE_MAX_BLOCKS as usize);
-    let staging = c.a.data_bytes as usize;
-    if staging == 0 {
-        return Err(Error::InvalidArgument(format!(
-            "{TWOSHOT}: no staging buffer"
-        )));
-    }
+    let (cap, round) = rounds(&c, TWOSHOT)?;
     let in_off = c.a.data_offset as usize;
-    let out_off = in_off + staging;
+    let out_off = in_off + c.a.data_bytes as usize;
     let mut inputs = vec![[0u8; 16]; c.world];
     let mut base = 0usize;
     while base < c.total {
-        let len = (c.total - base).min(staging);
+        let len = (c.total - base).min(round);
         let units = len.div_ceil(16);
         let chunk = units.div_ceil(c.world);
-        let range = |r: usize| (r * chunk).min(units)..((r + 1) * chunk).min(units);
+        let range = |r: usize| (0..chunk).filter(move |j| r * chunk + j < units);
         for r in (0..c.world).filter(|r| *r != c.me) {
-            for u in range(r) {
-                let v = c.load_input(base + u * 16);
-                // SAFETY: staging "in" of this rank holds `staging` >= 16 * units bytes.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        v.as_ptr(),
-                        c.scratch(c.me).add(in_off + u * 16),
-                        16,
-                    )
-                };
+            for j in range(r) {
+                let v = c.load_input(base + (r * chunk + j) * 16);
+                // SAFETY: staging "in" of this rank holds world * cap units; r < world, j < cap.
+                unsafe { copy16(v.as_ptr(), c.scratch(c.me).add(in_off + (r * cap + j) * 16)) };
             }
         }
         barrier(&c, blocks)?;
-        for u in range(c.me) {
+        for j in range(c.me) {
+            let u = c.me * chunk + j;
+            let pos = (c.me * cap + j) * 16;
             for (r, input) in inputs.iter_mut().enumerate() {
                 *input = if r == c.me {
                     c.load_input(base + u * 16)
@@ -403,38 +419,129 @@ fn twoshot(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
                     let mut v = [0u8; 16];
                     // SAFETY: rank r's staging "in", written before its barrier signal,
                     // which this rank acquired.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            c.scratch(r).add(in_off + u * 16),
-                            v.as_mut_ptr(),
-                            16,
-                        )
-                    };
+                    unsafe { copy16(c.scratch(r).add(in_off + pos), v.as_mut_ptr()) };
                     v
                 };
             }
             let valid = (c.total - base).saturating_sub(u * 16).min(16);
             let v = c.reduce_unit(&inputs, valid)?;
             // SAFETY: this rank's staging "out", inside the allocation.
-            unsafe {
-                std::ptr::copy_nonoverlapping(v.as_ptr(), c.scratch(c.me).add(out_off + u * 16), 16)
-            };
+            unsafe { copy16(v.as_ptr(), c.scratch(c.me).add(out_off + pos)) };
             c.store_output(base + u * 16, &v);
         }
         barrier(&c, blocks)?;
         for k in 1..c.world {
             let r = (c.me + k) % c.world;
-            for u in range(r) {
+            for j in range(r) {
                 let mut v = [0u8; 16];
                 // SAFETY: rank r's staging "out", written before its second barrier signal.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        c.scratch(r).add(out_off + u * 16),
+                    copy16(
+                        c.scratch(r).add(out_off + (r * cap + j) * 16),
                         v.as_mut_ptr(),
-                        16,
                     )
                 };
-                c.store_output(base + u * 16, &v);
+                c.store_output(base + (r * chunk + j) * 16, &v);
+            }
+        }
+        base += len;
+    }
+    c.finish();
+    Ok(())
+}
+
+/// Push two-shot: every transfer between ranks is a store into the peer. Push my chunk c
+/// into slot `me` of rank c's "in" staging; barrier; reduce my chunk from my staging and
+/// store it into every peer's registered output (direct) or "out" staging; barrier;
+/// without registration, copy the peers' chunks from my "out" staging.
+fn twoshot_push(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
+    let c = Call::new(bytes, TWOSHOT_PUSH)?;
+    let blocks = (config.grid[0] as usize).clamp(1, OXCCL_ALLREDUCE_MAX_BLOCKS as usize);
+    let (cap, round) = rounds(&c, TWOSHOT_PUSH)?;
+    let outs = c.a.peer_output;
+    let direct = !c.a.output.is_null()
+        && outs[c.me] == c.a.output
+        && outs[..c.world].iter().all(|p| !p.is_null());
+    let in_off = c.a.data_offset as usize;
+    let out_off = in_off + c.a.data_bytes as usize;
+    let mut inputs = vec![[0u8; 16]; c.world];
+    let mut base = 0usize;
+    while base < c.total {
+        let len = (c.total - base).min(round);
+        let units = len.div_ceil(16);
+        let chunk = units.div_ceil(c.world);
+        let range = |r: usize| (0..chunk).filter(move |j| r * chunk + j < units);
+        for k in 1..c.world {
+            let r = (c.me + k) % c.world;
+            for j in range(r) {
+                let v = c.load_input(base + (r * chunk + j) * 16);
+                // SAFETY: rank r's staging "in" holds world * cap units; slot `me`, j < cap.
+                // Rank r reads it only after this rank's barrier signal.
+                unsafe { copy16(v.as_ptr(), c.scratch(r).add(in_off + (c.me * cap + j) * 16)) };
+            }
+        }
+        barrier(&c, blocks)?;
+        for j in range(c.me) {
+            let u = c.me * chunk + j;
+            for (r, input) in inputs.iter_mut().enumerate() {
+                *input = if r == c.me {
+                    c.load_input(base + u * 16)
+                } else {
+                    let mut v = [0u8; 16];
+                    // SAFETY: this rank's staging "in", slot r, written by rank r before
+                    // its barrier signal, which this rank acquired.
+                    unsafe {
+                        copy16(
+                            c.scratch(c.me).add(in_off + (r * cap + j) * 16),
+                            v.as_mut_ptr(),
+                        )
+                    };
+                    v
+                };
+            }
+            let off = base + u * 16;
+            let valid = c.total.saturating_sub(off).min(16);
+            let v = c.reduce_unit(&inputs, valid)?;
+            for k in 1..c.world {
+                let p = (c.me + k) % c.world;
+                if direct {
+                    // SAFETY: every rank's registered output holds `total` bytes at
+                    // `outs[p]`; only this rank writes chunk `me` of it during the call.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            v.as_ptr(),
+                            outs[p].cast::<u8>().add(off),
+                            valid,
+                        )
+                    };
+                } else {
+                    // SAFETY: rank p's staging "out" holds world * cap units.
+                    unsafe {
+                        copy16(
+                            v.as_ptr(),
+                            c.scratch(p).add(out_off + (c.me * cap + j) * 16),
+                        )
+                    };
+                }
+            }
+            c.store_output(off, &v);
+        }
+        barrier(&c, blocks)?;
+        if !direct {
+            for k in 1..c.world {
+                let r = (c.me + k) % c.world;
+                for j in range(r) {
+                    let mut v = [0u8; 16];
+                    // SAFETY: this rank's staging "out", slot r, written by rank r before
+                    // its second barrier signal.
+                    unsafe {
+                        copy16(
+                            c.scratch(c.me).add(out_off + (r * cap + j) * 16),
+                            v.as_mut_ptr(),
+                        )
+                    };
+                    c.store_output(base + (r * chunk + j) * 16, &v);
+                }
             }
         }
         base += len;

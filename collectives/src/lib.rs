@@ -17,6 +17,8 @@ pub mod algorithms;
 pub mod communicator;
 pub mod host_kernels;
 pub mod selector;
+pub mod timing;
+pub mod tuner;
 
 pub use algorithms::{Algorithm, ALGORITHMS};
 pub use communicator::{CommConfig, Communicator};

@@ -4,6 +4,7 @@
 use oxccl_hal::Result;
 
 use crate::algorithms::{Algorithm, CallShape, Plan};
+use crate::tuner::{self, TuneTable};
 
 /// Environment variable that forces an algorithm by name (see [`crate::algorithms`]).
 pub const ALGO_VAR: &str = "OXCCL_ALGO";
@@ -61,7 +62,20 @@ impl Selector {
     /// Chooses for a call. A forced algorithm that cannot serve the call is an error (never
     /// a silent fallback: ranks must agree, and a test that forces one must get it).
     pub fn choose(&self, shape: &CallShape<'_>) -> Result<Choice> {
-        let choice = if let Some(algorithm) = self.forced {
+        self.choose_tuned(shape, None)
+    }
+
+    /// Chooses for a call, preferring a tuned table's entry (when one applies and its
+    /// algorithm can serve the call) over the size thresholds; `OXCCL_ALGO` wins over both.
+    pub fn choose_tuned(&self, shape: &CallShape<'_>, table: Option<&TuneTable>) -> Result<Choice> {
+        let tuned = if self.forced.is_none() && shape.world_size > 1 {
+            table.and_then(|t| Self::from_table(shape, t))
+        } else {
+            None
+        };
+        let choice = if let Some(choice) = tuned {
+            choice
+        } else if let Some(algorithm) = self.forced {
             Choice {
                 algorithm,
                 plan: algorithm.plan(shape)?,
@@ -132,6 +146,29 @@ impl Selector {
             "allreduce algorithm"
         );
         Ok(choice)
+    }
+}
+
+impl Selector {
+    fn from_table(shape: &CallShape<'_>, table: &TuneTable) -> Option<Choice> {
+        let e = table.lookup(shape.bytes, shape.zero_copy)?;
+        let plan = e
+            .algorithm
+            .plan(shape)
+            .and_then(|p| tuner::with_launch(p, shape, e.grid, e.block))
+            .ok()?;
+        Some(Choice {
+            algorithm: e.algorithm,
+            plan,
+            reason: format!(
+                "tuned: {} x {} at {} bytes{} took {:.2} us",
+                e.grid,
+                e.block,
+                e.bytes,
+                if e.registered { " (registered)" } else { "" },
+                e.us
+            ),
+        })
     }
 }
 

@@ -19,6 +19,7 @@ use oxccl_collectives::hal::{
     Stream,
 };
 use oxccl_collectives::kernels::{formats, reduce};
+use oxccl_collectives::tuner::{TuneSource, TuneTable};
 use oxccl_collectives::{Algorithm, CommConfig, Communicator};
 
 /// Deterministic non-zero inputs of `rank`: values near ±1 scaled per type.
@@ -134,23 +135,33 @@ fn config(algo: Option<Algorithm>) -> CommConfig {
         timeout: Duration::from_secs(20),
         staging_bytes: 64 << 10, // small staging: large counts take several rounds
         forced: algo,
-        oneshot_max_bytes: None,
-        zc_threshold_bytes: None,
+        ..CommConfig::default()
     }
 }
 
 /// Runs `body` on `world` ranks as threads of this process (each its own host device).
 fn threads(world: u32, algo: Option<Algorithm>, body: impl Fn(&Rank) + Send + Sync + 'static) {
+    threads_with(world, move |_| config(algo), body);
+}
+
+/// [`threads`] with a configuration per rank.
+fn threads_with(
+    world: u32,
+    config_of: impl Fn(u32) -> CommConfig + Send + Sync + 'static,
+    body: impl Fn(&Rank) + Send + Sync + 'static,
+) {
     let id =
         UniqueId::create_on(IpAddr::V4(Ipv4Addr::LOCALHOST), &BootstrapConfig::default()).unwrap();
     let body = Arc::new(body);
+    let config_of = Arc::new(config_of);
     let handles: Vec<_> = (0..world)
         .map(|r| {
             let body = Arc::clone(&body);
+            let config_of = Arc::clone(&config_of);
             std::thread::spawn(move || {
                 let bs = Bootstrap::new(&id, r, world, &BootstrapConfig::default()).unwrap();
                 let dev = AnyDevice::open_with(BackendKind::Host, DeviceId(r)).unwrap();
-                let comm = Communicator::new(bs, dev, config(algo)).unwrap();
+                let comm = Communicator::new(bs, dev, config_of(r)).unwrap();
                 let stream = comm.device().create_stream().unwrap();
                 let rank = Rank { comm, stream };
                 body(&rank);
@@ -163,7 +174,11 @@ fn threads(world: u32, algo: Option<Algorithm>, body: impl Fn(&Rank) + Send + Sy
     }
 }
 
-const ALGOS: [Algorithm; 2] = [Algorithm::OneShotLl, Algorithm::TwoShot];
+const ALGOS: [Algorithm; 3] = [
+    Algorithm::OneShotLl,
+    Algorithm::TwoShot,
+    Algorithm::TwoShotPush,
+];
 
 fn accums(dtype: DataType) -> Vec<AccumType> {
     match dtype {
@@ -241,7 +256,11 @@ fn odd_and_large_counts_on_world_sizes_one_to_four() {
 #[test]
 fn zero_copy_on_registered_buffers() {
     for world in 1..=4u32 {
-        for algo in [Some(Algorithm::TwoShotZc), None] {
+        for algo in [
+            Some(Algorithm::TwoShotZc),
+            Some(Algorithm::TwoShotPush),
+            None,
+        ] {
             threads(world, algo, move |r| {
                 let dev = r.comm.device();
                 let a: AnyMemory = dev.alloc(600_000, MemoryKind::Plain).unwrap();
@@ -263,10 +282,11 @@ fn zero_copy_on_registered_buffers() {
                         ] {
                             salt += 1;
                             let c = r.comm.choose_for(inp, out, count, dtype).unwrap();
-                            if algo.is_some()
-                                || (world > 1
-                                    && dtype.bytes(count).unwrap()
-                                        > oxccl_collectives::selector::default_zc_threshold(world))
+                            if let Some(a) = algo {
+                                assert_eq!(c.algorithm, a, "{}", c.reason);
+                            } else if world > 1
+                                && dtype.bytes(count).unwrap()
+                                    > oxccl_collectives::selector::default_zc_threshold(world)
                             {
                                 assert_eq!(c.algorithm, Algorithm::TwoShotZc, "{}", c.reason);
                             }
@@ -293,10 +313,10 @@ fn zero_copy_on_registered_buffers() {
                     7,
                 )
                 .unwrap();
-                // Not 16-byte aligned: zero-copy cannot serve it.
+                // Not 16-byte aligned: zero-copy cannot serve it (push can, through staging).
                 let odd = a.ptr().offset(2).unwrap();
                 let c = r.comm.choose_for(odd, b.ptr(), 100_000, DataType::Bf16);
-                if algo.is_some() {
+                if algo == Some(Algorithm::TwoShotZc) {
                     assert!(c.is_err());
                 } else {
                     assert_ne!(c.unwrap().algorithm, Algorithm::TwoShotZc);
@@ -317,6 +337,117 @@ fn zero_copy_on_registered_buffers() {
             });
         }
     }
+}
+
+/// Tunes bf16 and f32 on `world` ranks with the given cache directory per rank; returns
+/// every rank's tables and where they came from, after checking calls stay exact.
+fn tune_on(
+    world: u32,
+    dir_of: impl Fn(u32) -> std::path::PathBuf + Send + Sync + 'static,
+) -> Vec<Vec<(TuneTable, TuneSource)>> {
+    let out = Arc::new(std::sync::Mutex::new(vec![Vec::new(); world as usize]));
+    let sink = Arc::clone(&out);
+    threads_with(
+        world,
+        move |r| CommConfig {
+            tune_dir: Some(dir_of(r)),
+            ..config(None)
+        },
+        move |r| {
+            let got = r
+                .comm
+                .tune(&[DataType::Bf16, DataType::F32], 8 << 10, false)
+                .unwrap();
+            // The tuned choices serve every size exactly, registered or not.
+            let dev = r.comm.device();
+            let a: AnyMemory = dev.alloc(300_000, MemoryKind::Plain).unwrap();
+            let b: AnyMemory = dev.alloc(300_000, MemoryKind::Plain).unwrap();
+            r.comm.register(&a).unwrap();
+            r.comm.register(&b).unwrap();
+            for (i, count) in [1usize, 1000, 5000, 40_000, 70_001].into_iter().enumerate() {
+                let c = r
+                    .comm
+                    .choose_for(a.ptr(), b.ptr(), count, DataType::F32)
+                    .unwrap();
+                assert!(c.reason.starts_with("tuned"), "{}", c.reason);
+                r.check_at(
+                    a.ptr(),
+                    b.ptr(),
+                    DataType::F32,
+                    ReduceOp::Sum,
+                    AccumType::Auto,
+                    count,
+                    i as u64,
+                )
+                .unwrap();
+                r.check(
+                    DataType::Bf16,
+                    ReduceOp::Sum,
+                    AccumType::Auto,
+                    count,
+                    i % 2 == 0,
+                    9 + i as u64,
+                )
+                .unwrap();
+            }
+            r.comm.deregister(&a).unwrap();
+            r.comm.deregister(&b).unwrap();
+            let mut all = sink.lock().unwrap();
+            all[r.comm.rank() as usize] = got.into_iter().map(|(t, s)| ((*t).clone(), s)).collect();
+        },
+    );
+    Arc::try_unwrap(out).unwrap().into_inner().unwrap()
+}
+
+#[test]
+fn tuner_agrees_across_ranks_and_caches_on_disk() {
+    let base = std::env::temp_dir().join(format!("oxccl-tune-host-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let shared = base.join("shared");
+    let dir = shared.clone();
+    let first = tune_on(2, move |_| dir.clone());
+    for rank in &first {
+        assert_eq!(rank.len(), 2);
+        for (t, s) in rank {
+            assert_eq!(*s, TuneSource::Measured);
+            // Sizes 1K..8K, unregistered and registered rows.
+            assert_eq!(t.entries.len(), 2 * 4, "{t:?}");
+        }
+    }
+    // Every rank chose the same (the slowest rank's times decide).
+    assert_eq!(first[0], first[1]);
+    assert!(shared.join(first[0][0].0.key.file_name()).is_file());
+    // Again: loaded from the cache, the same table.
+    let dir = shared.clone();
+    let second = tune_on(2, move |_| dir.clone());
+    for (rank, earlier) in second.iter().zip(&first) {
+        for ((t, s), (e, _)) in rank.iter().zip(earlier) {
+            assert_eq!(*s, TuneSource::Cache);
+            assert_eq!(t, e);
+        }
+    }
+    // A rank without the cache: both measure again (never half cached, half measured).
+    let dir = shared.clone();
+    let lonely = base.join("empty");
+    let third = tune_on(
+        2,
+        move |r| if r == 0 { dir.clone() } else { lonely.clone() },
+    );
+    assert!(third
+        .iter()
+        .flatten()
+        .all(|(_, s)| *s == TuneSource::Measured));
+    // A corrupted cache file is ignored (measured again), not an error.
+    std::fs::write(
+        shared.join(first[0][0].0.key.file_name()),
+        "oxccl-tune v1\ndevice",
+    )
+    .unwrap();
+    let dir = shared.clone();
+    let fourth = tune_on(2, move |_| dir.clone());
+    assert_eq!(fourth[0][0].1, TuneSource::Measured);
+    assert_eq!(fourth[0][1].1, TuneSource::Cache);
+    let _ = std::fs::remove_dir_all(&base);
 }
 
 #[test]
@@ -468,7 +599,8 @@ fn a_dead_peer_is_a_timeout_not_a_hang() {
 
 /// The signature bytes rank 0's first call sends (count 4, f32, sum, auto, one-shot).
 fn signature_of_first_call() -> Vec<u8> {
-    // count, then the zero-copy offsets (none), then dtype, op, accum, algorithm.
+    // count, then the zero-copy offsets (none), then dtype, op, accum, algorithm, and the
+    // launch (the host backend's fixed 1 x 32).
     let mut v = 4u64.to_le_bytes().to_vec();
     v.extend_from_slice(&u64::MAX.to_le_bytes());
     v.extend_from_slice(&u64::MAX.to_le_bytes());
@@ -477,6 +609,8 @@ fn signature_of_first_call() -> Vec<u8> {
         ReduceOp::Sum.code(),
         AccumType::Auto.code(),
         1u32,
+        1,
+        32,
     ] {
         v.extend_from_slice(&x.to_le_bytes());
     }

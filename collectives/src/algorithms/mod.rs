@@ -6,6 +6,7 @@
 //! | `oneshot_ll` | `allreduce_oneshot_ll` | small messages (latency): every rank writes its input as LL16 packets into every peer's scratch, then reduces all ranks' packets locally; one kernel, no barrier |
 //! | `twoshot` | `allreduce_twoshot` | medium and large on unregistered buffers: reduce-scatter then all-gather through the staging buffers, per-block barriers between the phases |
 //! | `twoshot_zc` | `allreduce_twoshot_zc` | medium and large on registered buffers ([`crate::Communicator::register`]): reduce-scatter reads the peers' inputs, all-gather stores into the peers' outputs; no staging copy, one pass |
+//! | `twoshot_push` | `allreduce_twoshot_push` | medium and large, registered or not: the two-shot with peer stores only (inputs pushed into the owner's staging, results pushed into the peers' outputs or staging) |
 //! | `nvls` | (not built) | NVLink SHARP multicast reduce; gated by `OXCCL_NVLS` and never run on the lent machines |
 //! | `port_channel` | (not built) | multi-node through PortChannels; not built yet |
 
@@ -13,6 +14,7 @@ pub mod nvls;
 pub mod one_shot;
 pub mod port_channel;
 pub mod two_shot;
+pub mod two_shot_push;
 pub mod two_shot_zc;
 
 use std::fmt;
@@ -29,6 +31,8 @@ pub enum Algorithm {
     TwoShot,
     /// Zero-copy two-shot on registered buffers.
     TwoShotZc,
+    /// Two-shot with peer stores only.
+    TwoShotPush,
     /// NVLS multicast (gated; not built).
     Nvls,
     /// PortChannel (multi-node; not built).
@@ -79,7 +83,7 @@ pub struct AlgorithmInfo {
 }
 
 /// Every algorithm, in the selector's order of preference for small messages.
-pub const ALGORITHMS: [AlgorithmInfo; 5] = [
+pub const ALGORITHMS: [AlgorithmInfo; 6] = [
     AlgorithmInfo {
         algorithm: Algorithm::OneShotLl,
         name: "oneshot_ll",
@@ -100,6 +104,12 @@ pub const ALGORITHMS: [AlgorithmInfo; 5] = [
                  offset of every rank's registered buffer",
     },
     AlgorithmInfo {
+        algorithm: Algorithm::TwoShotPush,
+        name: "twoshot_push",
+        serves: "medium and large messages, registered or not, world size 1..=8, any size; \
+                 every NVLink transfer is a store (registered outputs are written directly)",
+    },
+    AlgorithmInfo {
         algorithm: Algorithm::Nvls,
         name: "nvls",
         serves: "NVSwitch multicast reduce (hardware multicast, OXCCL_NVLS=1); not built",
@@ -118,6 +128,7 @@ impl Algorithm {
             Algorithm::OneShotLl => "oneshot_ll",
             Algorithm::TwoShot => "twoshot",
             Algorithm::TwoShotZc => "twoshot_zc",
+            Algorithm::TwoShotPush => "twoshot_push",
             Algorithm::Nvls => "nvls",
             Algorithm::PortChannel => "port_channel",
         }
@@ -131,6 +142,7 @@ impl Algorithm {
             Algorithm::Nvls => 3,
             Algorithm::PortChannel => 4,
             Algorithm::TwoShotZc => 5,
+            Algorithm::TwoShotPush => 6,
         }
     }
 
@@ -140,6 +152,7 @@ impl Algorithm {
             Algorithm::OneShotLl => one_shot::plan(shape),
             Algorithm::TwoShot => two_shot::plan(shape),
             Algorithm::TwoShotZc => two_shot_zc::plan(shape),
+            Algorithm::TwoShotPush => two_shot_push::plan(shape),
             Algorithm::Nvls => nvls::plan(shape),
             Algorithm::PortChannel => port_channel::plan(shape),
         }
@@ -161,6 +174,7 @@ impl FromStr for Algorithm {
             "oneshot" | "one_shot" | "allpairs" => "oneshot_ll",
             "two_shot" => "twoshot",
             "zc" | "zerocopy" | "zero_copy" | "twoshot_zero_copy" => "twoshot_zc",
+            "push" | "two_shot_push" => "twoshot_push",
             "port" | "portchannel" => "port_channel",
             other => other,
         };
@@ -203,6 +217,9 @@ mod tests {
             Some(Algorithm::OneShotLl)
         );
         let e = "ring".parse::<Algorithm>().unwrap_err().to_string();
-        assert!(e.contains("oneshot_ll, twoshot, twoshot_zc"), "{e}");
+        assert!(
+            e.contains("oneshot_ll, twoshot, twoshot_zc, twoshot_push"),
+            "{e}"
+        );
     }
 }

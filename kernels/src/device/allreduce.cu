@@ -157,6 +157,24 @@ __device__ __noinline__ void oneshot_body(const Reducer reduce, const OxcclAllre
 
 // ---- two-shot ----------------------------------------------------------------------------
 
+/// Rounds of the staging kernels. Every round uses the same staging geometry: w slots of
+/// `cap` units, and block b always owns units [lo, hi) of every slot, also in a shorter
+/// last round. So a block only ever touches the staging positions that the same block of
+/// every peer touches, and the per-block barriers order all reuse of staging across rounds
+/// (a peer's other blocks may still be a phase behind; they never touch these positions).
+struct Rounds {
+  uint64_t cap;         // units per slot (per rank's chunk) of a full round
+  uint64_t round_bytes; // message bytes per full round = w * cap * 16
+  uint64_t lo, hi;      // this block's units of a slot
+  OXCCL_DEVICE_INLINE Rounds(const OxcclAllreduceArgs& a) {
+    cap = a.data_bytes / (16 * static_cast<uint64_t>(a.world_size));
+    round_bytes = cap * 16 * a.world_size;
+    const uint64_t share = (cap + gridDim.x - 1) / gridDim.x;
+    lo = blockIdx.x * share;
+    hi = lo + share < cap ? lo + share : cap;
+  }
+};
+
 template <typename Fmt, typename Reducer>
 __device__ __noinline__ void twoshot_body(const Reducer reduce, const OxcclAllreduceArgs& a, const Deadline& d,
                                           int* failed) {
@@ -166,39 +184,36 @@ __device__ __noinline__ void twoshot_body(const Reducer reduce, const OxcclAllre
   char* own = static_cast<char*>(a.scratch[me]);
   const uint64_t in_off = a.data_offset;
   const uint64_t out_off = a.data_offset + a.data_bytes;
-  const uint64_t blocks = gridDim.x;
-  const uint64_t b = blockIdx.x;
+  const Rounds g(a);
 
-  for (uint64_t base = 0; base < total; base += a.data_bytes) {
-    const uint64_t bytes = total - base < a.data_bytes ? total - base : a.data_bytes;
+  for (uint64_t base = 0; base < total; base += g.round_bytes) {
+    const uint64_t bytes = total - base < g.round_bytes ? total - base : g.round_bytes;
     const uint64_t units = (bytes + 15) / 16;
-    const uint64_t chunk = (units + w - 1) / w;      // units per rank's chunk
-    const uint64_t share = (chunk + blocks - 1) / blocks;  // units per block in a chunk
-    const uint64_t lo = b * share;
-    const uint64_t hi = lo + share < chunk ? lo + share : chunk;
+    const uint64_t chunk = (units + w - 1) / w;  // units of each rank's chunk this round
 
     // 1. Stage the chunks the peers will reduce (my own chunk is read from the input).
     for (uint32_t c = 0; c < w; ++c) {
       if (c == me) continue;
-      for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+      for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < chunk; j += blockDim.x) {
         const uint64_t u = c * chunk + j;
         if (u >= units) break;
-        store16(own + in_off + u * 16, load_unit(a.input, base + u * 16, total));
+        store16(own + in_off + (c * g.cap + j) * 16, load_unit(a.input, base + u * 16, total));
       }
     }
     if (!block_barrier(a, d, failed)) return;
 
     // 2. Reduce my chunk from every rank's staging, in rank order.
-    for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+    for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < chunk; j += blockDim.x) {
       const uint64_t u = me * chunk + j;
       if (u >= units) break;
+      const uint64_t pos = (me * g.cap + j) * 16;
       Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
       for (uint32_t r = 0; r < w; ++r) {
         in[r] = r == me ? load_unit(a.input, base + u * 16, total)
-                        : load16_peer(static_cast<const char*>(a.scratch[r]) + in_off + u * 16);
+                        : load16_peer(static_cast<const char*>(a.scratch[r]) + in_off + pos);
       }
       const Vec16 v = reduce(in, w);
-      store16(own + out_off + u * 16, v);
+      store16(own + out_off + pos, v);
       store_unit(a.output, base + u * 16, v, total);
     }
     if (!block_barrier(a, d, failed)) return;
@@ -207,10 +222,82 @@ __device__ __noinline__ void twoshot_body(const Reducer reduce, const OxcclAllre
     for (uint32_t k = 1; k < w; ++k) {
       const uint32_t c = (me + k) % w;
       const char* peer = static_cast<const char*>(a.scratch[c]) + out_off;
-      for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+      for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < chunk; j += blockDim.x) {
         const uint64_t u = c * chunk + j;
         if (u >= units) break;
-        store_unit(a.output, base + u * 16, load16_peer(peer + u * 16), total);
+        store_unit(a.output, base + u * 16, load16_peer(peer + (c * g.cap + j) * 16), total);
+      }
+    }
+  }
+}
+
+// ---- push two-shot -----------------------------------------------------------------------
+
+/// Two-shot where every NVLink transfer is a peer store (no peer loads): push my input's
+/// chunk c into slot `me` of rank c's "in" staging; barrier; reduce my chunk from my own
+/// staging (local loads) and store it into every peer's output (registered: direct) or
+/// "out" staging; barrier; without registration, copy the peers' chunks from my "out"
+/// staging into my output (local).
+template <typename Fmt, typename Reducer>
+__device__ __noinline__ void twoshot_push_body(const Reducer reduce, const OxcclAllreduceArgs& a,
+                                               const Deadline& d, int* failed) {
+  const uint64_t total = a.count * sizeof(typename Fmt::Storage);
+  const uint32_t w = a.world_size;
+  const uint32_t me = a.rank;
+  char* own = static_cast<char*>(a.scratch[me]);
+  const uint64_t in_off = a.data_offset;
+  const uint64_t out_off = a.data_offset + a.data_bytes;
+  const bool direct = a.peer_output[me] == a.output && a.output != nullptr;
+  const Rounds g(a);
+
+  for (uint64_t base = 0; base < total; base += g.round_bytes) {
+    const uint64_t bytes = total - base < g.round_bytes ? total - base : g.round_bytes;
+    const uint64_t units = (bytes + 15) / 16;
+    const uint64_t chunk = (units + w - 1) / w;
+
+    // 1. Push: chunk c of my input into slot `me` of rank c's "in" staging.
+    for (uint32_t k = 1; k < w; ++k) {
+      const uint32_t c = me + k < w ? me + k : me + k - w;
+      char* dst = static_cast<char*>(a.scratch[c]) + in_off + me * g.cap * 16;
+      for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < chunk; j += blockDim.x) {
+        const uint64_t u = c * chunk + j;
+        if (u >= units) break;
+        store16(dst + j * 16, load_unit(a.input, base + u * 16, total));
+      }
+    }
+    if (!block_barrier(a, d, failed)) return;
+
+    // 2. Reduce my chunk (rank order) from my input and my staging; store it everywhere.
+    for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < chunk; j += blockDim.x) {
+      const uint64_t u = me * chunk + j;
+      if (u >= units) break;
+      Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
+      for (uint32_t r = 0; r < w; ++r) {
+        in[r] = r == me ? load_unit(a.input, base + u * 16, total)
+                        : load16_peer(own + in_off + (r * g.cap + j) * 16);  // written by r
+      }
+      const Vec16 v = reduce(in, w);
+      for (uint32_t k = 1; k < w; ++k) {
+        const uint32_t p = me + k < w ? me + k : me + k - w;
+        if (direct) {
+          store_unit(a.peer_output[p], base + u * 16, v, total);
+        } else {
+          store16(static_cast<char*>(a.scratch[p]) + out_off + (me * g.cap + j) * 16, v);
+        }
+      }
+      store_unit(a.output, base + u * 16, v, total);
+    }
+    if (!block_barrier(a, d, failed)) return;
+
+    // 3. Without registered outputs: the peers' chunks from my "out" staging.
+    if (!direct) {
+      for (uint32_t k = 1; k < w; ++k) {
+        const uint32_t c = me + k < w ? me + k : me + k - w;
+        for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < chunk; j += blockDim.x) {
+          const uint64_t u = c * chunk + j;
+          if (u >= units) break;
+          store_unit(a.output, base + u * 16, load16_peer(own + out_off + (c * g.cap + j) * 16), total);
+        }
       }
     }
   }
@@ -309,6 +396,7 @@ OXCCL_DEVICE_INLINE bool args_ok(const OxcclAllreduceArgs& a) {
   return a.world_size >= 1 && a.world_size <= OXCCL_ALLREDUCE_MAX_RANKS &&
          a.rank < a.world_size && blockDim.x >= a.world_size &&
          gridDim.x <= OXCCL_ALLREDUCE_MAX_BLOCKS && a.data_bytes % 16 == 0 &&
+         a.data_bytes >= 16ull * a.world_size &&
          a.dtype < OXCCL_DTYPE_COUNT && a.op <= OXCCL_OP_AVG && a.accum <= OXCCL_ACCUM_F32;
 }
 
@@ -364,6 +452,24 @@ OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_twoshot_zc(OxcclAllreduceA
   const Deadline d{now_ns(), args.timeout_ns};
   dispatch_all(args, [&]<typename Fmt>(auto reducer) {
     twoshot_zc_body<Fmt>(reducer, args, d, &failed);
+  });
+  finish_call(own, epoch);
+}
+
+OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_twoshot_push(OxcclAllreduceArgs args) {
+  using namespace oxccl::allreduce;
+  void* own = args.scratch[args.rank < OXCCL_ALLREDUCE_MAX_RANKS ? args.rank : 0];
+  if (!args_ok(args)) {
+    if (oxccl::thread_index() == 0) report(own, OXCCL_ALLREDUCE_ERR_ARGS, args.rank);
+    return;
+  }
+  __shared__ int failed;
+  if (threadIdx.x == 0) failed = 0;
+  const uint64_t epoch =
+      oxccl::atomic_load_relaxed(sync_word(own, OXCCL_ALLREDUCE_SYNC_EPOCH));
+  const Deadline d{now_ns(), args.timeout_ns};
+  dispatch_all(args, [&]<typename Fmt>(auto reducer) {
+    twoshot_push_body<Fmt>(reducer, args, d, &failed);
   });
   finish_call(own, epoch);
 }
