@@ -104,6 +104,13 @@ pub struct Comm {
     host: Option<HostState>,
 }
 
+// `resolve` hands out `&'static Comm` to any thread (PyTorch's watchdog thread queries the
+// async error while the main thread enqueues work).
+const _: () = {
+    const fn shared<T: Send + Sync>() {}
+    shared::<Comm>();
+};
+
 /// What a `ncclComm_t` argument turned out to be.
 #[derive(Debug, Clone, Copy)]
 pub enum Target {

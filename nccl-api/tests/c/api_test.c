@@ -54,6 +54,47 @@ static int last_error_contains(const char* needle) {
   return e && strstr(e, needle) != NULL;
 }
 
+/* Small integers in bf16 and fp16 (exact, and so are their sums over a few ranks). */
+static uint16_t bf16_of(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return (uint16_t)(u >> 16);
+}
+static uint16_t fp16_of_int(int k) {
+  if (k == 0) return 0;
+  uint16_t sign = k < 0 ? 0x8000 : 0;
+  unsigned m = (unsigned)(k < 0 ? -k : k);
+  int e = 0;
+  while ((m >> e) > 1) e++;
+  /* 10 mantissa bits hold integers below 2048 exactly. */
+  return (uint16_t)(sign | ((e + 15) << 10) | (((m << 10) >> e) & 0x3ff));
+}
+
+/* Half-precision allreduce (sum) of small integers, checked exactly. */
+static void half_suite(ncclComm_t comm, int rank, int nranks) {
+  size_t n = 70001;
+  uint16_t* b = malloc(n * 2);
+  uint16_t* h = malloc(n * 2);
+  for (size_t i = 0; i < n; i++) {
+    int k = (int)((i * 7 + (size_t)rank * 13) % 17) - 8;
+    b[i] = bf16_of((float)k);
+    h[i] = fp16_of_int(k);
+  }
+  OK(ncclAllReduce(b, b, n, ncclBfloat16, ncclSum, comm, NULL));
+  OK(ncclAllReduce(h, h, n, ncclFloat16, ncclSum, comm, NULL));
+  size_t bad_b = 0, bad_h = 0;
+  for (size_t i = 0; i < n; i++) {
+    int sum = 0;
+    for (int r = 0; r < nranks; r++) sum += (int)((i * 7 + (size_t)r * 13) % 17) - 8;
+    bad_b += b[i] != bf16_of((float)sum);
+    bad_h += h[i] != fp16_of_int(sum);
+  }
+  CHECK(bad_b == 0, "bf16 sum: %zu of %zu wrong", bad_b, n);
+  CHECK(bad_h == 0, "fp16 sum: %zu of %zu wrong", bad_h, n);
+  free(b);
+  free(h);
+}
+
 static const size_t COUNTS[] = {1, 3, 1000, 12345, (1u << 20) + 7};
 #define NCOUNTS (sizeof(COUNTS) / sizeof(COUNTS[0]))
 
@@ -107,6 +148,7 @@ static int child(ncclUniqueId id, int rank, int nranks) {
   OK(ncclCommUserRank(comm, &v));
   CHECK(v == rank, "rank %d", v);
   allreduce_suite(comm, rank, nranks, 100);
+  half_suite(comm, rank, nranks);
 
   /* Split: even and odd ranks; the last rank of an odd-sized job opts out. */
   int color = (nranks % 2 == 1 && rank == nranks - 1) ? NCCL_SPLIT_NOCOLOR : rank % 2;
@@ -180,6 +222,7 @@ struct thread_arg {
 static void* thread_rank(void* p) {
   struct thread_arg* a = p;
   allreduce_suite(a->comm, a->rank, a->nranks, 300);
+  half_suite(a->comm, a->rank, a->nranks);
   return NULL;
 }
 
@@ -253,6 +296,7 @@ static void single_process_tests(void) {
 
   /* Served with one rank: the output is the input. */
   allreduce_suite(comm, 0, 1, 200);
+  half_suite(comm, 0, 1);
 
   /* Forwarded without a real NCCL: a clear ncclInvalidUsage. */
   int32_t ints[8] = {0};
