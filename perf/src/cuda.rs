@@ -1,14 +1,11 @@
-//! CUDA-only parts of oxccl-perf: NCCL on the same buffers (`--compare nccl`) and graph
-//! replay timing (`--graph`).
+//! CUDA-only part of oxccl-perf: NCCL on the same buffers (`--compare nccl`).
 
 use cudarc::nccl::{result as nccl, sys as nccl_sys};
-use oxccl_collectives::backend::{AnyDevice, AnyEvent, AnyStream};
+use oxccl_collectives::backend::{AnyDevice, AnyStream};
 use oxccl_collectives::hal::{
     AccumType, DataType, DevicePtr, Error, Event, ReduceOp, Result, Stream,
 };
 use oxccl_collectives::Communicator;
-
-use crate::options::Options;
 
 fn nccl_error(call: &'static str, e: nccl::NcclError) -> Error {
     Error::Backend {
@@ -138,38 +135,4 @@ impl Drop for Nccl {
             eprintln!("oxccl-perf: ncclCommDestroy failed: {e:?}");
         }
     }
-}
-
-/// Captures `opts.iters` calls into a CUDA graph, replays it once to warm up, then times
-/// one replay. `None` when the stream is not a CUDA stream.
-pub fn time_graph(
-    opts: &Options,
-    stream: &AnyStream,
-    call: &dyn Fn() -> Result<()>,
-    events: &(AnyEvent, AnyEvent),
-) -> Result<Option<f64>> {
-    let AnyStream::Cuda(s) = stream else {
-        return Ok(None);
-    };
-    s.begin_capture()?;
-    let mut first_err = None;
-    for _ in 0..opts.iters {
-        if let Err(e) = call() {
-            first_err = Some(e);
-            break;
-        }
-    }
-    let graph = s.end_capture();
-    if let Some(e) = first_err {
-        return Err(e);
-    }
-    let exec = graph?.instantiate(s)?;
-    exec.launch(s)?;
-    stream.synchronize()?;
-    stream.record(&events.0)?;
-    exec.launch(s)?;
-    stream.record(&events.1)?;
-    events.1.synchronize()?;
-    let ms = events.1.elapsed_ms_since(&events.0)?;
-    Ok(Some(f64::from(ms) * 1e3 / opts.iters.max(1) as f64))
 }

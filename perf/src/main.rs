@@ -23,7 +23,8 @@ mod spawn;
 use std::process::ExitCode;
 
 use oxccl_collectives::backend::{AnyMemory, AnyStream};
-use oxccl_collectives::hal::{Device, Event, Memory, MemoryKind, Result, Stream};
+use oxccl_collectives::hal::{Device, Memory, MemoryKind, Result, Stream};
+use oxccl_collectives::timing::{time_calls, TimingMode};
 use oxccl_collectives::Communicator;
 
 use crate::options::Options;
@@ -118,6 +119,14 @@ fn run(opts: &Options) -> Result<bool> {
     #[cfg(not(feature = "cuda"))]
     if opts.compare_nccl {
         eprintln!("oxccl-perf: --compare nccl needs a build with --features cuda; skipped");
+    }
+    if let Some(force) = opts.tune {
+        let tables = comm.tune(&[opts.dtype], max_bytes, force)?;
+        if rank == 0 {
+            for (t, source) in &tables {
+                report::print_tune_table(t, *source);
+            }
+        }
     }
     if rank == 0 {
         report::header(opts, &comm);
@@ -292,7 +301,7 @@ fn measure_side(
 }
 
 /// Microseconds per call: warm-up, then `iters` calls between two events (graph mode:
-/// the calls are captured once and the graph is replayed).
+/// the calls are captured once and the graph is replayed), the median of three.
 fn time(
     opts: &Options,
     comm: &Communicator,
@@ -304,20 +313,10 @@ fn time(
         call()?;
     }
     stream.synchronize()?;
-    if opts.graph {
-        #[cfg(feature = "cuda")]
-        if let Some(us) = cuda::time_graph(opts, stream, &call, &dev_events)? {
-            return Ok(us);
-        }
-        #[cfg(not(feature = "cuda"))]
-        eprintln!("oxccl-perf: --graph needs the CUDA backend; timing stream launches");
-    }
-    stream.record(&dev_events.0)?;
-    for _ in 0..opts.iters {
-        call()?;
-    }
-    stream.record(&dev_events.1)?;
-    dev_events.1.synchronize()?;
-    let ms = dev_events.1.elapsed_ms_since(&dev_events.0)?;
-    Ok(f64::from(ms) * 1e3 / opts.iters.max(1) as f64)
+    let mode = if opts.graph {
+        TimingMode::Graph
+    } else {
+        TimingMode::Eager
+    };
+    time_calls(stream, &dev_events, mode, opts.iters, 3, &call)
 }

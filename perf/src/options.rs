@@ -18,6 +18,9 @@ usage: oxccl-perf [options]
       --iters N           timed calls per size, default 20
   -N, --nprocs N          start N ranks of this program on this machine
       --graph             time CUDA graph replays of the calls (CUDA only)
+      --tune MODE         before the sweep, tune the selector for the data type up to the
+                          largest size: cache (load the cached table, measure if none) or
+                          force (measure again); tables live in OXCCL_TUNE_DIR
       --compare nccl      measure NCCL (libnccl.so.2, loaded at run time) on the same buffers
       --json FILE         write every row as JSON
       --plot FILE.png     draw latency and busbw against the size (oxccl, and NCCL when
@@ -25,7 +28,7 @@ usage: oxccl-perf [options]
       --plot-from FILE    draw the PNG from a JSON file written earlier by --json and exit
                           (to --plot FILE.png, default: FILE with .png for .json)
   -h, --help              this text
-environment: OXCCL_ALGO, OXCCL_ONESHOT_MAX_BYTES, OXCCL_ZC_THRESHOLD_BYTES, OXCCL_BACKEND, OXCCL_LOG, OXCCL_TIMEOUT_MS, launcher variables";
+environment: OXCCL_ALGO, OXCCL_TUNE, OXCCL_TUNE_DIR, OXCCL_ONESHOT_MAX_BYTES, OXCCL_ZC_THRESHOLD_BYTES, OXCCL_BACKEND, OXCCL_LOG, OXCCL_TIMEOUT_MS, launcher variables";
 
 /// Parsed options.
 #[derive(Debug, Clone)]
@@ -43,6 +46,8 @@ pub struct Options {
     pub nprocs: Option<u32>,
     pub graph: bool,
     pub compare_nccl: bool,
+    /// Tune before the sweep: `Some(force)`.
+    pub tune: Option<bool>,
     pub json: Option<String>,
     pub plot: Option<String>,
     pub plot_from: Option<String>,
@@ -98,6 +103,7 @@ impl Options {
             nprocs: None,
             graph: false,
             compare_nccl: false,
+            tune: None,
             json: None,
             plot: None,
             plot_from: None,
@@ -140,6 +146,17 @@ impl Options {
                         return Err(Error::InvalidArgument(format!("--compare {v}: only nccl")));
                     }
                     o.compare_nccl = true;
+                }
+                "--tune" => {
+                    o.tune = Some(match value()?.to_ascii_lowercase().as_str() {
+                        "cache" | "cached" => false,
+                        "force" => true,
+                        v => {
+                            return Err(Error::InvalidArgument(format!(
+                                "--tune {v}: cache or force"
+                            )))
+                        }
+                    })
                 }
                 "--json" => o.json = Some(value()?),
                 "--plot" => {

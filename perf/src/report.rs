@@ -71,6 +71,28 @@ pub fn agree(comm: &Communicator, side: Side) -> Result<Side> {
     Ok(out)
 }
 
+/// A tuned table as comment lines (rank 0).
+pub fn print_tune_table(
+    t: &oxccl_collectives::tuner::TuneTable,
+    source: oxccl_collectives::tuner::TuneSource,
+) {
+    println!(
+        "# tuned {} for {} ranks on {} ({:?}): size(B) registered algorithm grid x block time(us)",
+        t.key.dtype, t.key.world, t.key.device, source
+    );
+    for e in &t.entries {
+        println!(
+            "#   {:>11} {:>5} {:>12} {:>4} x {:<4} {:>10.2}",
+            e.bytes,
+            if e.registered { "reg" } else { "-" },
+            e.algorithm.name(),
+            e.grid,
+            e.block,
+            e.us
+        );
+    }
+}
+
 /// The table's header (rank 0).
 pub fn header(opts: &Options, comm: &Communicator) {
     let caps = comm.device().capabilities();
