@@ -535,7 +535,12 @@ impl Comm {
         Ok("host".into())
     }
 
-    /// Waits for this rank's oxccl work and for every rank (collective).
+    /// Waits for this rank's queued oxccl work (the whole device: oxccl runs on the
+    /// callers' streams). Local, like NCCL's: a program may finalize and destroy the
+    /// communicators of several ranks one after the other from one thread
+    /// (`ncclCommInitAll`), so no step of the teardown waits for other ranks. That is safe
+    /// because every peer holds its own reference to this rank's scratch (a VMM handle on
+    /// CUDA, a memfd on the host backend), which outlives this rank's release.
     pub fn finalize(&self) -> ApiResult<()> {
         if self.finalized.swap(true, Ordering::AcqRel) {
             return Ok(());
@@ -543,12 +548,11 @@ impl Comm {
         if let Oxccl::Serving(c) = &self.oxccl {
             c.device().synchronize()?;
         }
-        self.oxccl.bootstrap().barrier()?;
         Ok(())
     }
 
-    /// Releases everything; `graceful` waits for the peers first (ncclCommDestroy),
-    /// otherwise not (ncclCommAbort).
+    /// Releases everything; `graceful` waits for this rank's queued work first
+    /// (ncclCommDestroy), otherwise not (ncclCommAbort).
     pub fn destroy(mut self: Box<Self>, graceful: bool) -> ApiResult<()> {
         self.magic = 0;
         let mut result = Ok(());

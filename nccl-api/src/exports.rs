@@ -315,8 +315,7 @@ forwarded!(ncclCommShrink / pncclCommShrink, comm_shrink, comm, (comm: Opaque, e
 forwarded!(ncclCommRevoke / pncclCommRevoke, comm_revoke, comm, (comm: Opaque, revokeFlags: c_int));
 
 export! {
-    /// Waits for this rank's queued work and for every rank (collective), then finalizes
-    /// the real communicator.
+    /// Waits for this rank's queued work, then finalizes the real communicator.
     fn ncclCommFinalize / pncclCommFinalize(comm: Opaque) -> NcclResult {
         guard("ncclCommFinalize", || {
             // SAFETY: NCCL's contract on comm.
@@ -368,8 +367,8 @@ fn release(name: &'static str, comm: Opaque, graceful: bool) -> ApiResult<()> {
 }
 
 export! {
-    /// Releases both sides after a barrier of the oxccl side (unless finalized already).
-    /// NULL is accepted, as NCCL does.
+    /// Waits for this rank's queued work (unless finalized already) and releases both
+    /// sides. NULL is accepted, as NCCL does.
     fn ncclCommDestroy / pncclCommDestroy(comm: Opaque) -> NcclResult {
         guard("ncclCommDestroy", || release("ncclCommDestroy", comm, true))
     }

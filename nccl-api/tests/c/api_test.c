@@ -355,7 +355,10 @@ static void single_process_tests(void) {
     struct thread_arg args[2] = {{comms[0], 0, 2}, {comms[1], 1, 2}};
     for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, thread_rank, &args[i]);
     for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
-    for (int i = 0; i < 2; i++) OK(ncclCommAbort(comms[i]));
+    /* One thread releases both ranks in turn (as nccl-tests does): teardown is local. */
+    OK(ncclCommFinalize(comms[0]));
+    OK(ncclCommDestroy(comms[0]));
+    OK(ncclCommDestroy(comms[1]));
   } else {
     CHECK(0, "ncclCommInitAll gave no communicators");
   }

@@ -1,0 +1,91 @@
+//! The exported functions called from Rust, in one process on the host backend: two ranks
+//! on two threads (`ncclCommInitAll`), allreduces, a forwarded call, teardown from one
+//! thread. (The C test, `ci/nccl-api-test.sh`, covers the rest across processes.)
+
+use std::ffi::{c_void, CStr};
+
+use oxccl_nccl::exports::*;
+use oxccl_nccl::types::*;
+
+#[derive(Clone, Copy)]
+struct SendPtr(Opaque);
+// SAFETY: a communicator may be used from another thread (one thread at a time).
+unsafe impl Send for SendPtr {}
+
+fn last_error() -> String {
+    // SAFETY: ncclGetLastError returns a NUL-terminated string.
+    unsafe { CStr::from_ptr(ncclGetLastError(std::ptr::null_mut())) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn two_ranks_on_threads_reduce_forward_and_tear_down() {
+    // The only test in this binary: nothing has read the environment yet. Without it a
+    // `--features cuda` build on a machine without a GPU has no backend.
+    std::env::set_var("OXCCL_BACKEND", "host");
+    let mut comms = [std::ptr::null_mut::<c_void>(); 2];
+    let devs = [0, 1];
+    // SAFETY: two slots and two device numbers.
+    let rc = unsafe { ncclCommInitAll(comms.as_mut_ptr(), 2, devs.as_ptr()) };
+    assert_eq!(rc, NCCL_SUCCESS, "{}", last_error());
+    let handles: Vec<_> = comms
+        .iter()
+        .enumerate()
+        .map(|(rank, &c)| {
+            let c = SendPtr(c);
+            std::thread::spawn(move || {
+                let c = c;
+                let mut n = -1;
+                // SAFETY: a live communicator and a valid out-pointer.
+                assert_eq!(unsafe { ncclCommUserRank(c.0, &mut n) }, NCCL_SUCCESS);
+                assert_eq!(n, rank as i32);
+                let mut x: Vec<f32> = (0..5000).map(|i| (i % 7) as f32 + rank as f32).collect();
+                // SAFETY: 5000 floats of host memory (host backend), in place.
+                let rc = unsafe {
+                    ncclAllReduce(
+                        x.as_ptr().cast(),
+                        x.as_mut_ptr().cast(),
+                        x.len(),
+                        NCCL_FLOAT32,
+                        NCCL_SUM,
+                        c.0,
+                        std::ptr::null_mut(),
+                    )
+                };
+                assert_eq!(rc, NCCL_SUCCESS, "{}", last_error());
+                for (i, v) in x.iter().enumerate() {
+                    assert_eq!(*v, 2.0 * (i % 7) as f32 + 1.0, "element {i}");
+                }
+                let mut y = [0u8; 8];
+                // SAFETY: as above; int8 is forwarded, and there is no real NCCL here.
+                let rc = unsafe {
+                    ncclAllReduce(
+                        y.as_ptr().cast(),
+                        y.as_mut_ptr().cast(),
+                        8,
+                        NCCL_INT8,
+                        NCCL_SUM,
+                        c.0,
+                        std::ptr::null_mut(),
+                    )
+                };
+                assert_eq!(rc, NCCL_INVALID_USAGE);
+                let e = last_error();
+                assert!(e.contains("int8") && e.contains("real NCCL"), "{e}");
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    for c in comms {
+        // SAFETY: live communicators, each released once.
+        assert_eq!(
+            unsafe { ncclCommDestroy(c) },
+            NCCL_SUCCESS,
+            "{}",
+            last_error()
+        );
+    }
+}
