@@ -35,6 +35,7 @@ use oxccl_kernels::abi::{
     OXCCL_ALLREDUCE_MAX_RANKS, OXCCL_ALLREDUCE_SYNC_BYTES, OXCCL_ALLREDUCE_SYNC_ERROR,
 };
 
+use crate::algorithms::port_channel::{PortAllreduce, PortAllreduceConfig};
 use crate::algorithms::{one_shot, Algorithm, CallShape, Plan};
 use crate::host_kernels::{
     self, args_bytes, void_ptr, ONESHOT_LL, TWOSHOT, TWOSHOT_PUSH, TWOSHOT_ZC,
@@ -297,6 +298,10 @@ pub struct Communicator {
     registered: Mutex<BTreeMap<u64, Registered>>,
     /// Tuned tables by data type ([`Communicator::tune`]).
     tuned: Mutex<HashMap<DataType, Arc<TuneTable>>>,
+    /// The PortChannel allreduce (its own scratch, channels and proxy thread); built when
+    /// `port_channel` is forced (`OXCCL_ALGO=port_channel`). Dropped before the scratch
+    /// and the device (the proxy thread stops first).
+    port: Option<PortAllreduce>,
     // Drop order matters: peers' mappings (registered buffers above, scratch here), then
     // our scratch, then the module and device.
     peers: Vec<Option<AnyImported>>,
@@ -403,6 +408,13 @@ impl Communicator {
         }
         // Nobody writes into a peer's scratch before every peer has zeroed its own.
         bootstrap.barrier().map_err(at)?;
+        let port = if config.forced == Some(Algorithm::PortChannel) {
+            let mut pc = PortAllreduceConfig::from_env().map_err(at)?;
+            pc.timeout = config.timeout;
+            Some(PortAllreduce::new(&bootstrap, &device, pc)?)
+        } else {
+            None
+        };
         tracing::info!(
             rank,
             world,
@@ -427,6 +439,7 @@ impl Communicator {
             seen: Mutex::new(HashSet::new()),
             registered: Mutex::new(BTreeMap::new()),
             tuned: Mutex::new(HashMap::new()),
+            port,
             peers,
             scratch,
             _module: module,
@@ -728,6 +741,16 @@ impl Communicator {
             launch: (choice.plan.config.grid[0], choice.plan.config.block[0]),
             zc_offsets: zc.map_or((u64::MAX, u64::MAX), |z| z.offsets),
         })?;
+        if choice.algorithm == Algorithm::PortChannel {
+            let port = self.port.as_ref().ok_or_else(|| {
+                at(Error::Unsupported(
+                    "port_channel: built only when forced at creation (OXCCL_ALGO=port_channel)"
+                        .into(),
+                ))
+            })?;
+            // SAFETY: the caller's obligations (this function's contract).
+            return unsafe { port.launch(input, output, count, dtype, op, accum, stream) };
+        }
         // SAFETY: the caller's obligations (this function's contract); the plan came from
         // the selector for this call.
         unsafe {
@@ -884,6 +907,9 @@ impl Communicator {
     /// After a failure the communicator must be dropped: its counters no longer agree.
     pub fn check_error(&self, stream: &AnyStream) -> Result<()> {
         stream.synchronize().map_err(|e| e.at_rank(self.rank))?;
+        if let Some(port) = &self.port {
+            port.check_error(stream)?;
+        }
         let ptr = self
             .scratch
             .ptr()

@@ -451,6 +451,36 @@ fn tuner_agrees_across_ranks_and_caches_on_disk() {
 }
 
 #[test]
+fn port_channel_through_the_communicator() {
+    for world in [2u32, 3] {
+        threads(world, Some(Algorithm::PortChannel), |r| {
+            for (i, count) in [1usize, 3, 1000, 12345, 70_001].into_iter().enumerate() {
+                let c = r.comm.choose(count, DataType::Bf16).unwrap();
+                assert_eq!(c.algorithm, Algorithm::PortChannel);
+                r.check(
+                    DataType::Bf16,
+                    ReduceOp::Sum,
+                    AccumType::Auto,
+                    count,
+                    i % 2 == 0,
+                    i as u64,
+                )
+                .unwrap();
+                r.check(
+                    DataType::F32,
+                    ReduceOp::Max,
+                    AccumType::Auto,
+                    count,
+                    i % 2 == 1,
+                    i as u64,
+                )
+                .unwrap();
+            }
+        });
+    }
+}
+
+#[test]
 fn repeated_calls_advance_the_epoch_and_mix_algorithms() {
     // The selector alternates one-shot (small) and two-shot (large) with the same epochs.
     threads(4, None, |r| {
