@@ -1,0 +1,157 @@
+//! The PortChannel allreduce on its own: a checked sweep (bit for bit against the host
+//! reference in rank order) and a timing per size, one rank per process.
+//!
+//! GPU node, one process per GPU (torchrun, mpirun or srun set RANK, WORLD_SIZE, LOCAL_RANK,
+//! MASTER_ADDR, MASTER_PORT):
+//!
+//! ```sh
+//! cargo build --release -p oxccl-collectives --features cuda --example port_allreduce
+//! OXCCL_PORT_TRANSPORT=ipc torchrun --nproc-per-node 2 --no-python \
+//!     target/release/examples/port_allreduce
+//! ```
+//!
+//! `OXCCL_PORT_TRANSPORT=ipc|tcp|ib|auto`, `OXCCL_PORT_CHUNK_KB`, `OXCCL_TIMEOUT_MS` as for
+//! [`PortAllreduceConfig::from_env`]; `OXCCL_BACKEND=host` runs it without a GPU.
+//! An argument caps the largest count (default 16 Mi + 1 elements).
+//! Exit status 1 when any element differs from the reference or a call fails.
+
+use std::time::Instant;
+
+use oxccl_collectives::algorithms::port_channel::{PortAllreduce, PortAllreduceConfig};
+use oxccl_collectives::backend::{self, AnyDevice, AnyStream};
+use oxccl_collectives::channels::bootstrap::{Bootstrap, BootstrapConfig};
+use oxccl_collectives::hal::{
+    AccumType, DataType, Device, DeviceId, Error, Memory, MemoryKind, ReduceOp, Result, Stream,
+};
+use oxccl_collectives::kernels::{formats, reduce};
+
+/// Deterministic non-zero inputs of `rank`: values near ±1.
+fn input(dtype: DataType, rank: u32, count: usize, salt: u64) -> Result<Vec<u8>> {
+    let mut out = vec![0u8; dtype.bytes(count)?];
+    let mut s = 0x9e37_79b9_7f4a_7c15u64 ^ (u64::from(rank) << 32) ^ salt;
+    for i in 0..count {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        let mag = 0.25 + (s % 1000) as f32 / 1000.0;
+        let v = if s & (1 << 20) != 0 { -mag } else { mag };
+        let mut bits = formats::encode(dtype, v);
+        if formats::decode(dtype, bits) == 0.0 {
+            bits = formats::encode(dtype, 0.5);
+        }
+        formats::write_element(dtype, &mut out, i, bits)
+            .ok_or_else(|| Error::InvalidArgument("input buffer too short".into()))?;
+    }
+    Ok(out)
+}
+
+/// Runs one checked call and `iters` timed ones; returns (mismatches, microseconds/call).
+fn run(
+    ar: &PortAllreduce,
+    device: &AnyDevice,
+    stream: &AnyStream,
+    (rank, world): (u32, u32),
+    dtype: DataType,
+    count: usize,
+    iters: u32,
+) -> Result<(usize, f64)> {
+    let bytes = dtype.bytes(count)?;
+    let inp = device.alloc(bytes, MemoryKind::Plain)?;
+    let out = device.alloc(bytes, MemoryKind::Plain)?;
+    let salt = count as u64 ^ u64::from(dtype.code()) << 40;
+    stream.write(inp.ptr(), &input(dtype, rank, count, salt)?)?;
+    stream.write(out.ptr(), &vec![0xa5u8; bytes])?;
+    let call = || {
+        // SAFETY: both buffers hold `count` elements and outlive every call (each loop
+        // below synchronizes the stream before they are dropped).
+        unsafe {
+            ar.launch(
+                inp.ptr(),
+                out.ptr(),
+                count,
+                dtype,
+                ReduceOp::Sum,
+                AccumType::Auto,
+                stream,
+            )
+        }
+    };
+    call()?;
+    ar.check_error(stream)?;
+    let mut got = vec![0u8; bytes];
+    stream.read(out.ptr(), &mut got)?;
+    let inputs = (0..world)
+        .map(|r| input(dtype, r, count, salt))
+        .collect::<Result<Vec<_>>>()?;
+    let refs: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+    let mut want = vec![0u8; bytes];
+    reduce::reduce(
+        dtype,
+        ReduceOp::Sum,
+        AccumType::Auto,
+        &refs,
+        &mut want,
+        count,
+    )?;
+    let bad = (0..count)
+        .filter(|&i| {
+            let g = formats::read_element(dtype, &got, i).unwrap_or_default();
+            let w = formats::read_element(dtype, &want, i).unwrap_or_default();
+            !formats::same_bits(dtype, g, w)
+        })
+        .count();
+    let start = Instant::now();
+    for _ in 0..iters {
+        call()?;
+    }
+    ar.check_error(stream)?;
+    Ok((
+        bad,
+        start.elapsed().as_secs_f64() * 1e6 / f64::from(iters.max(1)),
+    ))
+}
+
+fn main() -> Result<()> {
+    let (bootstrap, info) = Bootstrap::from_env(&BootstrapConfig::from_env()?)?;
+    let device = AnyDevice::open_with(backend::chosen()?, DeviceId(info.local_rank))?;
+    let ar = PortAllreduce::new(&bootstrap, &device, PortAllreduceConfig::from_env()?)?;
+    let stream = device.create_stream()?;
+    let (rank, world) = (bootstrap.rank(), bootstrap.world_size());
+    if rank == 0 {
+        println!(
+            "port allreduce: {world} ranks, {} backend, transports {:?}, chunk {} bytes",
+            Device::backend(&device),
+            ar.transports(),
+            ar.chunk_bytes()
+        );
+        println!(
+            "{:>10} {:>12} {:>12} {:>10}",
+            "dtype", "count", "us/call", "wrong"
+        );
+    }
+    let max_count = match std::env::args().nth(1) {
+        Some(a) => a
+            .parse::<usize>()
+            .map_err(|_| Error::InvalidArgument(format!("max count '{a}' is not a number")))?,
+        None => usize::MAX,
+    };
+    let mut failed = false;
+    let counts = [1usize, 3, 1000, 12_345, (1 << 20) + 7, (16 << 20) + 1];
+    for count in counts.into_iter().filter(|c| *c <= max_count) {
+        for dtype in [DataType::F32, DataType::Bf16, DataType::Fp8E4m3] {
+            let (bad, us) = run(&ar, &device, &stream, (rank, world), dtype, count, 10)?;
+            failed |= bad != 0;
+            if rank == 0 || bad != 0 {
+                println!(
+                    "{:>10} {count:>12} {us:>12.1} {bad:>10}  (rank {rank})",
+                    dtype.to_string()
+                );
+            }
+        }
+    }
+    ar.destroy(&bootstrap)?;
+    if failed {
+        std::process::exit(1);
+    }
+    Ok(())
+}
