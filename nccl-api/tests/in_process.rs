@@ -81,11 +81,7 @@ fn two_ranks_on_threads_reduce_forward_and_tear_down() {
     }
     for c in comms {
         // SAFETY: live communicators, each released once.
-        assert_eq!(
-            unsafe { ncclCommDestroy(c) },
-            NCCL_SUCCESS,
-            "{}",
-            last_error()
-        );
+        let rc = unsafe { ncclCommDestroy(c) };
+        assert_eq!(rc, NCCL_SUCCESS, "{}", last_error());
     }
 }
