@@ -78,13 +78,13 @@ hal)
 allreduce)
     export OXCCL_TIMEOUT_MS=20000
     q=(-w 1 --iters 2)
-    for n in 2 4; do
+    for n in ${OXCCL_SESSION_GPUS:-2 4}; do
         ((ngpus >= n)) || continue
         export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
-        for algo in oneshot_ll twoshot twoshot_zc; do
+        for algo in oneshot_ll twoshot twoshot_zc twoshot_push; do
             if [[ ${algo} == oneshot_ll ]]; then max=1M; else max=256M; fi
-            # oxccl-perf registers its buffers: twoshot_zc runs zero-copy, twoshot forced
-            # still takes the staging path.
+            # oxccl-perf registers its buffers: twoshot_zc runs zero-copy, twoshot_push
+            # stores into the peers' outputs, twoshot forced still takes the staging path.
             for dtype in bf16 f32 fp8_e4m3b15; do
                 step "check ${n}gpu ${algo} ${dtype} 2B..${max}" 60 env OXCCL_ALGO="${algo}" \
                     .gpu/oxccl-perf -N "${n}" -b 2 -e "${max}" -f 4 -d "${dtype}" "${q[@]}"
@@ -103,6 +103,10 @@ allreduce)
         step "check ${n}gpu auto e4m3b15 accum native" 60 .gpu/oxccl-perf -N "${n}" -b 4 -e 16M -f 16 -d fp8_e4m3b15 --accum native "${q[@]}"
         step "check ${n}gpu auto bf16 graph" 60 .gpu/oxccl-perf -N "${n}" -b 1K -e 64M -f 8 -d bf16 --graph "${q[@]}"
         step "check ${n}gpu auto bf16 unregistered" 60 .gpu/oxccl-perf -N "${n}" -b 1K -e 64M -f 8 -d bf16 --no-register "${q[@]}"
+        step "check ${n}gpu push unregistered bf16 odd in-place 1003B..256M" 60 env OXCCL_ALGO=twoshot_push \
+            .gpu/oxccl-perf -N "${n}" -b 1003 -e 256M -f 7 -d bf16 --in-place --no-register "${q[@]}"
+        step "check ${n}gpu push unregistered f32 graph 1K..256M" 60 env OXCCL_ALGO=twoshot_push \
+            .gpu/oxccl-perf -N "${n}" -b 1K -e 256M -f 8 -d f32 --graph --no-register "${q[@]}"
     done
     ;;
 perf)
@@ -151,8 +155,8 @@ torch)
     for n in ${OXCCL_SESSION_GPUS:-2 4}; do
         ((ngpus >= n)) || continue
         export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
-        step "torch ${n}gpu with and without liboxccl_nccl.so" 400 \
-            bash ci/gpu/run-torch-nccl-api.sh "${n}" "${repo_root}/.gpu/liboxccl_nccl.so" "${out}/torch-${n}gpu"
+        step "torch ${n}gpu with and without liboxccl_nccl.so" 400 env OXCCL_STEP_TIMEOUT=180 \
+            bash ci/gpu/run-torch-nccl-api.sh "${repo_root}/.gpu/liboxccl_nccl.so" "${n}"
     done
     ;;
 *)

@@ -561,7 +561,7 @@ fn mismatched_counts_are_detected_on_first_call() {
 
 #[test]
 fn forced_algorithms_that_cannot_serve_are_errors() {
-    for algo in [Algorithm::Nvls, Algorithm::PortChannel] {
+    for algo in [Algorithm::Nvls] {
         threads(2, Some(algo), |r| {
             let m = r.comm.device().alloc(64, MemoryKind::Plain).unwrap();
             // SAFETY: refused before a launch.

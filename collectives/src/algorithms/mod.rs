@@ -8,7 +8,7 @@
 //! | `twoshot_zc` | `allreduce_twoshot_zc` | medium and large on registered buffers ([`crate::Communicator::register`]): reduce-scatter reads the peers' inputs, all-gather stores into the peers' outputs; no staging copy, one pass |
 //! | `twoshot_push` | `allreduce_twoshot_push` | medium and large, registered or not: the two-shot with peer stores only (inputs pushed into the owner's staging, results pushed into the peers' outputs or staging) |
 //! | `nvls` | (not built) | NVLink SHARP multicast reduce; gated by `OXCCL_NVLS` and never run on the lent machines |
-//! | `port_channel` | (not built) | multi-node through PortChannels; not built yet |
+//! | `port_channel` | `allreduce_port` | multi-node: every byte that leaves a rank is moved by its proxy (IPC copies, TCP, InfiniBand); built only when forced |
 
 pub mod nvls;
 pub mod one_shot;
@@ -35,7 +35,7 @@ pub enum Algorithm {
     TwoShotPush,
     /// NVLS multicast (gated; not built).
     Nvls,
-    /// PortChannel (multi-node; not built).
+    /// PortChannel (multi-node, through the proxy).
     PortChannel,
 }
 
@@ -117,7 +117,9 @@ pub const ALGORITHMS: [AlgorithmInfo; 6] = [
     AlgorithmInfo {
         algorithm: Algorithm::PortChannel,
         name: "port_channel",
-        serves: "multi-node (proxy + copy engine / RDMA); not built yet",
+        serves: "multi-node (proxy: IPC copies, TCP or InfiniBand), any world size 1..=8; \
+                 slower than the NVLink algorithms within a node, so only when forced \
+                 (OXCCL_ALGO=port_channel)",
     },
 ];
 
