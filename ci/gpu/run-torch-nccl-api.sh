@@ -8,6 +8,10 @@
 #
 #     ci/gpu/run-torch-nccl-api.sh [LIB] [WORLD SIZES...]      (default: .gpu/liboxccl_nccl.so 2 4)
 #
+# One world size takes a few minutes (two torchrun jobs with 64Mi-element tensors and their
+# float64 references); on a machine with a 10-minute limit per command, run one world size
+# per command. OXCCL_TORCH_ARGS adds arguments to the script's `run` (e.g.
+# "--max-elems 1048583 --iters 10" for a quick pass).
 # Build LIB here with: cargo build --release -p oxccl-nccl-api --features cuda, copied into
 # .gpu/ (see docs/nccl-api.md). NVLS stays off: NCCL_NVLS_ENABLE=0, OXCCL_NVLS never set.
 set -uo pipefail
@@ -48,12 +52,12 @@ for n in "${worlds[@]}"; do
     echo
     echo "=== world ${n}: without the preload (real NCCL)"
     timeout --kill-after=20 "${step_timeout}" torchrun --standalone --nproc_per_node="${n}" \
-        "${script}" run --out "${dir}/baseline" 2>&1 | tee "${dir}/baseline.log" | grep -v '^oxccl-nccl:' | tail -20
+        "${script}" run --out "${dir}/baseline" ${OXCCL_TORCH_ARGS:-} 2>&1 | tee "${dir}/baseline.log" | grep -v '^oxccl-nccl:' | tail -20
     rc_base=${PIPESTATUS[0]}
     echo
     echo "=== world ${n}: LD_PRELOAD=${lib}"
     LD_PRELOAD="${lib}" OXCCL_NCCL_LOG=info timeout --kill-after=20 "${step_timeout}" \
-        torchrun --standalone --nproc_per_node="${n}" "${script}" run --out "${dir}/oxccl" \
+        torchrun --standalone --nproc_per_node="${n}" "${script}" run --out "${dir}/oxccl" ${OXCCL_TORCH_ARGS:-} \
         >"${dir}/oxccl.log" 2>&1
     rc_ox=$?
     grep -v '^oxccl-nccl:' "${dir}/oxccl.log" | tail -20
