@@ -316,11 +316,14 @@ impl Comm {
         }))
     }
 
-    /// The oxccl communicator, when oxccl serves this communicator.
+    /// The oxccl communicator, when oxccl serves this communicator's calls: at most 8
+    /// ranks, and a backend whose streams this library can take from the caller (CUDA), or
+    /// the host backend. (ROCm streams are not wrapped yet: those calls are forwarded.)
     pub fn serving(&self) -> Option<&Communicator> {
-        match &self.oxccl {
-            Oxccl::Serving(c) => Some(c),
-            Oxccl::BootstrapOnly(_) => None,
+        match (&self.oxccl, self.kind) {
+            (Oxccl::Serving(c), BackendKind::Host) => Some(c),
+            (Oxccl::Serving(c), BackendKind::Cuda) if cfg!(feature = "cuda") => Some(c),
+            _ => None,
         }
     }
 

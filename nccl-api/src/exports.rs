@@ -712,8 +712,9 @@ unsafe fn all_reduce(
         (None, _, _) => format!("dtype {} is not served by oxccl", type_name(datatype)),
         (_, None, _) => format!("op {op} (a PreMulSum operator) is not served by oxccl"),
         (_, _, None) => format!(
-            "oxccl does not serve this communicator ({} ranks: above one node)",
-            c.nranks
+            "oxccl does not serve this communicator ({} ranks, {} backend; it serves up to \
+             8 ranks on CUDA or the host backend)",
+            c.nranks, c.kind
         ),
     };
     forward_why(why)
