@@ -2,9 +2,7 @@
 
 use cudarc::nccl::{result as nccl, sys as nccl_sys};
 use oxccl_collectives::backend::{AnyDevice, AnyStream};
-use oxccl_collectives::hal::{
-    AccumType, DataType, DevicePtr, Error, Event, ReduceOp, Result, Stream,
-};
+use oxccl_collectives::hal::{AccumType, DataType, DevicePtr, Error, ReduceOp, Result};
 use oxccl_collectives::Communicator;
 
 fn nccl_error(call: &'static str, e: nccl::NcclError) -> Error {
