@@ -70,6 +70,22 @@ for n in "${worlds[@]}"; do
     grep -o -- 'rank [0-9]* nccl[A-Za-z]*.*-> nccl (forwarded: .*)' "${dir}/oxccl.log" \
         | sed -e 's/^rank [0-9]* //' -e 's/count=[0-9]* //' | sort | uniq -c | sort -rn | head -20
     grep -E 'oxccl-nccl: (rank [0-9]+/|real NCCL|error)' "${dir}/oxccl.log" | head -12
+    # The logged run above writes a line per call, which the per-call timing would include:
+    # time the preload again without logging and compare that run's timings.
+    echo
+    echo "=== world ${n}: LD_PRELOAD=${lib}, logging off (timing)"
+    LD_PRELOAD="${lib}" timeout --kill-after=20 "${step_timeout}" \
+        torchrun --standalone --nproc_per_node="${n}" "${script}" run --out "${dir}/oxccl-quiet" ${OXCCL_TORCH_ARGS:-} \
+        >"${dir}/oxccl-quiet.log" 2>&1
+    rc_quiet=$?
+    tail -3 "${dir}/oxccl-quiet.log"
+    if [[ ${rc_quiet} -eq 0 && -f "${dir}/oxccl-quiet/timing.json" ]]; then
+        cp "${dir}/oxccl/timing.json" "${dir}/oxccl/timing-logged.json" 2>/dev/null || true
+        cp "${dir}/oxccl-quiet/timing.json" "${dir}/oxccl/timing.json"
+    else
+        echo "=== world ${n}: the quiet run failed (exit ${rc_quiet}); timings below are with logging"
+        status=1
+    fi
     echo
     echo "=== world ${n}: compare"
     if [[ ${rc_base} -ne 0 || ${rc_ox} -ne 0 ]]; then

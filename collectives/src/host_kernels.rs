@@ -366,16 +366,20 @@ fn barrier(c: &Call, blocks: usize) -> Result<()> {
     Ok(())
 }
 
-/// The staging geometry of both staging kernels (`Rounds` in allreduce.cu): per full
-/// round `world` slots of `cap` units; a shorter last round uses the same slot positions.
+/// The staging geometry of both staging kernels (`Rounds` in allreduce.cu): a message
+/// that fits takes one round; a larger one equal rounds of `world` slots of `cap` units,
+/// the shorter last round using the same slot positions. Returns (cap, round bytes).
 fn rounds(c: &Call, kernel: &str) -> Result<(usize, usize)> {
-    let cap = c.a.data_bytes as usize / (16 * c.world);
-    if cap == 0 {
+    let cap_max = c.a.data_bytes as usize / (16 * c.world);
+    if cap_max == 0 {
         return Err(Error::InvalidArgument(format!(
             "{kernel}: staging of {} bytes holds no unit per rank",
             c.a.data_bytes
         )));
     }
+    let units = c.total.div_ceil(16);
+    let rounds = units.div_ceil(c.world * cap_max).max(1);
+    let cap = units.div_ceil(rounds * c.world).max(1);
     Ok((cap, cap * 16 * c.world))
 }
 

@@ -157,18 +157,24 @@ __device__ __noinline__ void oneshot_body(const Reducer reduce, const OxcclAllre
 
 // ---- two-shot ----------------------------------------------------------------------------
 
-/// Rounds of the staging kernels. Every round uses the same staging geometry: w slots of
-/// `cap` units, and block b always owns units [lo, hi) of every slot, also in a shorter
-/// last round. So a block only ever touches the staging positions that the same block of
-/// every peer touches, and the per-block barriers order all reuse of staging across rounds
-/// (a peer's other blocks may still be a phase behind; they never touch these positions).
+/// Rounds of the staging kernels. A message that fits the staging takes one round whose
+/// slots are exactly its chunks (every block gets a share). A larger one is cut into equal
+/// rounds, and every round, also the shorter last one, uses the same geometry: `world`
+/// slots of `cap` units, block b always owning units [lo, hi) of every slot. So a block
+/// only touches the staging positions that the same block of every peer touches, and the
+/// per-block barriers order all reuse of staging across rounds (a peer's other blocks may
+/// still be a phase behind; they never touch these positions).
 struct Rounds {
   uint64_t cap;         // units per slot (per rank's chunk) of a full round
   uint64_t round_bytes; // message bytes per full round = w * cap * 16
   uint64_t lo, hi;      // this block's units of a slot
-  OXCCL_DEVICE_INLINE Rounds(const OxcclAllreduceArgs& a) {
-    cap = a.data_bytes / (16 * static_cast<uint64_t>(a.world_size));
-    round_bytes = cap * 16 * a.world_size;
+  OXCCL_DEVICE_INLINE Rounds(const OxcclAllreduceArgs& a, uint64_t total) {
+    const uint64_t w = a.world_size;
+    const uint64_t units = (total + 15) / 16;
+    const uint64_t cap_max = a.data_bytes / (16 * w);
+    const uint64_t rounds = (units + w * cap_max - 1) / (w * cap_max);
+    cap = (units + rounds * w - 1) / (rounds * w);
+    round_bytes = cap * 16 * w;
     const uint64_t share = (cap + gridDim.x - 1) / gridDim.x;
     lo = blockIdx.x * share;
     hi = lo + share < cap ? lo + share : cap;
@@ -184,7 +190,7 @@ __device__ __noinline__ void twoshot_body(const Reducer reduce, const OxcclAllre
   char* own = static_cast<char*>(a.scratch[me]);
   const uint64_t in_off = a.data_offset;
   const uint64_t out_off = a.data_offset + a.data_bytes;
-  const Rounds g(a);
+  const Rounds g(a, total);
 
   for (uint64_t base = 0; base < total; base += g.round_bytes) {
     const uint64_t bytes = total - base < g.round_bytes ? total - base : g.round_bytes;
@@ -248,7 +254,7 @@ __device__ __noinline__ void twoshot_push_body(const Reducer reduce, const Oxccl
   const uint64_t in_off = a.data_offset;
   const uint64_t out_off = a.data_offset + a.data_bytes;
   const bool direct = a.peer_output[me] == a.output && a.output != nullptr;
-  const Rounds g(a);
+  const Rounds g(a, total);
 
   for (uint64_t base = 0; base < total; base += g.round_bytes) {
     const uint64_t bytes = total - base < g.round_bytes ? total - base : g.round_bytes;
