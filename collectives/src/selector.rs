@@ -36,6 +36,12 @@ pub fn default_oneshot_max(world_size: u32) -> usize {
     }
 }
 
+/// Without a tuned table, registered calls above this many bytes per rank take the push
+/// two-shot rather than the zero-copy one (2 H200s, tuned: zero-copy wins at 2 MiB, push
+/// from 4 MiB up; unregistered calls above the one-shot threshold take push at every
+/// size, where it beat the staging two-shot at every size measured).
+pub const ZC_MAX_BYTES: usize = 2 << 20;
+
 /// The selector's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Selector {
@@ -88,12 +94,20 @@ impl Selector {
                 reason: "one rank: a local copy".into(),
             }
         } else if shape.zero_copy && shape.bytes > self.zc_threshold_bytes {
+            let algorithm = if shape.bytes > ZC_MAX_BYTES {
+                Algorithm::TwoShotPush
+            } else {
+                Algorithm::TwoShotZc
+            };
             Choice {
-                algorithm: Algorithm::TwoShotZc,
-                plan: Algorithm::TwoShotZc.plan(shape)?,
+                algorithm,
+                plan: algorithm.plan(shape)?,
                 reason: format!(
-                    "registered buffers, {} bytes > zero-copy threshold {}",
-                    shape.bytes, self.zc_threshold_bytes
+                    "registered buffers, {} bytes > zero-copy threshold {} ({} above {})",
+                    shape.bytes,
+                    self.zc_threshold_bytes,
+                    Algorithm::TwoShotPush,
+                    ZC_MAX_BYTES
                 ),
             }
         } else if shape.bytes <= self.oneshot_max_bytes || shape.zero_copy {
@@ -114,10 +128,10 @@ impl Selector {
                     },
                 },
                 Err(e) => {
-                    let algorithm = if shape.zero_copy {
+                    let algorithm = if shape.zero_copy && shape.bytes <= ZC_MAX_BYTES {
                         Algorithm::TwoShotZc
                     } else {
-                        Algorithm::TwoShot
+                        Algorithm::TwoShotPush
                     };
                     Choice {
                         algorithm,
@@ -128,8 +142,8 @@ impl Selector {
             }
         } else {
             Choice {
-                algorithm: Algorithm::TwoShot,
-                plan: Algorithm::TwoShot.plan(shape)?,
+                algorithm: Algorithm::TwoShotPush,
+                plan: Algorithm::TwoShotPush.plan(shape)?,
                 reason: format!(
                     "{} bytes > one-shot threshold {}",
                     shape.bytes, self.oneshot_max_bytes
@@ -207,7 +221,7 @@ mod tests {
         );
         assert_eq!(
             s.choose(&shape(1 << 20, 4, &caps)).unwrap().algorithm,
-            Algorithm::TwoShot
+            Algorithm::TwoShotPush
         );
         assert_eq!(
             s.choose(&shape(1 << 30, 1, &caps)).unwrap().algorithm,
@@ -224,6 +238,8 @@ mod tests {
         let mut reg = shape(1 << 20, 4, &caps);
         reg.zero_copy = true;
         assert_eq!(s.choose(&reg).unwrap().algorithm, Algorithm::TwoShotZc);
+        reg.bytes = 64 << 20;
+        assert_eq!(s.choose(&reg).unwrap().algorithm, Algorithm::TwoShotPush);
         reg.bytes = 64 << 10;
         assert_eq!(s.choose(&reg).unwrap().algorithm, Algorithm::OneShotLl);
         reg.bytes = 1 << 30;
