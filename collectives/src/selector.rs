@@ -19,7 +19,8 @@ pub const ZC_THRESHOLD_VAR: &str = "OXCCL_ZC_THRESHOLD_BYTES";
 /// per-block barriers; one-shot moves `world - 1` LL copies (twice the bytes) in one step.
 pub fn default_zc_threshold(world_size: u32) -> usize {
     match world_size {
-        0..=2 => 256 << 10,
+        // 2 H200s, tuned: one-shot up to 1 MiB, zero-copy from 2 MiB.
+        0..=2 => 1 << 20,
         3..=4 => 64 << 10,
         _ => 32 << 10,
     }
@@ -30,7 +31,8 @@ pub fn default_zc_threshold(world_size: u32) -> usize {
 /// ranks, the earlier two-shot's bandwidth wins over one-shot's single step.
 pub fn default_oneshot_max(world_size: u32) -> usize {
     match world_size {
-        0..=2 => 512 << 10,
+        // 2 H200s, tuned: one-shot up to 1 MiB, push from 2 MiB.
+        0..=2 => 1 << 20,
         3..=4 => 256 << 10,
         _ => 128 << 10,
     }
