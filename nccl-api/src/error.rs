@@ -116,13 +116,20 @@ pub fn log_enabled() -> bool {
     })
 }
 
-/// Writes one log line to stderr when logging is on.
+/// Writes one log line to stderr when logging is on, in one `write` (stderr is unbuffered:
+/// a formatted `eprintln!` goes out piece by piece, and ranks sharing a pipe interleave).
 macro_rules! log_info {
     ($($arg:tt)*) => {
         if $crate::error::log_enabled() {
-            eprintln!("oxccl-nccl: {}", format_args!($($arg)*));
+            $crate::error::write_log_line(&format!("oxccl-nccl: {}\n", format_args!($($arg)*)));
         }
     };
+}
+
+/// One log line to stderr in a single write (atomic on pipes below `PIPE_BUF`).
+pub fn write_log_line(line: &str) {
+    use std::io::Write as _;
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 pub(crate) use log_info;
 
