@@ -44,7 +44,7 @@ for entry in "${MATRIX[@]}"; do
     args=(--workspace --all-targets)
     [ -n "$features" ] && args+=(--features "$features")
     run "clippy [$label]" cargo clippy "${args[@]}" -- -D warnings
-    run "test [$label]" cargo test "${args[@]}"
+    run "test [$label]" cargo test --no-fail-fast "${args[@]}"
 done
 
 # liboxccl_nccl.so (the NCCL C API) from C: a test program built against its nccl.h with
