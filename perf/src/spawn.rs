@@ -12,12 +12,9 @@ pub fn run(n: u32) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let port = match std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()) {
-        Ok(a) => a.port(),
-        Err(e) => {
-            eprintln!("oxccl-perf: no free port for the rendezvous: {e}");
-            return ExitCode::FAILURE;
-        }
+    let Some(port) = rendezvous_port() else {
+        eprintln!("oxccl-perf: no free port for the rendezvous in {RENDEZVOUS_PORTS:?}");
+        return ExitCode::FAILURE;
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut children = Vec::new();
@@ -45,19 +42,38 @@ pub fn run(n: u32) -> ExitCode {
             }
         }
     }
+    // Wait for every rank; the first that fails stops the others (they would otherwise
+    // wait for it until the bootstrap timeout).
     let mut ok = true;
-    for (r, mut c) in children {
-        match c.wait() {
-            Ok(s) if s.success() => {}
-            Ok(s) => {
-                eprintln!("oxccl-perf: rank {r} failed ({s})");
-                ok = false;
-            }
-            Err(e) => {
-                eprintln!("oxccl-perf: waiting for rank {r}: {e}");
-                ok = false;
+    while !children.is_empty() {
+        let mut i = 0;
+        while i < children.len() {
+            let (r, c) = &mut children[i];
+            match c.try_wait() {
+                Ok(None) => i += 1,
+                Ok(Some(s)) => {
+                    if !s.success() {
+                        eprintln!("oxccl-perf: rank {r} failed ({s})");
+                        ok = false;
+                    }
+                    children.swap_remove(i);
+                }
+                Err(e) => {
+                    eprintln!("oxccl-perf: waiting for rank {r}: {e}");
+                    ok = false;
+                    children.swap_remove(i);
+                }
             }
         }
+        if !ok {
+            for (r, c) in &mut children {
+                eprintln!("oxccl-perf: stopping rank {r}");
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
     if ok {
         ExitCode::SUCCESS
@@ -66,15 +82,33 @@ pub fn run(n: u32) -> ExitCode {
     }
 }
 
+/// Ports the rendezvous is chosen from: below Linux's ephemeral range (32768-60999), so
+/// an outgoing connection of any process cannot take the port between this check and
+/// rank 0's bind (which happened once with a port from bind(0)).
+const RENDEZVOUS_PORTS: std::ops::Range<u16> = 20000..32000;
+
+/// A port of [`RENDEZVOUS_PORTS`] that is free now, starting at a per-process offset.
+fn rendezvous_port() -> Option<u16> {
+    let span = u32::from(RENDEZVOUS_PORTS.end - RENDEZVOUS_PORTS.start);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let start = (std::process::id().wrapping_mul(7919) ^ nanos) % span;
+    (0..span).find_map(|k| {
+        let port = RENDEZVOUS_PORTS.start + ((start + k) % span) as u16;
+        std::net::TcpListener::bind(("127.0.0.1", port))
+            .ok()
+            .map(|_| port)
+    })
+}
+
 /// Without any launcher variables this process is the only rank.
 pub fn single_rank_defaults() {
     let launched = ["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"]
         .iter()
         .any(|v| std::env::var_os(v).is_some());
     if !launched {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_or(29500, |a| a.port());
+        let port = rendezvous_port().unwrap_or(29500);
         for (k, v) in [
             ("RANK", "0".to_string()),
             ("LOCAL_RANK", "0".to_string()),

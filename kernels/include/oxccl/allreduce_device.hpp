@@ -131,10 +131,14 @@ OXCCL_DEVICE_INLINE bool block_barrier(const OxcclAllreduceArgs& a, const Deadli
 }
 
 /// End of a call: the last block to finish advances the epoch (read by every thread at
-/// the start of the next call on this stream).
+/// the start of the next call on this stream). A single block (the smallest one-shot
+/// calls) skips the counter: its threads all read the epoch before the barrier, and only
+/// the next kernel on this stream reads it again, which the kernel boundary orders.
 OXCCL_DEVICE_INLINE void finish_call(void* own_scratch, uint64_t epoch) {
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0 && gridDim.x == 1) {
+    atomic_store_relaxed(sync_word(own_scratch, OXCCL_ALLREDUCE_SYNC_EPOCH), epoch + 1);
+  } else if (threadIdx.x == 0) {
     uint64_t* done = sync_word(own_scratch, OXCCL_ALLREDUCE_SYNC_DONE);
     __threadfence();
     const uint64_t prev = atomicAdd(reinterpret_cast<unsigned long long*>(done), 1ull);
