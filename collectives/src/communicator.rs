@@ -958,7 +958,12 @@ impl Communicator {
 }
 
 /// Checks pointers for a call of `bytes` bytes.
-fn check_buffers(input: DevicePtr, output: DevicePtr, bytes: usize, dtype: DataType) -> Result<()> {
+pub(crate) fn check_buffers(
+    input: DevicePtr,
+    output: DevicePtr,
+    bytes: usize,
+    dtype: DataType,
+) -> Result<()> {
     if input.is_null() || output.is_null() {
         return Err(Error::InvalidArgument(
             "all_reduce: null input or output".into(),
@@ -986,7 +991,7 @@ fn check_buffers(input: DevicePtr, output: DevicePtr, bytes: usize, dtype: DataT
 /// Type combinations the kernels serve: every data type with `Auto`, `Native`, `F32`;
 /// `F16` accumulation for everything narrower than f32 (refused for f32 data, which it
 /// would silently truncate).
-fn check_types(dtype: DataType, accum: AccumType) -> Result<()> {
+pub(crate) fn check_types(dtype: DataType, accum: AccumType) -> Result<()> {
     if dtype == DataType::F32 && accum == AccumType::F16 {
         return Err(Error::Unsupported(
             "all_reduce: f32 data with an f16 accumulator (narrower than the data)".into(),

@@ -21,43 +21,10 @@ use oxccl_collectives::hal::{
     AccumType, BackendKind, DataType, Device, DeviceId, DevicePtr, Memory, MemoryKind, ReduceOp,
     Stream,
 };
-use oxccl_collectives::kernels::{formats, reduce};
+use oxccl_collectives::kernels::formats;
 
-/// Deterministic non-zero inputs of `rank`: values near ±1.
-fn input(dtype: DataType, rank: u32, count: usize, salt: u64) -> Vec<u8> {
-    let mut out = vec![0u8; dtype.bytes(count).unwrap()];
-    let mut s = 0x9e37_79b9_7f4a_7c15u64
-        ^ (u64::from(rank) << 32)
-        ^ salt.wrapping_mul(0x1234_5678_9abc_def1);
-    for i in 0..count {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        let mag = 0.25 + (s % 1000) as f32 / 1000.0;
-        let v = if s & (1 << 20) != 0 { -mag } else { mag };
-        let mut bits = formats::encode(dtype, v);
-        if formats::decode(dtype, bits) == 0.0 {
-            bits = formats::encode(dtype, 0.5);
-        }
-        formats::write_element(dtype, &mut out, i, bits).unwrap();
-    }
-    out
-}
-
-fn expected(
-    dtype: DataType,
-    op: ReduceOp,
-    accum: AccumType,
-    world: u32,
-    count: usize,
-    salt: u64,
-) -> Vec<u8> {
-    let inputs: Vec<Vec<u8>> = (0..world).map(|r| input(dtype, r, count, salt)).collect();
-    let refs: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
-    let mut out = vec![0u8; dtype.bytes(count).unwrap()];
-    reduce::reduce(dtype, op, accum, &refs, &mut out, count).unwrap();
-    out
-}
+mod common;
+use common::{expected, input};
 
 struct Rank {
     ar: PortAllreduce,

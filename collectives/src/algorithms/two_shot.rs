@@ -15,9 +15,15 @@ use crate::host_kernels::TWOSHOT;
 
 /// The launch for a call (two-shot serves every size).
 pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
+    staging_plan(TWOSHOT, s)
+}
+
+/// The launch of a staging kernel (two-shot, push two-shot): one block of 512 threads per
+/// 512 units of a rank's chunk, up to the whole chip; one host thread on the host backend.
+pub(crate) fn staging_plan(kernel: &'static str, s: &CallShape<'_>) -> Result<Plan> {
     if s.host {
         return Ok(Plan {
-            kernel: TWOSHOT,
+            kernel,
             config: LaunchConfig::linear(1, 32),
         });
     }
@@ -27,7 +33,7 @@ pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
         .div_ceil(THREADS as usize)
         .clamp(1, max_blocks(s.caps) as usize) as u32;
     Ok(Plan {
-        kernel: TWOSHOT,
+        kernel,
         config: LaunchConfig::linear(blocks, THREADS),
     })
 }

@@ -10,26 +10,14 @@
 //! round trip per load), which is what the staging two-shot and the zero-copy two-shot
 //! spend their time on at large sizes.
 
-use oxccl_hal::{LaunchConfig, Result};
+use oxccl_hal::Result;
 
-use super::{max_blocks, CallShape, Plan, THREADS};
+use super::two_shot::staging_plan;
+use super::{CallShape, Plan};
 use crate::host_kernels::TWOSHOT_PUSH;
 
-/// The launch for a call (push two-shot serves every size).
+/// The launch for a call (push two-shot serves every size; the staging grid of
+/// [`staging_plan`]).
 pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
-    if s.host {
-        return Ok(Plan {
-            kernel: TWOSHOT_PUSH,
-            config: LaunchConfig::linear(1, 32),
-        });
-    }
-    let units = s.bytes.div_ceil(16).max(1);
-    let chunk = units.div_ceil(s.world_size.max(1) as usize);
-    let blocks = chunk
-        .div_ceil(THREADS as usize)
-        .clamp(1, max_blocks(s.caps) as usize) as u32;
-    Ok(Plan {
-        kernel: TWOSHOT_PUSH,
-        config: LaunchConfig::linear(blocks, THREADS),
-    })
+    staging_plan(TWOSHOT_PUSH, s)
 }

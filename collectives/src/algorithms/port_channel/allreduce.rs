@@ -48,6 +48,7 @@ use oxccl_kernels::abi::{
 use oxccl_kernels::{formats, reduce};
 
 use super::plan_for;
+use crate::communicator::{check_buffers, check_types};
 
 /// Name of the kernel (device image and host table).
 pub const PORT_ALLREDUCE: &str = "allreduce_port";
@@ -398,7 +399,9 @@ impl PortAllreduce {
             return Ok(());
         }
         let bytes = dtype.bytes(count).map_err(at)?;
-        check_call(input, output, bytes, dtype, accum).map_err(at)?;
+        // The communicator's rules, so both entry points refuse the same calls.
+        check_buffers(input, output, bytes, dtype).map_err(at)?;
+        check_types(dtype, accum).map_err(at)?;
         let plan = plan_for(self.world, self.host).map_err(at)?;
         let channels = self.handles.as_ref().map_or(std::ptr::null(), |m| {
             ptr_of(m.ptr()).cast::<OxcclPortChannel>().cast_const()
@@ -470,43 +473,6 @@ impl PortAllreduce {
         drop(self);
         Ok(())
     }
-}
-
-/// Checks a call's pointers and types (the communicator's rules).
-fn check_call(
-    input: DevicePtr,
-    output: DevicePtr,
-    bytes: usize,
-    dtype: DataType,
-    accum: AccumType,
-) -> Result<()> {
-    if input.is_null() || output.is_null() {
-        return Err(Error::InvalidArgument(
-            "port allreduce: null input or output".into(),
-        ));
-    }
-    let align = dtype.size() as u64;
-    if !input.is_aligned(align) || !output.is_aligned(align) {
-        return Err(Error::InvalidArgument(format!(
-            "port allreduce: input {input} / output {output} not aligned to the {align}-byte \
-             {dtype} element"
-        )));
-    }
-    input.offset(bytes)?;
-    output.offset(bytes)?;
-    let (i, o, n) = (input.0, output.0, bytes as u64);
-    if i != o && i < o + n && o < i + n {
-        return Err(Error::InvalidArgument(format!(
-            "port allreduce: input {input} and output {output} overlap without being the same \
-             buffer"
-        )));
-    }
-    if dtype == DataType::F32 && accum == AccumType::F16 {
-        return Err(Error::Unsupported(
-            "port allreduce: f32 data with an f16 accumulator".into(),
-        ));
-    }
-    Ok(())
 }
 
 fn ptr_of(p: DevicePtr) -> *mut std::ffi::c_void {
