@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use oxccl_collectives::backend::{AnyDevice, AnyMemory, AnyStream};
-use oxccl_collectives::channels::bootstrap::{Bootstrap, BootstrapConfig, UniqueId};
+use oxccl_collectives::channels::bootstrap::{
+    free_rendezvous_port, Bootstrap, BootstrapConfig, UniqueId,
+};
 use oxccl_collectives::hal::{
     AccumType, BackendKind, DataType, Device, DeviceId, DevicePtr, Memory, MemoryKind, ReduceOp,
     Stream,
@@ -657,12 +659,10 @@ fn child_rank() {
 #[test]
 fn across_processes() {
     let exe = std::env::current_exe().unwrap();
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
     for (world, algo) in [(2u32, "auto"), (3, "oneshot_ll"), (4, "twoshot")] {
-        let master_port = port + world as u16 * 2;
+        // Below the ephemeral range: a port from bind(0) can be handed to another test's
+        // outgoing connection before rank 0 binds it.
+        let master_port = free_rendezvous_port().unwrap();
         let children: Vec<_> = (0..world)
             .map(|r| {
                 std::process::Command::new(&exe)

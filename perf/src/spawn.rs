@@ -2,6 +2,8 @@
 
 use std::process::{Command, ExitCode};
 
+use oxccl_collectives::channels::bootstrap::{free_rendezvous_port, RENDEZVOUS_PORTS};
+
 /// Starts `n` copies of this program as ranks 0..n on this machine with the launcher
 /// environment torchrun would set, waits for all, and fails when any failed.
 pub fn run(n: u32) -> ExitCode {
@@ -12,7 +14,7 @@ pub fn run(n: u32) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let Some(port) = rendezvous_port() else {
+    let Some(port) = free_rendezvous_port() else {
         eprintln!("oxccl-perf: no free port for the rendezvous in {RENDEZVOUS_PORTS:?}");
         return ExitCode::FAILURE;
     };
@@ -82,33 +84,13 @@ pub fn run(n: u32) -> ExitCode {
     }
 }
 
-/// Ports the rendezvous is chosen from: below Linux's ephemeral range (32768-60999), so
-/// an outgoing connection of any process cannot take the port between this check and
-/// rank 0's bind (which happened once with a port from bind(0)).
-const RENDEZVOUS_PORTS: std::ops::Range<u16> = 20000..32000;
-
-/// A port of [`RENDEZVOUS_PORTS`] that is free now, starting at a per-process offset.
-fn rendezvous_port() -> Option<u16> {
-    let span = u32::from(RENDEZVOUS_PORTS.end - RENDEZVOUS_PORTS.start);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let start = (std::process::id().wrapping_mul(7919) ^ nanos) % span;
-    (0..span).find_map(|k| {
-        let port = RENDEZVOUS_PORTS.start + ((start + k) % span) as u16;
-        std::net::TcpListener::bind(("127.0.0.1", port))
-            .ok()
-            .map(|_| port)
-    })
-}
-
 /// Without any launcher variables this process is the only rank.
 pub fn single_rank_defaults() {
     let launched = ["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"]
         .iter()
         .any(|v| std::env::var_os(v).is_some());
     if !launched {
-        let port = rendezvous_port().unwrap_or(29500);
+        let port = free_rendezvous_port().unwrap_or(29500);
         for (k, v) in [
             ("RANK", "0".to_string()),
             ("LOCAL_RANK", "0".to_string()),

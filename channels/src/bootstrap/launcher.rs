@@ -125,6 +125,28 @@ impl LaunchInfo {
     }
 }
 
+/// Ports [`free_rendezvous_port`] chooses from: below Linux's ephemeral range (32768-60999),
+/// so no process's outgoing connection can be given the port between the check and the
+/// root's bind, as happens with a port from bind(0) on a busy machine.
+pub const RENDEZVOUS_PORTS: std::ops::Range<u16> = 20000..32000;
+
+/// A port of [`RENDEZVOUS_PORTS`] (and the one above it, which the bootstrap root uses next
+/// to torchrun's `MASTER_PORT`) free on 127.0.0.1 now, for launchers that start ranks on
+/// this machine (`oxccl-perf -N`, tests). Starts at a per-process offset; `None` when none
+/// is free.
+pub fn free_rendezvous_port() -> Option<u16> {
+    let span = u32::from(RENDEZVOUS_PORTS.end - RENDEZVOUS_PORTS.start);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let start = (std::process::id().wrapping_mul(7919) ^ nanos) % span;
+    (0..span).step_by(2).find_map(|k| {
+        let port = RENDEZVOUS_PORTS.start + ((start + k) % (span - 1)) as u16;
+        let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+        (free(port) && free(port + 1)).then_some(port)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,5 +208,12 @@ mod tests {
         ]))
         .unwrap_err();
         assert!(e.to_string().contains("OXCCL_BOOTSTRAP_PORT"), "{e}");
+    }
+
+    #[test]
+    fn rendezvous_ports_are_free_and_below_the_ephemeral_range() {
+        let p = free_rendezvous_port().unwrap();
+        assert!(RENDEZVOUS_PORTS.contains(&p) && RENDEZVOUS_PORTS.contains(&(p + 1)));
+        std::net::TcpListener::bind(("127.0.0.1", p)).unwrap();
     }
 }

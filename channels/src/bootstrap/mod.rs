@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-pub use launcher::LaunchInfo;
+pub use launcher::{free_rendezvous_port, LaunchInfo, RENDEZVOUS_PORTS};
 pub use unique_id::{UniqueId, UNIQUE_ID_BYTES};
 
 use oxccl_hal::{Error, Result};
