@@ -13,9 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use oxccl_collectives::backend::{AnyDevice, AnyMemory, AnyStream};
-use oxccl_collectives::channels::bootstrap::{
-    free_rendezvous_port, Bootstrap, BootstrapConfig, UniqueId,
-};
+use oxccl_collectives::channels::bootstrap::{Bootstrap, BootstrapConfig, UniqueId};
 use oxccl_collectives::hal::{
     AccumType, BackendKind, DataType, Device, DeviceId, DevicePtr, Memory, MemoryKind, ReduceOp,
     Stream,
@@ -658,43 +656,11 @@ fn child_rank() {
 
 #[test]
 fn across_processes() {
-    let exe = std::env::current_exe().unwrap();
     for (world, algo) in [(2u32, "auto"), (3, "oneshot_ll"), (4, "twoshot")] {
-        // Below the ephemeral range: a port from bind(0) can be handed to another test's
-        // outgoing connection before rank 0 binds it.
-        let master_port = free_rendezvous_port().unwrap();
-        let children: Vec<_> = (0..world)
-            .map(|r| {
-                std::process::Command::new(&exe)
-                    .args([
-                        "--exact",
-                        "child_rank",
-                        "--ignored",
-                        "--nocapture",
-                        "--test-threads=1",
-                    ])
-                    .env("OXCCL_TEST_CHILD", "1")
-                    .env("OXCCL_BACKEND", "host")
-                    .env("OXCCL_ALGO", algo)
-                    .env("OXCCL_STAGING_MB", "1")
-                    .env("OXCCL_TIMEOUT_MS", "20000")
-                    .env("RANK", r.to_string())
-                    .env("LOCAL_RANK", r.to_string())
-                    .env("WORLD_SIZE", world.to_string())
-                    .env("LOCAL_WORLD_SIZE", world.to_string())
-                    .env("MASTER_ADDR", "127.0.0.1")
-                    .env("MASTER_PORT", master_port.to_string())
-                    .env("OXCCL_BOOTSTRAP_PORT", (master_port + 1).to_string())
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
-        for mut c in children {
-            let status = c.wait().unwrap();
-            assert!(
-                status.success(),
-                "world {world} algo {algo}: a rank failed ({status})"
-            );
-        }
+        common::run_child_ranks(
+            world,
+            &[("OXCCL_ALGO", algo), ("OXCCL_STAGING_MB", "1")],
+            &format!("world {world} algo {algo}"),
+        );
     }
 }

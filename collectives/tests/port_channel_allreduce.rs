@@ -15,9 +15,7 @@ use std::time::{Duration, Instant};
 
 use oxccl_collectives::algorithms::port_channel::{PortAllreduce, PortAllreduceConfig};
 use oxccl_collectives::backend::{AnyDevice, AnyMemory, AnyStream};
-use oxccl_collectives::channels::bootstrap::{
-    free_rendezvous_port, Bootstrap, BootstrapConfig, UniqueId,
-};
+use oxccl_collectives::channels::bootstrap::{Bootstrap, BootstrapConfig, UniqueId};
 use oxccl_collectives::channels::connection::Transport;
 use oxccl_collectives::hal::{
     AccumType, BackendKind, DataType, Device, DeviceId, DevicePtr, Memory, MemoryKind, ReduceOp,
@@ -391,43 +389,14 @@ fn child_rank() {
 /// over IPC (memfd mappings between processes).
 #[test]
 fn across_processes() {
-    let exe = std::env::current_exe().unwrap();
     for (world, transport) in [(3u32, "tcp"), (3, "ipc")] {
-        // Below the ephemeral range: a port from bind(0) can be handed to another test's
-        // outgoing connection before rank 0 binds it.
-        let master_port = free_rendezvous_port().unwrap();
-        let children: Vec<_> = (0..world)
-            .map(|r| {
-                std::process::Command::new(&exe)
-                    .args([
-                        "--exact",
-                        "child_rank",
-                        "--ignored",
-                        "--nocapture",
-                        "--test-threads=1",
-                    ])
-                    .env("OXCCL_TEST_CHILD", "1")
-                    .env("OXCCL_BACKEND", "host")
-                    .env("OXCCL_PORT_TRANSPORT", transport)
-                    .env("OXCCL_PORT_CHUNK_KB", "64")
-                    .env("OXCCL_TIMEOUT_MS", "20000")
-                    .env("RANK", r.to_string())
-                    .env("LOCAL_RANK", r.to_string())
-                    .env("WORLD_SIZE", world.to_string())
-                    .env("LOCAL_WORLD_SIZE", world.to_string())
-                    .env("MASTER_ADDR", "127.0.0.1")
-                    .env("MASTER_PORT", master_port.to_string())
-                    .env("OXCCL_BOOTSTRAP_PORT", (master_port + 1).to_string())
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
-        for mut c in children {
-            let status = c.wait().unwrap();
-            assert!(
-                status.success(),
-                "world {world} {transport}: a rank failed ({status})"
-            );
-        }
+        common::run_child_ranks(
+            world,
+            &[
+                ("OXCCL_PORT_TRANSPORT", transport),
+                ("OXCCL_PORT_CHUNK_KB", "64"),
+            ],
+            &format!("world {world} {transport}"),
+        );
     }
 }

@@ -41,3 +41,42 @@ pub fn expected(
     reduce::reduce(dtype, op, accum, &refs, &mut out, count).unwrap();
     out
 }
+
+/// Runs this test binary's ignored `child_rank` test as `world` rank processes on this
+/// machine (launcher environment as torchrun sets it, host backend, `env` on top), and
+/// asserts that every rank exits successfully; `what` names the case in the message.
+pub fn run_child_ranks(world: u32, env: &[(&str, &str)], what: &str) {
+    let exe = std::env::current_exe().unwrap();
+    // Below the ephemeral range: a port from bind(0) can be handed to another test's
+    // outgoing connection before rank 0 binds it.
+    let master_port = oxccl_collectives::channels::bootstrap::free_rendezvous_port().unwrap();
+    let children: Vec<_> = (0..world)
+        .map(|r| {
+            std::process::Command::new(&exe)
+                .args([
+                    "--exact",
+                    "child_rank",
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env("OXCCL_TEST_CHILD", "1")
+                .env("OXCCL_BACKEND", "host")
+                .env("OXCCL_TIMEOUT_MS", "20000")
+                .envs(env.iter().copied())
+                .env("RANK", r.to_string())
+                .env("LOCAL_RANK", r.to_string())
+                .env("WORLD_SIZE", world.to_string())
+                .env("LOCAL_WORLD_SIZE", world.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", master_port.to_string())
+                .env("OXCCL_BOOTSTRAP_PORT", (master_port + 1).to_string())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut c in children {
+        let status = c.wait().unwrap();
+        assert!(status.success(), "{what}: a rank failed ({status})");
+    }
+}
