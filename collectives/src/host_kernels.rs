@@ -164,42 +164,20 @@ impl Call {
 
     /// Bytes [off, off + 16) of the input; bytes past the end are zero.
     fn load_input(&self, off: usize) -> [u8; 16] {
-        let mut v = [0u8; 16];
-        let n = self.total.saturating_sub(off).min(16);
-        if n > 0 {
-            // SAFETY: launch contract: the input holds `total` bytes; [off, off + n) is inside.
-            unsafe {
-                std::ptr::copy_nonoverlapping(self.a.input.cast::<u8>().add(off), v.as_mut_ptr(), n)
-            };
-        }
-        v
+        // SAFETY: launch contract: the input holds `total` bytes.
+        unsafe { read_unit(self.a.input, self.total, off) }
     }
 
     /// Stores the part of `v` that falls inside the output.
     fn store_output(&self, off: usize, v: &[u8; 16]) {
-        let n = self.total.saturating_sub(off).min(16);
-        if n > 0 {
-            // SAFETY: launch contract: the output holds `total` bytes; [off, off + n) is
-            // inside, and only this kernel writes it while it runs.
-            unsafe {
-                std::ptr::copy_nonoverlapping(v.as_ptr(), self.a.output.cast::<u8>().add(off), n)
-            };
-        }
+        // SAFETY: launch contract: the output holds `total` bytes, and only this kernel
+        // writes it while it runs.
+        unsafe { write_unit(self.a.output, self.total, off, v) }
     }
 
     /// Reduces one 16-byte unit of every rank, in rank order, bit for bit as the device.
     fn reduce_unit(&self, inputs: &[[u8; 16]], valid: usize) -> Result<[u8; 16]> {
-        let size = self.dtype.size();
-        let mut out = [0u8; 16];
-        let mut bits = [0u32; OXCCL_ALLREDUCE_MAX_RANKS as usize];
-        for lane in 0..valid.div_ceil(size) {
-            for (slot, input) in bits.iter_mut().zip(inputs) {
-                *slot = formats::read_element(self.dtype, input, lane).unwrap_or_default();
-            }
-            let r = reduce::reduce_element(self.dtype, self.op, self.accum, &bits[..inputs.len()])?;
-            formats::write_element(self.dtype, &mut out, lane, r);
-        }
-        Ok(out)
+        reduce_unit(self.dtype, self.op, self.accum, inputs, valid)
     }
 
     fn finish(&self) {
@@ -209,6 +187,55 @@ impl Call {
             .store(0, Ordering::Relaxed);
         epoch.store(e + 1, Ordering::Release);
     }
+}
+
+/// Bytes [off, off + 16) of a buffer of `total` bytes; bytes past the end read as zero
+/// (the device kernels' `load_unit`).
+///
+/// # Safety
+/// `base` must be valid for reads of `total` bytes.
+pub(crate) unsafe fn read_unit(base: *const c_void, total: usize, off: usize) -> [u8; 16] {
+    let mut v = [0u8; 16];
+    let n = total.saturating_sub(off).min(16);
+    if n > 0 {
+        // SAFETY: [off, off + n) lies inside the `total` bytes the caller vouches for.
+        unsafe { std::ptr::copy_nonoverlapping(base.cast::<u8>().add(off), v.as_mut_ptr(), n) };
+    }
+    v
+}
+
+/// Stores the bytes of `v` that fall inside a buffer of `total` bytes at [off, off + 16)
+/// (the device kernels' `store_unit`).
+///
+/// # Safety
+/// `base` must be valid for writes of `total` bytes that nothing else accesses meanwhile.
+pub(crate) unsafe fn write_unit(base: *mut c_void, total: usize, off: usize, v: &[u8; 16]) {
+    let n = total.saturating_sub(off).min(16);
+    if n > 0 {
+        // SAFETY: [off, off + n) lies inside the `total` bytes the caller vouches for.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), base.cast::<u8>().add(off), n) };
+    }
+}
+
+/// Reduces one 16-byte unit of every rank (`inputs`, rank order) with the reference
+/// reduction, lane by lane over the `valid` bytes: bit for bit what the device computes.
+pub(crate) fn reduce_unit(
+    dtype: DataType,
+    op: ReduceOp,
+    accum: AccumType,
+    inputs: &[[u8; 16]],
+    valid: usize,
+) -> Result<[u8; 16]> {
+    let mut out = [0u8; 16];
+    let mut bits = [0u32; OXCCL_ALLREDUCE_MAX_RANKS as usize];
+    for lane in 0..valid.div_ceil(dtype.size()) {
+        for (slot, input) in bits.iter_mut().zip(inputs) {
+            *slot = formats::read_element(dtype, input, lane).unwrap_or_default();
+        }
+        let r = reduce::reduce_element(dtype, op, accum, &bits[..inputs.len()])?;
+        formats::write_element(dtype, &mut out, lane, r);
+    }
+    Ok(out)
 }
 
 fn flag_of(epoch: u64) -> u32 {

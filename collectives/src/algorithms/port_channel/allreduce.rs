@@ -45,10 +45,10 @@ use oxccl_kernels::abi::{
     OXCCL_ALLREDUCE_ERR_TIMEOUT, OXCCL_ALLREDUCE_MAX_RANKS, OXCCL_PORT_ALLREDUCE_SYNC_BYTES,
     OXCCL_PORT_ALLREDUCE_SYNC_ERROR, OXCCL_PORT_ALLREDUCE_SYNC_ROUND,
 };
-use oxccl_kernels::{formats, reduce};
 
 use super::plan_for;
 use crate::communicator::{check_buffers, check_types};
+use crate::host_kernels::{read_unit, reduce_unit, write_unit};
 
 /// Name of the kernel (device image and host table).
 pub const PORT_ALLREDUCE: &str = "allreduce_port";
@@ -640,39 +640,18 @@ impl Call {
 
     /// Bytes [off, off + 16) of the input; bytes past the end are zero.
     fn load_input(&self, off: usize) -> [u8; 16] {
-        let mut v = [0u8; 16];
-        let n = self.total.saturating_sub(off).min(16);
-        if n > 0 {
-            // SAFETY: launch contract: the input holds `total` bytes; [off, off + n) is inside.
-            unsafe {
-                std::ptr::copy_nonoverlapping(self.a.input.cast::<u8>().add(off), v.as_mut_ptr(), n)
-            };
-        }
-        v
+        // SAFETY: launch contract: the input holds `total` bytes.
+        unsafe { read_unit(self.a.input, self.total, off) }
     }
 
     fn store_output(&self, off: usize, v: &[u8; 16]) {
-        let n = self.total.saturating_sub(off).min(16);
-        if n > 0 {
-            // SAFETY: launch contract: the output holds `total` bytes, written only here.
-            unsafe {
-                std::ptr::copy_nonoverlapping(v.as_ptr(), self.a.output.cast::<u8>().add(off), n)
-            };
-        }
+        // SAFETY: launch contract: the output holds `total` bytes, written only here.
+        unsafe { write_unit(self.a.output, self.total, off, v) }
     }
 
     /// Reduces one 16-byte unit of every rank in rank order with the reference reduction.
     fn reduce_unit(&self, inputs: &[[u8; 16]], valid: usize) -> Result<[u8; 16]> {
-        let mut out = [0u8; 16];
-        let mut bits = [0u32; OXCCL_ALLREDUCE_MAX_RANKS as usize];
-        for lane in 0..valid.div_ceil(self.dtype.size()) {
-            for (slot, input) in bits.iter_mut().zip(inputs) {
-                *slot = formats::read_element(self.dtype, input, lane).unwrap_or_default();
-            }
-            let r = reduce::reduce_element(self.dtype, self.op, self.accum, &bits[..inputs.len()])?;
-            formats::write_element(self.dtype, &mut out, lane, r);
-        }
-        Ok(out)
+        reduce_unit(self.dtype, self.op, self.accum, inputs, valid)
     }
 }
 
