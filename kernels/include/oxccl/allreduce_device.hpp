@@ -130,23 +130,32 @@ OXCCL_DEVICE_INLINE bool block_barrier(const OxcclAllreduceArgs& a, const Deadli
   return *failed == 0;
 }
 
-/// End of a call: the last block to finish advances the epoch (read by every thread at
-/// the start of the next call on this stream). A single block (the smallest one-shot
-/// calls) skips the counter: its threads all read the epoch before the barrier, and only
-/// the next kernel on this stream reads it again, which the kernel boundary orders.
-OXCCL_DEVICE_INLINE void finish_call(void* own_scratch, uint64_t epoch) {
+/// Start of a call: every thread reads the call's epoch. In a grid of several blocks each
+/// block then counts itself (a no-return add, after its barrier) so that `finish_call`
+/// knows when every block has read the epoch without a returned atomic at the end.
+OXCCL_DEVICE_INLINE uint64_t start_call(void* own_scratch) {
+  const uint64_t epoch = atomic_load_relaxed(sync_word(own_scratch, OXCCL_ALLREDUCE_SYNC_EPOCH));
   __syncthreads();
-  if (threadIdx.x == 0 && gridDim.x == 1) {
-    atomic_store_relaxed(sync_word(own_scratch, OXCCL_ALLREDUCE_SYNC_EPOCH), epoch + 1);
-  } else if (threadIdx.x == 0) {
-    uint64_t* done = sync_word(own_scratch, OXCCL_ALLREDUCE_SYNC_DONE);
-    __threadfence();
-    const uint64_t prev = atomicAdd(reinterpret_cast<unsigned long long*>(done), 1ull);
-    if (prev + 1 == gridDim.x) {
-      *done = 0;
-      atomic_store_release(sync_word(own_scratch, OXCCL_ALLREDUCE_SYNC_EPOCH), epoch + 1);
-    }
+  if (threadIdx.x == 0 && gridDim.x > 1) {
+    atomic_add_release_device(sync_word(own_scratch, OXCCL_ALLREDUCE_SYNC_DONE), 1);
   }
+  return epoch;
+}
+
+/// End of a call: block 0 advances the epoch (read at the start of the next call on this
+/// stream, which the kernel boundary orders) once every block has read it: at once in a
+/// single block (its barrier in `start_call` covered that), else when the count from
+/// `start_call` is complete (it resets the count for the next call; every block added
+/// before, so nothing adds after). No fence and no returned atomic on the way out.
+OXCCL_DEVICE_INLINE void finish_call(void* own_scratch, uint64_t epoch) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  if (gridDim.x > 1) {
+    uint64_t* done = sync_word(own_scratch, OXCCL_ALLREDUCE_SYNC_DONE);
+    while (atomic_load_acquire(done) < gridDim.x) {
+    }
+    atomic_store_relaxed(done, 0);
+  }
+  atomic_store_relaxed(sync_word(own_scratch, OXCCL_ALLREDUCE_SYNC_EPOCH), epoch + 1);
 }
 
 }  // namespace allreduce

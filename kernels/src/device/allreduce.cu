@@ -132,26 +132,42 @@ __device__ __noinline__ void oneshot_body(const Reducer reduce, const OxcclAllre
     }
   }
 
-  // Read and reduce: every rank's unit, in rank order, from my own scratch.
+  // Read and reduce: every rank's unit, in rank order, from my own scratch. All pending
+  // packets of a unit are read before any is checked, so the reads of the peers' packets
+  // overlap instead of waiting for one another (one L2 round trip per poll, not 2(w-1)).
   const char* mine = static_cast<const char*>(a.scratch[me]) + half;
-  bool ok = true;
-  for (uint64_t u = first; u < units && ok; u += stride) {
+  constexpr uint32_t kPackets = 2 * OXCCL_ALLREDUCE_MAX_RANKS;
+  uint32_t all_peers = 0;
+  for (uint32_t r = 0; r < w; ++r) {
+    if (r != me) all_peers |= 3u << (2 * r);
+  }
+  for (uint64_t u = first; u < units; u += stride) {
     Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
-    for (uint32_t r = 0; r < w; ++r) {
-      if (r == me) {
-        in[r] = load_unit(a.input, u * 16, total);
-        continue;
+    in[me] = load_unit(a.input, u * 16, total);
+    const OxcclLL16Packet* base = reinterpret_cast<const OxcclLL16Packet*>(mine) + 2 * u;
+    uint32_t pending = all_peers;
+    for (uint64_t polls = 0; pending != 0; ++polls) {
+      Vec16 raw[kPackets];
+#pragma unroll
+      for (uint32_t i = 0; i < kPackets; ++i) {
+        if (pending >> i & 1) {
+          raw[i] = load16_volatile(reinterpret_cast<const char*>(base + (i & 1)) + (i >> 1) * slot_bytes);
+        }
       }
-      const OxcclLL16Packet* src =
-          reinterpret_cast<const OxcclLL16Packet*>(mine + r * slot_bytes) + 2 * u;
-      if (!ll16_wait(src, flag, d, &in[r].w[0], &in[r].w[1]) ||
-          !ll16_wait(src + 1, flag, d, &in[r].w[2], &in[r].w[3])) {
-        report(a.scratch[me], OXCCL_ALLREDUCE_ERR_TIMEOUT, r);
-        ok = false;
-        break;
+#pragma unroll
+      for (uint32_t i = 0; i < kPackets; ++i) {
+        if ((pending >> i & 1) && raw[i].w[1] == flag && raw[i].w[3] == flag) {
+          in[i >> 1].w[2 * (i & 1)] = raw[i].w[0];
+          in[i >> 1].w[2 * (i & 1) + 1] = raw[i].w[2];
+          pending &= ~(1u << i);
+        }
+      }
+      if (pending != 0 && d.expired(polls)) {
+        report(a.scratch[me], OXCCL_ALLREDUCE_ERR_TIMEOUT, static_cast<uint32_t>(__ffs(pending) - 1) / 2);
+        return;
       }
     }
-    if (ok) store_unit(a.output, u * 16, reduce(in, w), total);
+    store_unit(a.output, u * 16, reduce(in, w), total);
   }
 }
 
@@ -416,8 +432,7 @@ OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_oneshot_ll(OxcclAllreduceA
     if (oxccl::thread_index() == 0) report(own, OXCCL_ALLREDUCE_ERR_ARGS, args.rank);
     return;
   }
-  const uint64_t epoch =
-      oxccl::atomic_load_relaxed(sync_word(own, OXCCL_ALLREDUCE_SYNC_EPOCH));
+  const uint64_t epoch = start_call(own);
   const Deadline d{now_ns(), args.timeout_ns};
   dispatch_all(args, [&]<typename Fmt>(auto reducer) {
     oneshot_body<Fmt>(reducer, args, epoch, d);
@@ -434,8 +449,7 @@ OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_twoshot(OxcclAllreduceArgs
   }
   __shared__ int failed;
   if (threadIdx.x == 0) failed = 0;
-  const uint64_t epoch =
-      oxccl::atomic_load_relaxed(sync_word(own, OXCCL_ALLREDUCE_SYNC_EPOCH));
+  const uint64_t epoch = start_call(own);
   const Deadline d{now_ns(), args.timeout_ns};
   dispatch_all(args, [&]<typename Fmt>(auto reducer) {
     twoshot_body<Fmt>(reducer, args, d, &failed);
@@ -453,8 +467,7 @@ OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_twoshot_zc(OxcclAllreduceA
   }
   __shared__ int failed;
   if (threadIdx.x == 0) failed = 0;
-  const uint64_t epoch =
-      oxccl::atomic_load_relaxed(sync_word(own, OXCCL_ALLREDUCE_SYNC_EPOCH));
+  const uint64_t epoch = start_call(own);
   const Deadline d{now_ns(), args.timeout_ns};
   dispatch_all(args, [&]<typename Fmt>(auto reducer) {
     twoshot_zc_body<Fmt>(reducer, args, d, &failed);
@@ -471,8 +484,7 @@ OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_twoshot_push(OxcclAllreduc
   }
   __shared__ int failed;
   if (threadIdx.x == 0) failed = 0;
-  const uint64_t epoch =
-      oxccl::atomic_load_relaxed(sync_word(own, OXCCL_ALLREDUCE_SYNC_EPOCH));
+  const uint64_t epoch = start_call(own);
   const Deadline d{now_ns(), args.timeout_ns};
   dispatch_all(args, [&]<typename Fmt>(auto reducer) {
     twoshot_push_body<Fmt>(reducer, args, d, &failed);
