@@ -21,7 +21,8 @@ pub fn default_zc_threshold(world_size: u32) -> usize {
     match world_size {
         // 2 H200s, tuned: one-shot up to 1 MiB, zero-copy from 2 MiB.
         0..=2 => 1 << 20,
-        3..=4 => 64 << 10,
+        // 4 H200s, tuned: one-shot up to 256 KiB, push two-shot from 512 KiB.
+        3..=4 => 256 << 10,
         _ => 32 << 10,
     }
 }
@@ -33,16 +34,27 @@ pub fn default_oneshot_max(world_size: u32) -> usize {
     match world_size {
         // 2 H200s, tuned: one-shot up to 1 MiB, push from 2 MiB.
         0..=2 => 1 << 20,
+        // 4 H200s, tuned: one-shot up to 256 KiB (registered or not), push above.
         3..=4 => 256 << 10,
         _ => 128 << 10,
     }
 }
 
-/// Without a tuned table, registered calls above this many bytes per rank take the push
-/// two-shot rather than the zero-copy one (2 H200s, tuned: zero-copy wins at 2 MiB, push
-/// from 4 MiB up; unregistered calls above the one-shot threshold take push at every
-/// size, where it beat the staging two-shot at every size measured).
-pub const ZC_MAX_BYTES: usize = 2 << 20;
+/// Without a tuned table, the two-shot for registered calls above the zero-copy
+/// threshold. 2 H200s (tuned): zero-copy wins up to 2 MiB, push from 4 MiB. 4 H200s
+/// (tuned): push at every size from 512 KiB, zero-copy never clearly ahead; more ranks
+/// (not measured) follow the 4-rank finding. Unregistered calls above the one-shot
+/// threshold take push at every size: it beat the staging two-shot at every size measured.
+pub fn registered_two_shot(world_size: u32, bytes: usize) -> Algorithm {
+    if world_size <= 2 && bytes <= ZC_MAX_BYTES_2_RANKS {
+        Algorithm::TwoShotZc
+    } else {
+        Algorithm::TwoShotPush
+    }
+}
+
+/// On 2 ranks, the largest registered message (bytes per rank) the zero-copy two-shot takes.
+pub const ZC_MAX_BYTES_2_RANKS: usize = 2 << 20;
 
 /// The selector's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,20 +108,13 @@ impl Selector {
                 reason: "one rank: a local copy".into(),
             }
         } else if shape.zero_copy && shape.bytes > self.zc_threshold_bytes {
-            let algorithm = if shape.bytes > ZC_MAX_BYTES {
-                Algorithm::TwoShotPush
-            } else {
-                Algorithm::TwoShotZc
-            };
+            let algorithm = registered_two_shot(shape.world_size, shape.bytes);
             Choice {
                 algorithm,
                 plan: algorithm.plan(shape)?,
                 reason: format!(
-                    "registered buffers, {} bytes > zero-copy threshold {} ({} above {})",
-                    shape.bytes,
-                    self.zc_threshold_bytes,
-                    Algorithm::TwoShotPush,
-                    ZC_MAX_BYTES
+                    "registered buffers, {} bytes > zero-copy threshold {} ({} on {} ranks)",
+                    shape.bytes, self.zc_threshold_bytes, algorithm, shape.world_size
                 ),
             }
         } else if shape.bytes <= self.oneshot_max_bytes || shape.zero_copy {
@@ -130,8 +135,8 @@ impl Selector {
                     },
                 },
                 Err(e) => {
-                    let algorithm = if shape.zero_copy && shape.bytes <= ZC_MAX_BYTES {
-                        Algorithm::TwoShotZc
+                    let algorithm = if shape.zero_copy {
+                        registered_two_shot(shape.world_size, shape.bytes)
                     } else {
                         Algorithm::TwoShotPush
                     };
@@ -237,9 +242,11 @@ mod tests {
         };
         let e = forced.choose(&shape(1 << 30, 8, &caps)).unwrap_err();
         assert!(e.to_string().contains("packet scratch"), "{e}");
-        let mut reg = shape(1 << 20, 4, &caps);
+        let mut reg = shape(1 << 20, 2, &caps);
         reg.zero_copy = true;
         assert_eq!(s.choose(&reg).unwrap().algorithm, Algorithm::TwoShotZc);
+        reg.world_size = 4;
+        assert_eq!(s.choose(&reg).unwrap().algorithm, Algorithm::TwoShotPush);
         reg.bytes = 64 << 20;
         assert_eq!(s.choose(&reg).unwrap().algorithm, Algorithm::TwoShotPush);
         reg.bytes = 64 << 10;

@@ -257,7 +257,11 @@ fn zero_copy_on_registered_buffers() {
                                 && dtype.bytes(count).unwrap()
                                     > oxccl_collectives::selector::default_zc_threshold(world)
                             {
-                                assert_eq!(c.algorithm, Algorithm::TwoShotZc, "{}", c.reason);
+                                let want = oxccl_collectives::selector::registered_two_shot(
+                                    world,
+                                    dtype.bytes(count).unwrap(),
+                                );
+                                assert_eq!(c.algorithm, want, "{}", c.reason);
                             }
                             r.check_at(
                                 inp,
