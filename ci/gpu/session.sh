@@ -110,14 +110,14 @@ allreduce)
     done
     ;;
 perf)
-    for n in 2 4; do
+    for n in ${OXCCL_SESSION_GPUS:-2 4}; do
         ((ngpus >= n)) || continue
         export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
         step "perf ${n}gpu bf16 sum vs NCCL graph" 240 .gpu/oxccl-perf -N "${n}" -b 1K -e 1G -f 2 -d bf16 \
             -w 5 --iters 20 --graph --compare nccl --json "${out}/allreduce-bf16-${n}gpu.json"
     done
     # Threshold data (no NCCL): one-shot vs zero-copy two-shot over the crossover range.
-    for n in 4 2; do
+    for n in ${OXCCL_SESSION_GPUS:-4 2}; do
         ((ngpus >= n)) || continue
         export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
         for algo in oneshot_ll twoshot_zc; do
@@ -155,7 +155,7 @@ torch)
     for n in ${OXCCL_SESSION_GPUS:-2 4}; do
         ((ngpus >= n)) || continue
         export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
-        step "torch ${n}gpu with and without liboxccl_nccl.so" 400 env OXCCL_STEP_TIMEOUT=180 \
+        step "torch ${n}gpu with and without liboxccl_nccl.so" 270 env OXCCL_STEP_TIMEOUT=120 \
             bash ci/gpu/run-torch-nccl-api.sh "${repo_root}/.gpu/liboxccl_nccl.so" "${n}"
     done
     ;;

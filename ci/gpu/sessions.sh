@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Several phases of ci/gpu/session.sh in one device call, inside one overall time limit,
+# with everything they write packed into one $OUT/results-<phases>.tar.gz (the device tool
+# returns at most 8 files, 16 MiB each: PyTorch's saved tensors stay out). Each phase gets what is left of the limit as its budget, so a
+# slow phase makes the later ones skip steps instead of overrunning the call.
+#
+#     OXCCL_SESSION_GPUS=4 ci/gpu/sessions.sh 560 allreduce perf tune torch
+#
+# NVLS stays off (session.sh exports NCCL_NVLS_ENABLE=0 and unsets OXCCL_NVLS).
+set -uo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+total="${1:?usage: ci/gpu/sessions.sh SECONDS PHASE...}"
+shift
+final_out="${OUT:-${repo_root}/.gpu/results}"
+work="$(mktemp -d /tmp/oxccl-sessions.XXXXXX)"
+mkdir -p "${final_out}"
+start=${SECONDS}
+status=0
+for phase in "$@"; do
+    left=$((total - (SECONDS - start)))
+    if ((left < 30)); then
+        echo "== phase ${phase}: skipped, ${left}s left" | tee -a "${work}/skipped.txt"
+        continue
+    fi
+    OUT="${work}" OXCCL_SESSION_BUDGET="${left}" bash "${repo_root}/ci/gpu/session.sh" "${phase}" || status=1
+done
+echo "== all phases: $((SECONDS - start))s"
+cat "${work}"/summary-*.txt 2>/dev/null | grep -E '^(==|FAIL|SKIP)' || true
+name="$(IFS=-; echo "$*")"
+tar czf "${final_out}/results-${name}.tar.gz" --exclude='*.pt' -C "${work}" .
+exit "${status}"
