@@ -11,14 +11,19 @@
  *   [0, SYNC_BYTES)                      sync area (below); zeroed at communicator setup
  *   [packet_offset, +2*packet_half)      LL16 packets, two halves chosen by epoch parity;
  *                                        zeroed at setup (flag 0 never matches)
+ *   [ll128 offset, +2*ll128 half)        LL128 lines (allreduce_oneshot_ll128), two halves
+ *                                        by epoch parity, zeroed at setup; a launch of that
+ *                                        kernel passes this region as packet_offset /
+ *                                        packet_half_bytes
  *   [data_offset, +2*data_bytes)         two-shot staging: "in" (inputs peers read) then
  *                                        "out" (reduced chunks peers read)
  *
  * Sync area (u64 words):
- *   EPOCH      calls completed by this rank's kernels; read at kernel start, advanced by the
- *              last block to finish. LL flags and packet parity derive from it, so nothing
+ *   EPOCH      calls completed by this rank's kernels; read at kernel start, advanced by
+ *              block 0 at its end once every block has read it. LL flags and packet parity derive from it, so nothing
  *              on the host advances per call (graph replays stay correct).
- *   DONE       blocks of the running kernel that have finished (reset by the last one).
+ *   DONE       blocks of the running kernel that have read the epoch (each adds 1 after
+ *              reading it; block 0 waits for all, resets it and advances the epoch).
  *   ERROR      0, or OXCCL_ALLREDUCE_ERR_* | (peer rank << 32): first failure seen.
  *   INBOUND    [MAX_BLOCKS][MAX_RANKS]: block b of rank p adds 1 to INBOUND[b][p] of this
  *              rank (release) at each two-shot barrier (both two-shot kernels).
@@ -49,6 +54,12 @@ enum {
  * call's flag twice per 16-byte store) into slot `rank` of every peer's packet half, then
  * reads the peers' packets from its own scratch and reduces in rank order. One kernel, no
  * separate barrier. Packet capacity: world_size * 2 * bytes(count) <= packet_half_bytes.
+ *
+ * allreduce_oneshot_ll128: the same with 128-byte lines: 8 lanes store one line in one
+ * warp instruction, lanes 0-6 seven 16-byte units of the input, lane 7 the flag in all
+ * four words; readers load a line in one instruction and take it when lane 7 matches.
+ * Capacity: world_size * ceil(units / 7) * 128 <= packet_half_bytes (of the line region).
+ * CUDA only (NVLink's 128-byte store atomicity); on HIP the kernel reports ERR_ARGS.
  *
  * allreduce_twoshot: in rounds of data_bytes: copy the input into "in" staging, barrier,
  * reduce chunk `rank` from every rank's staging (rank order) into "out" staging and the

@@ -171,6 +171,97 @@ __device__ __noinline__ void oneshot_body(const Reducer reduce, const OxcclAllre
   }
 }
 
+// ---- one-shot LL128 -----------------------------------------------------------------------
+// The one-shot with 128-byte lines instead of 16-byte packets: 8 lanes of a warp store one
+// line in one instruction, lanes 0-6 seven 16-byte units of the message and lane 7 the
+// call's flag in all four words. NVLink delivers a warp's 16-byte stores to one aligned
+// 128-byte line as one write, and a warp's loads of one line read one snapshot, so a line
+// whose flag lane matches holds that call's data (the property NCCL's LL128 relies on, on
+// NVLink GPUs). 112 of every 128 bytes carry data (LL16: 64 of 128). Lines live in their
+// own region (packet_offset/packet_half_bytes of the launch point at it), so no LL16
+// reader ever sees user data where it expects a flag.
+#if defined(OXCCL_DEVICE_CUDA)
+constexpr uint32_t kLl128Units = 7;  // data units per line
+
+template <typename Fmt, typename Reducer>
+__device__ __noinline__ void oneshot_ll128_body(const Reducer reduce, const OxcclAllreduceArgs& a, uint64_t epoch,
+                                                const Deadline& d) {
+  const uint64_t total = a.count * sizeof(typename Fmt::Storage);
+  const uint64_t units = (total + 15) / 16;
+  const uint64_t lines = (units + kLl128Units - 1) / kLl128Units;
+  const uint32_t w = a.world_size;
+  const uint32_t me = a.rank;
+  const uint32_t flag = flag_of(epoch);
+  const uint64_t half = a.packet_offset + (epoch & 1) * a.packet_half_bytes;
+  const uint64_t slot_bytes = lines * 128;
+  const uint32_t lane = threadIdx.x & 31;
+  const uint32_t t = lane & 7;            // position in the line; 7 = the flag
+  const uint64_t warp = thread_index() / 32;
+  const uint64_t warps = thread_count() / 32;
+  const Vec16 flags{{flag, flag, flag, flag}};
+
+  // Write: my lines into slot `me` of every peer's current half. The loop is uniform per
+  // warp and __syncwarp precedes every store, so the 8 lanes of a line store together.
+  for (uint64_t first = warp * 4; first < lines; first += warps * 4) {
+    const uint64_t line = first + lane / 8;
+    const bool active = line < lines;
+    Vec16 v = flags;
+    if (active && t < kLl128Units) v = load_unit(a.input, (line * kLl128Units + t) * 16, total);
+    __syncwarp();
+    if (active) {
+      for (uint32_t k = 1; k < w; ++k) {
+        const uint32_t p = me + k < w ? me + k : me + k - w;
+        store16_volatile(static_cast<char*>(a.scratch[p]) + half + me * slot_bytes + line * 128 + t * 16, v);
+      }
+    }
+  }
+
+  // Read: every peer's line from my own half, all pending peers' lines read before any is
+  // checked; lane 7 checks the flag and the 8 lanes of the line take its answer.
+  const char* mine = static_cast<const char*>(a.scratch[me]) + half;
+  uint32_t all_peers = 0;
+  for (uint32_t r = 0; r < w; ++r) {
+    if (r != me) all_peers |= 1u << r;
+  }
+  for (uint64_t first = warp * 4; first < lines; first += warps * 4) {
+    const uint64_t line = first + lane / 8;
+    const bool active = line < lines;
+    const uint64_t u = line * kLl128Units + t;
+    Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
+    in[me] = load_unit(a.input, u * 16, total);
+    uint32_t pending = active ? all_peers : 0;
+    for (uint64_t polls = 0;; ++polls) {
+      __syncwarp();
+      Vec16 raw[OXCCL_ALLREDUCE_MAX_RANKS];
+#pragma unroll
+      for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
+        if (pending >> r & 1) raw[r] = load16_volatile(mine + r * slot_bytes + line * 128 + t * 16);
+      }
+      uint32_t ok = 0;
+#pragma unroll
+      for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
+        if ((pending >> r & 1) && raw[r].w[0] == flag && raw[r].w[1] == flag && raw[r].w[2] == flag &&
+            raw[r].w[3] == flag) {
+          ok |= 1u << r;
+        }
+      }
+      ok = __shfl_sync(0xffffffffu, ok, lane | 7);
+#pragma unroll
+      for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
+        if (ok >> r & 1) in[r] = raw[r];
+      }
+      pending &= ~ok;
+      if (__all_sync(0xffffffffu, pending == 0)) break;
+      if (__any_sync(0xffffffffu, pending != 0 && d.expired(polls))) {
+        if (pending != 0) report(a.scratch[me], OXCCL_ALLREDUCE_ERR_TIMEOUT, static_cast<uint32_t>(__ffs(pending) - 1));
+        return;
+      }
+    }
+    if (active && t < kLl128Units) store_unit(a.output, u * 16, reduce(in, w), total);
+  }
+}
+#endif
+
 // ---- two-shot ----------------------------------------------------------------------------
 
 /// Rounds of the staging kernels. A message that fits the staging takes one round whose
@@ -438,6 +529,27 @@ OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_oneshot_ll(OxcclAllreduceA
     oneshot_body<Fmt>(reducer, args, epoch, d);
   });
   finish_call(own, epoch);
+}
+
+OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_oneshot_ll128(OxcclAllreduceArgs args) {
+  using namespace oxccl::allreduce;
+  void* own = args.scratch[args.rank < OXCCL_ALLREDUCE_MAX_RANKS ? args.rank : 0];
+#if defined(OXCCL_DEVICE_CUDA)
+  if (!args_ok(args) || blockDim.x % 32 != 0) {
+    if (oxccl::thread_index() == 0) report(own, OXCCL_ALLREDUCE_ERR_ARGS, args.rank);
+    return;
+  }
+  const uint64_t epoch = start_call(own);
+  const Deadline d{now_ns(), args.timeout_ns};
+  dispatch_all(args, [&]<typename Fmt>(auto reducer) {
+    oneshot_ll128_body<Fmt>(reducer, args, epoch, d);
+  });
+  finish_call(own, epoch);
+#else
+  // The 128-byte line atomicity LL128 needs is an NVLink property; on this architecture
+  // the host refuses the algorithm before launching, and a launch anyway is an error.
+  if (oxccl::thread_index() == 0) report(own, OXCCL_ALLREDUCE_ERR_ARGS, args.rank);
+#endif
 }
 
 OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_twoshot(OxcclAllreduceArgs args) {
