@@ -36,9 +36,9 @@ use oxccl_kernels::abi::{
 };
 
 use crate::algorithms::port_channel::{PortAllreduce, PortAllreduceConfig};
-use crate::algorithms::{one_shot, Algorithm, CallShape, Plan};
+use crate::algorithms::{one_shot, one_shot_ll128, Algorithm, CallShape, Plan};
 use crate::host_kernels::{
-    self, args_bytes, void_ptr, ONESHOT_LL, TWOSHOT, TWOSHOT_PUSH, TWOSHOT_ZC,
+    self, args_bytes, void_ptr, ONESHOT_LL, ONESHOT_LL128, TWOSHOT, TWOSHOT_PUSH, TWOSHOT_ZC,
 };
 use crate::selector::{
     default_oneshot_max, default_zc_threshold, Choice, Selector, ALGO_VAR, ONESHOT_MAX_VAR,
@@ -160,6 +160,8 @@ impl CommConfig {
 struct Layout {
     packet_offset: usize,
     packet_half: usize,
+    ll128_offset: usize,
+    ll128_half: usize,
     data_offset: usize,
     staging: usize,
     total: usize,
@@ -173,9 +175,14 @@ impl Layout {
             .checked_mul(world.max(1) as usize)
             .ok_or_else(overflow)?
             .next_multiple_of(page);
+        let ll128_half = one_shot_ll128::slot_bytes(oneshot_capacity)
+            .checked_mul(world.max(1) as usize)
+            .ok_or_else(overflow)?
+            .next_multiple_of(page);
         let staging = staging.max(page).next_multiple_of(page);
         let packet_offset = OXCCL_ALLREDUCE_SYNC_BYTES as usize;
-        let data_offset = packet_offset + 2 * packet_half;
+        let ll128_offset = packet_offset + 2 * packet_half;
+        let data_offset = ll128_offset + 2 * ll128_half;
         let total = staging
             .checked_mul(2)
             .and_then(|s| s.checked_add(data_offset))
@@ -183,6 +190,8 @@ impl Layout {
         Ok(Layout {
             packet_offset,
             packet_half,
+            ll128_offset,
+            ll128_half,
             data_offset,
             staging,
             total,
@@ -229,6 +238,7 @@ impl Signature {
 #[derive(Debug)]
 struct Kernels {
     oneshot: AnyKernel,
+    oneshot_ll128: AnyKernel,
     twoshot: AnyKernel,
     twoshot_zc: AnyKernel,
     twoshot_push: AnyKernel,
@@ -359,6 +369,7 @@ impl Communicator {
         let module = device.load_module(&image).map_err(at)?;
         let kernels = Kernels {
             oneshot: module.kernel(ONESHOT_LL).map_err(at)?,
+            oneshot_ll128: module.kernel(ONESHOT_LL128).map_err(at)?,
             twoshot: module.kernel(TWOSHOT).map_err(at)?,
             twoshot_zc: module.kernel(TWOSHOT_ZC).map_err(at)?,
             twoshot_push: module.kernel(TWOSHOT_PUSH).map_err(at)?,
@@ -375,7 +386,7 @@ impl Communicator {
         let scratch = device
             .alloc(layout.total, MemoryKind::Coherent)
             .map_err(at)?;
-        // Sync words and packets must start at zero (flag 0 never matches); the staging
+        // Sync words, packets and LL128 lines must start at zero (flag 0 never matches); the staging
         // buffers need no initial value. Host-backend memory is zero-filled already.
         if backend != BackendKind::Host {
             let stream = device.create_stream().map_err(at)?;
@@ -682,6 +693,7 @@ impl Communicator {
             world_size: self.world,
             caps: self.device.capabilities(),
             packet_half_bytes: self.layout.packet_half,
+            ll128_half_bytes: self.layout.ll128_half,
             host: Device::backend(&self.device) == BackendKind::Host,
             zero_copy,
         }
@@ -836,8 +848,18 @@ impl Communicator {
             output: void_ptr(output),
             scratch,
             count: count as u64,
-            packet_offset: self.layout.packet_offset as u64,
-            packet_half_bytes: self.layout.packet_half as u64,
+            // LL128 lines have their own region: an LL16 reader must never meet user data
+            // where it expects a flag.
+            packet_offset: if algorithm == Algorithm::OneShotLl128 {
+                self.layout.ll128_offset
+            } else {
+                self.layout.packet_offset
+            } as u64,
+            packet_half_bytes: if algorithm == Algorithm::OneShotLl128 {
+                self.layout.ll128_half
+            } else {
+                self.layout.packet_half
+            } as u64,
             data_offset: self.layout.data_offset as u64,
             data_bytes: self.layout.staging as u64,
             timeout_ns: u64::try_from(self.config.timeout.as_nanos()).unwrap_or(u64::MAX),
@@ -852,6 +874,7 @@ impl Communicator {
         };
         let kernel = match algorithm {
             Algorithm::OneShotLl => &self.kernels.oneshot,
+            Algorithm::OneShotLl128 => &self.kernels.oneshot_ll128,
             Algorithm::TwoShot => &self.kernels.twoshot,
             Algorithm::TwoShotZc => &self.kernels.twoshot_zc,
             Algorithm::TwoShotPush => &self.kernels.twoshot_push,
@@ -1016,6 +1039,9 @@ mod tests {
         assert_eq!(l.packet_offset, 65536);
         assert_eq!(l.packet_half % 4096, 0);
         assert!(l.packet_half >= 4 * 2 * (1 << 20));
+        assert_eq!(l.ll128_offset, l.packet_offset + 2 * l.packet_half);
+        assert!(l.ll128_half >= 4 * one_shot_ll128::slot_bytes(1 << 20));
+        assert_eq!(l.data_offset, l.ll128_offset + 2 * l.ll128_half);
         assert_eq!(l.total, l.data_offset + 2 * l.staging);
         assert!(Layout::new(8, usize::MAX / 4, 1).is_err());
     }

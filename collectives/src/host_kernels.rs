@@ -21,6 +21,8 @@ use oxccl_kernels::{formats, reduce};
 
 /// Name of the one-shot LL kernel (device and host).
 pub const ONESHOT_LL: &str = "allreduce_oneshot_ll";
+/// Name of the one-shot LL128 kernel (device and host).
+pub const ONESHOT_LL128: &str = "allreduce_oneshot_ll128";
 /// Name of the two-shot kernel (device and host).
 pub const TWOSHOT: &str = "allreduce_twoshot";
 /// Name of the zero-copy two-shot kernel (device and host).
@@ -33,6 +35,7 @@ pub static TABLE: HostKernelTable = HostKernelTable {
     name: "oxccl-collectives allreduce (host)",
     kernels: &[
         (ONESHOT_LL, oneshot_ll),
+        (ONESHOT_LL128, oneshot_ll128),
         (TWOSHOT, twoshot),
         (TWOSHOT_ZC, twoshot_zc),
         (TWOSHOT_PUSH, twoshot_push),
@@ -363,6 +366,82 @@ fn oneshot_ll(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
         }
         let valid = c.total.saturating_sub(u * 16).min(16);
         c.store_output(u * 16, &c.reduce_unit(&inputs, valid)?);
+    }
+    c.finish();
+    Ok(())
+}
+
+/// One-shot LL128: lines of seven 16-byte units and a 16-byte flag. On the device a warp
+/// stores and loads a line in one instruction; here the flag words are stored after the
+/// data (release) and loaded before it (acquire), which gives the same guarantee.
+fn oneshot_ll128(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
+    const UNITS: usize = crate::algorithms::one_shot_ll128::UNITS_PER_LINE;
+    let c = Call::new(bytes, ONESHOT_LL128)?;
+    let epoch = c
+        .word(c.me, u64::from(OXCCL_ALLREDUCE_SYNC_EPOCH))
+        .load(Ordering::Acquire);
+    let flag = flag_of(epoch);
+    let half = (c.a.packet_offset + (epoch & 1) * c.a.packet_half_bytes) as usize;
+    let units = c.total.div_ceil(16);
+    let lines = units.div_ceil(UNITS);
+    let slot = lines * 128;
+    if c.world > 1 && c.world * slot > c.a.packet_half_bytes as usize {
+        return Err(Error::InvalidArgument(format!(
+            "{ONESHOT_LL128}: {} bytes x {} ranks do not fit a line half of {} bytes",
+            c.total, c.world, c.a.packet_half_bytes
+        )));
+    }
+    for line in 0..lines {
+        for k in 1..c.world {
+            let p = (c.me + k) % c.world;
+            let off = half + c.me * slot + line * 128;
+            for t in 0..UNITS {
+                let w = words(&c.load_input((line * UNITS + t) * 16));
+                // SAFETY: `off + 16 t` addresses 16 bytes of line `line` in slot `me` of the
+                // current half of peer p's line region, which fits (checked above).
+                let d = unsafe { packet(c.scratch(p), off + t * 16) };
+                for (word, x) in d.iter().zip(w) {
+                    word.store(x, Ordering::Relaxed);
+                }
+            }
+            // SAFETY: the line's flag words, as above.
+            let f = unsafe { packet(c.scratch(p), off + UNITS * 16) };
+            for word in f {
+                word.store(flag, Ordering::Release);
+            }
+        }
+    }
+    let mut inputs = vec![[0u8; 16]; c.world];
+    for line in 0..lines {
+        let mut lanes = vec![[[0u8; 16]; UNITS]; c.world];
+        for (r, lane) in lanes.iter_mut().enumerate().filter(|(r, _)| *r != c.me) {
+            let off = half + r * slot + line * 128;
+            // SAFETY: line `line` of slot r in this rank's own line region.
+            let f = unsafe { packet(c.scratch(c.me), off + UNITS * 16) };
+            let mut polls = 0u32;
+            while !f.iter().all(|w| w.load(Ordering::Acquire) == flag) {
+                if c.timed_out() {
+                    return Err(c.fail(r, "one-shot LL128 lines"));
+                }
+                backoff(&mut polls);
+            }
+            for (t, unit) in lane.iter_mut().enumerate() {
+                // SAFETY: as above; written before the flag this thread acquired.
+                let d = unsafe { packet(c.scratch(c.me), off + t * 16) };
+                *unit = unwords([0, 1, 2, 3].map(|i| d[i].load(Ordering::Relaxed)));
+            }
+        }
+        for (t, u) in (line * UNITS..units.min((line + 1) * UNITS)).enumerate() {
+            for (r, input) in inputs.iter_mut().enumerate() {
+                *input = if r == c.me {
+                    c.load_input(u * 16)
+                } else {
+                    lanes[r][t]
+                };
+            }
+            let valid = c.total.saturating_sub(u * 16).min(16);
+            c.store_output(u * 16, &c.reduce_unit(&inputs, valid)?);
+        }
     }
     c.finish();
     Ok(())

@@ -384,6 +384,7 @@ pub fn candidates(shape: &CallShape<'_>) -> Vec<(Algorithm, Plan)> {
     let mut out: Vec<(Algorithm, Plan)> = Vec::new();
     for algorithm in [
         Algorithm::OneShotLl,
+        Algorithm::OneShotLl128,
         Algorithm::TwoShot,
         Algorithm::TwoShotZc,
         Algorithm::TwoShotPush,
@@ -404,11 +405,14 @@ pub fn candidates(shape: &CallShape<'_>) -> Vec<(Algorithm, Plan)> {
         // Units one launch spreads over its threads.
         let work = match algorithm {
             Algorithm::OneShotLl => units,
+            // 8 lanes per line of seven units.
+            Algorithm::OneShotLl128 => units.div_ceil(7) * 8,
             _ => units.div_ceil(shape.world_size.max(1) as usize),
         };
         let max = max_blocks(shape.caps);
         let min_grid = (base.config.grid[0] / 8).max(1);
-        let threads: &[u32] = if algorithm == Algorithm::OneShotLl {
+        let threads: &[u32] = if matches!(algorithm, Algorithm::OneShotLl | Algorithm::OneShotLl128)
+        {
             &[64, 128, 256, 512]
         } else {
             &[128, 256, 512]
@@ -659,6 +663,7 @@ mod tests {
             world_size: world,
             caps,
             packet_half_bytes: 8 << 20,
+            ll128_half_bytes: 8 << 20,
             host: false,
             zero_copy,
         }
@@ -687,7 +692,7 @@ mod tests {
             }
         }
         // Small calls get few, large calls many; one-shot drops out where it cannot serve.
-        assert!(candidates(&shape(1024, 4, &c, false)).len() <= 4);
+        assert!(candidates(&shape(1024, 4, &c, false)).len() <= 8);
         let big = candidates(&shape(256 << 20, 4, &c, false));
         assert!(big
             .iter()
@@ -702,7 +707,10 @@ mod tests {
         s.host = true;
         let list = candidates(&s);
         let names: Vec<&str> = list.iter().map(|(a, _)| a.name()).collect();
-        assert_eq!(names, ["oneshot_ll", "twoshot_zc", "twoshot_push"]);
+        assert_eq!(
+            names,
+            ["oneshot_ll", "oneshot_ll128", "twoshot_zc", "twoshot_push"]
+        );
     }
 
     #[test]

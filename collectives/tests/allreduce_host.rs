@@ -143,8 +143,9 @@ fn threads_with(
     }
 }
 
-const ALGOS: [Algorithm; 3] = [
+const ALGOS: [Algorithm; 4] = [
     Algorithm::OneShotLl,
+    Algorithm::OneShotLl128,
     Algorithm::TwoShot,
     Algorithm::TwoShotPush,
 ];

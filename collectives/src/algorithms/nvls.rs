@@ -34,6 +34,7 @@ mod tests {
             world_size: 2,
             caps: &caps,
             packet_half_bytes: 0,
+            ll128_half_bytes: 0,
             host: true,
             zero_copy: false,
         };

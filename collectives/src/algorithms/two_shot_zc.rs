@@ -66,6 +66,7 @@ mod tests {
             world_size: 4,
             caps: &caps,
             packet_half_bytes: 0,
+            ll128_half_bytes: 0,
             host: false,
             zero_copy: false,
         };
