@@ -19,8 +19,8 @@ pub const ZC_THRESHOLD_VAR: &str = "OXCCL_ZC_THRESHOLD_BYTES";
 /// per-block barriers; one-shot moves `world - 1` LL copies (twice the bytes) in one step.
 pub fn default_zc_threshold(world_size: u32) -> usize {
     match world_size {
-        // 2 H200s, tuned: one-shot up to 1 MiB, zero-copy from 2 MiB.
-        0..=2 => 1 << 20,
+        // 2 H200s, tuned with LL128: one-shot up to 2 MiB, push above.
+        0..=2 => 2 << 20,
         // 4 H200s, tuned: one-shot up to 256 KiB, push two-shot from 512 KiB.
         3..=4 => 256 << 10,
         _ => 32 << 10,
@@ -32,8 +32,8 @@ pub fn default_zc_threshold(world_size: u32) -> usize {
 /// ranks, the earlier two-shot's bandwidth wins over one-shot's single step.
 pub fn default_oneshot_max(world_size: u32) -> usize {
     match world_size {
-        // 2 H200s, tuned: one-shot up to 1 MiB, push from 2 MiB.
-        0..=2 => 1 << 20,
+        // 2 H200s, tuned with LL128: one-shot up to 2 MiB, push from 4 MiB.
+        0..=2 => 2 << 20,
         // 4 H200s, tuned: one-shot up to 256 KiB (registered or not), push above.
         3..=4 => 256 << 10,
         _ => 128 << 10,
@@ -51,6 +51,19 @@ pub fn registered_two_shot(world_size: u32, bytes: usize) -> Algorithm {
     } else {
         Algorithm::TwoShotPush
     }
+}
+
+/// The one-shot for a call: LL128 lines on 2 ranks where the backend has them (2 H200s,
+/// tuned: LL128 at or ahead of LL16 at every size from 1 KB, 1.75x less NVLink traffic;
+/// 1 MB 10.9 us against LL16's 15.1), else LL16 packets (3 or more ranks: LL128 not yet
+/// measured there, the tuner tries it).
+fn one_shot(shape: &CallShape<'_>) -> Result<(Algorithm, Plan)> {
+    if shape.world_size <= 2 {
+        if let Ok(plan) = Algorithm::OneShotLl128.plan(shape) {
+            return Ok((Algorithm::OneShotLl128, plan));
+        }
+    }
+    Ok((Algorithm::OneShotLl, Algorithm::OneShotLl.plan(shape)?))
 }
 
 /// On 2 ranks, the largest registered message (bytes per rank) the zero-copy two-shot takes.
@@ -118,9 +131,9 @@ impl Selector {
                 ),
             }
         } else if shape.bytes <= self.oneshot_max_bytes || shape.zero_copy {
-            match Algorithm::OneShotLl.plan(shape) {
-                Ok(plan) => Choice {
-                    algorithm: Algorithm::OneShotLl,
+            match one_shot(shape) {
+                Ok((algorithm, plan)) => Choice {
+                    algorithm,
                     plan,
                     reason: if shape.zero_copy {
                         format!(
@@ -206,6 +219,7 @@ mod tests {
             world_size: world,
             caps,
             packet_half_bytes: 1 << 24,
+            ll128_half_bytes: 1 << 24,
             host: false,
             zero_copy: false,
         }
@@ -257,6 +271,21 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("packet"));
+        // Two ranks take LL128 lines where the backend has them, LL16 on ROCm.
+        let two = Selector {
+            oneshot_max_bytes: default_oneshot_max(2),
+            zc_threshold_bytes: default_zc_threshold(2),
+            ..s
+        };
+        let mut sh = shape(1 << 20, 2, &caps);
+        sh.ll128_half_bytes = 2 * crate::algorithms::one_shot_ll128::slot_bytes(2 << 20);
+        assert_eq!(two.choose(&sh).unwrap().algorithm, Algorithm::OneShotLl128);
+        let rocm = Capabilities {
+            backend: Some(oxccl_hal::BackendKind::Rocm),
+            ..caps.clone()
+        };
+        sh.caps = &rocm;
+        assert_eq!(two.choose(&sh).unwrap().algorithm, Algorithm::OneShotLl);
         let nvls = Selector {
             forced: Some(Algorithm::Nvls),
             ..s
