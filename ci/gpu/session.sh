@@ -81,8 +81,8 @@ allreduce)
     for n in ${OXCCL_SESSION_GPUS:-2 4}; do
         ((ngpus >= n)) || continue
         export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
-        for algo in oneshot_ll twoshot twoshot_zc twoshot_push; do
-            if [[ ${algo} == oneshot_ll ]]; then max=1M; else max=256M; fi
+        for algo in oneshot_ll oneshot_ll128 twoshot twoshot_zc twoshot_push; do
+            if [[ ${algo} == oneshot_* ]]; then max=1M; else max=256M; fi
             # oxccl-perf registers its buffers: twoshot_zc runs zero-copy, twoshot_push
             # stores into the peers' outputs, twoshot forced still takes the staging path.
             for dtype in bf16 f32 fp8_e4m3b15; do
@@ -120,7 +120,7 @@ perf)
     for n in ${OXCCL_SESSION_GPUS:-4 2}; do
         ((ngpus >= n)) || continue
         export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
-        for algo in oneshot_ll twoshot_zc; do
+        for algo in oneshot_ll oneshot_ll128 twoshot_zc twoshot_push; do
             step "sweep ${n}gpu ${algo} 16K..1M" 60 env OXCCL_ALGO="${algo}" .gpu/oxccl-perf -N "${n}" \
                 -b 16K -e 1M -f 2 -d bf16 -w 5 --iters 20 --graph --json "${out}/sweep-${algo}-${n}gpu.json"
         done
