@@ -183,6 +183,23 @@ impl Call {
         reduce_unit(self.dtype, self.op, self.accum, inputs, valid)
     }
 
+    /// The call's flag and the byte offset of its parity half of the flag-protocol region
+    /// (`packet_offset`: LL16 packets or LL128 lines), after checking that `world` slots
+    /// of `slot` bytes fit one half.
+    fn flagged_half(&self, slot: usize) -> Result<(u32, usize)> {
+        if self.world > 1 && self.world * slot > self.a.packet_half_bytes as usize {
+            return Err(Error::InvalidArgument(format!(
+                "{}: {} bytes x {} ranks do not fit a half of {} bytes",
+                self.kernel, self.total, self.world, self.a.packet_half_bytes
+            )));
+        }
+        let epoch = self
+            .word(self.me, u64::from(OXCCL_ALLREDUCE_SYNC_EPOCH))
+            .load(Ordering::Acquire);
+        let half = (self.a.packet_offset + (epoch & 1) * self.a.packet_half_bytes) as usize;
+        Ok((flag_of(epoch), half))
+    }
+
     fn finish(&self) {
         let epoch = self.word(self.me, u64::from(OXCCL_ALLREDUCE_SYNC_EPOCH));
         let e = epoch.load(Ordering::Acquire);
@@ -303,19 +320,9 @@ fn backoff(polls: &mut u32) {
 
 fn oneshot_ll(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     let c = Call::new(bytes, ONESHOT_LL)?;
-    let epoch = c
-        .word(c.me, u64::from(OXCCL_ALLREDUCE_SYNC_EPOCH))
-        .load(Ordering::Acquire);
-    let flag = flag_of(epoch);
-    let half = (c.a.packet_offset + (epoch & 1) * c.a.packet_half_bytes) as usize;
     let units = c.total.div_ceil(16);
     let slot = units * 32;
-    if c.world > 1 && c.world * slot > c.a.packet_half_bytes as usize {
-        return Err(Error::InvalidArgument(format!(
-            "{ONESHOT_LL}: {} bytes x {} ranks do not fit a packet half of {} bytes",
-            c.total, c.world, c.a.packet_half_bytes
-        )));
-    }
+    let (flag, half) = c.flagged_half(slot)?;
     for u in 0..units {
         let w = words(&c.load_input(u * 16));
         for k in 1..c.world {
@@ -377,20 +384,10 @@ fn oneshot_ll(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
 fn oneshot_ll128(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     const UNITS: usize = crate::algorithms::one_shot_ll128::UNITS_PER_LINE;
     let c = Call::new(bytes, ONESHOT_LL128)?;
-    let epoch = c
-        .word(c.me, u64::from(OXCCL_ALLREDUCE_SYNC_EPOCH))
-        .load(Ordering::Acquire);
-    let flag = flag_of(epoch);
-    let half = (c.a.packet_offset + (epoch & 1) * c.a.packet_half_bytes) as usize;
     let units = c.total.div_ceil(16);
     let lines = units.div_ceil(UNITS);
     let slot = lines * 128;
-    if c.world > 1 && c.world * slot > c.a.packet_half_bytes as usize {
-        return Err(Error::InvalidArgument(format!(
-            "{ONESHOT_LL128}: {} bytes x {} ranks do not fit a line half of {} bytes",
-            c.total, c.world, c.a.packet_half_bytes
-        )));
-    }
+    let (flag, half) = c.flagged_half(slot)?;
     for line in 0..lines {
         for k in 1..c.world {
             let p = (c.me + k) % c.world;

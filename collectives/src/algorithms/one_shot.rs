@@ -20,32 +20,62 @@ pub fn slot_bytes(bytes: usize) -> usize {
 
 /// The launch for a call, or why one-shot cannot serve it (packet capacity).
 pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
-    let slot = slot_bytes(s.bytes);
-    if s.world_size > 1 && slot.saturating_mul(s.world_size as usize) > s.packet_half_bytes {
-        return Err(Error::Unsupported(format!(
-            "oneshot_ll: {} bytes x {} ranks need {} bytes of packet scratch, the communicator \
-             has {} (raise OXCCL_ONESHOT_MAX_BYTES)",
-            s.bytes,
-            s.world_size,
-            slot.saturating_mul(s.world_size as usize),
-            s.packet_half_bytes
-        )));
-    }
-    if s.host {
-        return Ok(Plan {
-            kernel: ONESHOT_LL,
-            config: LaunchConfig::linear(1, 32),
-        });
-    }
+    check_capacity(
+        "oneshot_ll",
+        "packet",
+        slot_bytes(s.bytes),
+        s.packet_half_bytes,
+        s,
+    )?;
     // Many small blocks: every block's packets go out and come back in parallel, which is
     // what the tuner picked on 2 H200s (64 threads per block up to the whole chip, then
     // wider blocks).
     let units = s.bytes.div_ceil(16).max(1);
-    let max = max_blocks(s.caps) as usize;
-    let threads = (units.div_ceil(max).next_multiple_of(32) as u32).clamp(64, THREADS);
-    let blocks = units.div_ceil(threads as usize).clamp(1, max) as u32;
-    Ok(Plan {
-        kernel: ONESHOT_LL,
+    let per_block = units.div_ceil(max_blocks(s.caps) as usize);
+    Ok(spread(ONESHOT_LL, units, per_block, s))
+}
+
+/// A one-shot's capacity: `world` slots of `slot` bytes must fit one parity half of
+/// `half` bytes of its region (`what`: "packet" or "line").
+pub(crate) fn check_capacity(
+    name: &str,
+    what: &str,
+    slot: usize,
+    half: usize,
+    s: &CallShape<'_>,
+) -> Result<()> {
+    let need = slot.saturating_mul(s.world_size as usize);
+    if s.world_size > 1 && need > half {
+        return Err(Error::Unsupported(format!(
+            "{name}: {} bytes x {} ranks need {need} bytes of {what} scratch, the communicator \
+             has {half} (raise OXCCL_ONESHOT_MAX_BYTES)",
+            s.bytes, s.world_size
+        )));
+    }
+    Ok(())
+}
+
+/// The grid of a one-shot kernel over `work` items (units, or lanes of lines): blocks of
+/// `per_block` threads (rounded to warps, 64..=512) up to the chip; one host thread on
+/// the host backend.
+pub(crate) fn spread(
+    kernel: &'static str,
+    work: usize,
+    per_block: usize,
+    s: &CallShape<'_>,
+) -> Plan {
+    if s.host {
+        return Plan {
+            kernel,
+            config: LaunchConfig::linear(1, 32),
+        };
+    }
+    let threads = (per_block.next_multiple_of(32) as u32).clamp(64, THREADS);
+    let blocks = work
+        .div_ceil(threads as usize)
+        .clamp(1, max_blocks(s.caps) as usize) as u32;
+    Plan {
+        kernel,
         config: LaunchConfig::linear(blocks, threads),
-    })
+    }
 }

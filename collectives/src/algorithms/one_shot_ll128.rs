@@ -12,9 +12,10 @@
 //! CUDA (and the host stand-in) only: on ROCm the line atomicity is not established, so
 //! the plan refuses it there.
 
-use oxccl_hal::{BackendKind, Error, LaunchConfig, Result};
+use oxccl_hal::{BackendKind, Error, Result};
 
-use super::{max_blocks, CallShape, Plan, THREADS};
+use super::one_shot::{check_capacity, spread};
+use super::{max_blocks, CallShape, Plan};
 use crate::host_kernels::ONESHOT_LL128;
 
 /// Data units (16 bytes) per 128-byte line.
@@ -32,23 +33,13 @@ pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
             "oneshot_ll128: needs NVLink's 128-byte store atomicity; not used on ROCm".into(),
         ));
     }
-    let slot = slot_bytes(s.bytes);
-    if s.world_size > 1 && slot.saturating_mul(s.world_size as usize) > s.ll128_half_bytes {
-        return Err(Error::Unsupported(format!(
-            "oneshot_ll128: {} bytes x {} ranks need {} bytes of line scratch, the communicator \
-             has {} (raise OXCCL_ONESHOT_MAX_BYTES)",
-            s.bytes,
-            s.world_size,
-            slot.saturating_mul(s.world_size as usize),
-            s.ll128_half_bytes
-        )));
-    }
-    if s.host {
-        return Ok(Plan {
-            kernel: ONESHOT_LL128,
-            config: LaunchConfig::linear(1, 32),
-        });
-    }
+    check_capacity(
+        "oneshot_ll128",
+        "line",
+        slot_bytes(s.bytes),
+        s.ll128_half_bytes,
+        s,
+    )?;
     // As the LL16 one-shot: 64-thread blocks (8 lines each) up to the chip, then wider,
     // one line per 8 lanes while that needs at most 320 threads per block; beyond, about
     // 4.5 lines per 8 lanes (2 H200s, tuned: 131 x 288 at 512 KB, then 132 x 128 at 1 MB
@@ -61,12 +52,7 @@ pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
     } else {
         per_block
     };
-    let threads = (per_block.next_multiple_of(32) as u32).clamp(64, THREADS);
-    let blocks = lanes.div_ceil(threads as usize).clamp(1, max) as u32;
-    Ok(Plan {
-        kernel: ONESHOT_LL128,
-        config: LaunchConfig::linear(blocks, threads),
-    })
+    Ok(spread(ONESHOT_LL128, lanes, per_block, s))
 }
 
 #[cfg(test)]
