@@ -299,6 +299,8 @@ pub struct Communicator {
     config: CommConfig,
     selector: Selector,
     layout: Layout,
+    /// Every rank's device reaches its peers over NVLink (agreed at setup).
+    nvlink: bool,
     kernels: Kernels,
     /// Every rank's scratch base as mapped here (index = rank).
     scratch_ptrs: [DevicePtr; OXCCL_ALLREDUCE_MAX_RANKS as usize],
@@ -417,8 +419,13 @@ impl Communicator {
             scratch_ptrs[r] = imported.ptr();
             peers.push(Some(imported));
         }
-        // Nobody writes into a peer's scratch before every peer has zeroed its own.
-        bootstrap.barrier().map_err(at)?;
+        // Every rank's view of its links, gathered: LL128 needs NVLink between every pair.
+        // The gather is also the barrier that keeps anybody from writing into a peer's
+        // scratch before every peer has zeroed its own.
+        let links = bootstrap
+            .all_gather(&[u8::from(device.capabilities().peers_over_nvlink)])
+            .map_err(at)?;
+        let nvlink = links.iter().all(|l| l.as_slice() == [1]);
         let port = if config.forced == Some(Algorithm::PortChannel) {
             let mut pc = PortAllreduceConfig::from_env().map_err(at)?;
             pc.timeout = config.timeout;
@@ -431,6 +438,7 @@ impl Communicator {
             world,
             backend = %backend,
             scratch_bytes = layout.total,
+            nvlink,
             "communicator ready"
         );
         let comm = Communicator {
@@ -445,6 +453,7 @@ impl Communicator {
             },
             config,
             layout,
+            nvlink,
             kernels,
             scratch_ptrs,
             seen: Mutex::new(HashSet::new()),
@@ -476,6 +485,12 @@ impl Communicator {
     /// Number of ranks.
     pub fn world_size(&self) -> u32 {
         self.world
+    }
+
+    /// Whether every rank reaches its peers over NVLink (agreed at setup): what
+    /// `oneshot_ll128` needs.
+    pub fn nvlink(&self) -> bool {
+        self.nvlink
     }
 
     /// The device this rank runs on.
@@ -694,6 +709,7 @@ impl Communicator {
             caps: self.device.capabilities(),
             packet_half_bytes: self.layout.packet_half,
             ll128_half_bytes: self.layout.ll128_half,
+            nvlink: self.nvlink,
             host: Device::backend(&self.device) == BackendKind::Host,
             zero_copy,
         }

@@ -220,6 +220,7 @@ mod tests {
             caps,
             packet_half_bytes: 1 << 24,
             ll128_half_bytes: 1 << 24,
+            nvlink: true,
             host: false,
             zero_copy: false,
         }
@@ -285,6 +286,9 @@ mod tests {
             ..caps.clone()
         };
         sh.caps = &rocm;
+        assert_eq!(two.choose(&sh).unwrap().algorithm, Algorithm::OneShotLl);
+        sh.caps = &caps;
+        sh.nvlink = false; // PCIe peers: LL16
         assert_eq!(two.choose(&sh).unwrap().algorithm, Algorithm::OneShotLl);
         let nvls = Selector {
             forced: Some(Algorithm::Nvls),

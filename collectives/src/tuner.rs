@@ -664,6 +664,7 @@ mod tests {
             caps,
             packet_half_bytes: 8 << 20,
             ll128_half_bytes: 8 << 20,
+            nvlink: true,
             host: false,
             zero_copy,
         }

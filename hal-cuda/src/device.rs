@@ -205,6 +205,8 @@ fn read_capabilities(dev: sys::CUdevice) -> Result<(Capabilities, usize)> {
         // is served by the same physical allocations as `Physical`.
         fine_grained_memory: vmm,
         allocation_granularity: granularity as u64,
+        // Set once the peers are known (`open_device`).
+        peers_over_nvlink: false,
     };
     Ok((caps, granularity))
 }
@@ -241,8 +243,9 @@ impl CudaDevice {
         }
         let ctx = Arc::new(Context::retain(id.0)?);
         ctx.bind()?;
-        let (caps, granularity) = read_capabilities(ctx.device())?;
+        let (mut caps, granularity) = read_capabilities(ctx.device())?;
         let mut access = vec![ctx.device()];
+        let mut all_native_atomics = true;
         for other in 0..count {
             if other == id.0 {
                 continue;
@@ -250,11 +253,14 @@ impl CudaDevice {
             let peer = result::device_get(other)?;
             if result::device_can_access_peer(peer, ctx.device())? {
                 access.push(peer);
+                // Native peer atomics: NVLink yes, PCIe no (the driver's only link hint).
+                all_native_atomics &= result::device_p2p_native_atomics(ctx.device(), peer)?;
             }
         }
+        caps.peers_over_nvlink = access.len() > 1 && all_native_atomics;
         let access: Arc<[sys::CUdevice]> = access.into();
         let opener = CudaOpener::new(Arc::clone(&ctx), granularity);
-        tracing::debug!(device = id.0, name = %caps.name, arch = %caps.arch, peers = access.len() - 1, "CUDA device opened");
+        tracing::debug!(device = id.0, name = %caps.name, arch = %caps.arch, peers = access.len() - 1, nvlink = caps.peers_over_nvlink, "CUDA device opened");
         Ok(CudaDevice {
             legacy_imports: IpcCache::new(opener.clone(), CachePolicy::PassThrough),
             vmm_imports: IpcCache::new(opener, CachePolicy::Shared { max_live: None }),

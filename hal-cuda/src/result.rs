@@ -134,6 +134,21 @@ pub(crate) fn device_can_access_peer(dev: sys::CUdevice, peer: sys::CUdevice) ->
     Ok(can != 0)
 }
 
+/// Whether `dev` and `peer` support native atomics on each other's memory (NVLink).
+pub(crate) fn device_p2p_native_atomics(dev: sys::CUdevice, peer: sys::CUdevice) -> Result<bool> {
+    let mut value = 0;
+    // SAFETY: writes one int.
+    check("cuDeviceGetP2PAttribute", unsafe {
+        sys::cuDeviceGetP2PAttribute(
+            &mut value,
+            sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED,
+            dev,
+            peer,
+        )
+    })?;
+    Ok(value != 0)
+}
+
 pub(crate) fn primary_ctx_retain(dev: sys::CUdevice) -> Result<sys::CUcontext> {
     let mut ctx = std::ptr::null_mut();
     // SAFETY: writes one context handle; balanced by `primary_ctx_release`.

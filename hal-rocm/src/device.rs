@@ -134,6 +134,8 @@ impl RocmDevice {
             gpu_direct_rdma: false,
             fine_grained_memory: attr(A::hipDeviceAttributeFineGrainSupport)? != 0,
             allocation_granularity,
+            // xGMI is not NVLink; nothing here relies on NVLink's line delivery.
+            peers_over_nvlink: false,
         })
     }
 

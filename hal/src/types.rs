@@ -390,6 +390,10 @@ pub struct Capabilities {
     pub fine_grained_memory: bool,
     /// Granularity, in bytes, that physical allocations are rounded to.
     pub allocation_granularity: u64,
+    /// Every other visible device this one can reach as a peer supports native atomics
+    /// with it (NVLink; PCIe peers do not), and there is at least one. Protocols that rely
+    /// on NVLink's delivery of whole 128-byte lines (LL128) need it on every rank.
+    pub peers_over_nvlink: bool,
 }
 
 /// How a device allocation is made.

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use oxccl_collectives::hal::{Device, Error, Result};
+use oxccl_collectives::hal::{BackendKind, Device, Error, Result};
 use oxccl_collectives::Communicator;
 
 use crate::options::Options;
@@ -118,6 +118,16 @@ pub fn header(opts: &Options, comm: &Communicator) {
         opts.iters,
         if opts.graph { ", graph replay" } else { "" }
     );
+    if Device::backend(comm.device()) != BackendKind::Host && comm.world_size() > 1 {
+        println!(
+            "# peers: {}",
+            if comm.nvlink() {
+                "NVLink between every pair of ranks (oneshot_ll128 available)"
+            } else {
+                "not all over NVLink (oneshot_ll128 off)"
+            }
+        );
+    }
     let mut h = format!(
         "{:>12} {:>12} {:>11} {:>10} {:>9} {:>9} {:>7} {:>9}",
         "size(B)", "count", "algorithm", "time(us)", "algbw", "busbw", "#wrong", "maxerr"

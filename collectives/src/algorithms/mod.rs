@@ -61,6 +61,8 @@ pub struct CallShape<'a> {
     pub packet_half_bytes: usize,
     /// Bytes of one parity half of the LL128 line region.
     pub ll128_half_bytes: usize,
+    /// Every pair of ranks is connected by NVLink (agreed at setup; LL128 needs it).
+    pub nvlink: bool,
     /// Whether the kernels run as host functions (host backend).
     pub host: bool,
     /// Whether input and output are 16-byte aligned inside buffers registered on every

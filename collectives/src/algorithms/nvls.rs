@@ -35,6 +35,7 @@ mod tests {
             caps: &caps,
             packet_half_bytes: 0,
             ll128_half_bytes: 0,
+            nvlink: false,
             host: true,
             zero_copy: false,
         };

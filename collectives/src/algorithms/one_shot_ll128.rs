@@ -33,6 +33,13 @@ pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
             "oneshot_ll128: needs NVLink's 128-byte store atomicity; not used on ROCm".into(),
         ));
     }
+    if !s.host && !s.nvlink {
+        return Err(Error::Unsupported(
+            "oneshot_ll128: needs NVLink between every pair of ranks (whole 128-byte lines); \
+             some rank reaches a peer over PCIe or does not see its peers' devices"
+                .into(),
+        ));
+    }
     check_capacity(
         "oneshot_ll128",
         "line",
@@ -78,6 +85,7 @@ mod tests {
             caps: &caps,
             packet_half_bytes: 8 << 20,
             ll128_half_bytes: 4 * slot_bytes(1 << 20),
+            nvlink: true,
             host: false,
             zero_copy: false,
         };
@@ -105,5 +113,11 @@ mod tests {
         s.caps = &rocm;
         s.bytes = 1024;
         assert!(plan(&s).unwrap_err().to_string().contains("ROCm"));
+        s.caps = &caps;
+        s.nvlink = false;
+        assert!(plan(&s)
+            .unwrap_err()
+            .to_string()
+            .contains("NVLink between every pair"));
     }
 }

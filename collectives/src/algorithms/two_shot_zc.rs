@@ -67,6 +67,7 @@ mod tests {
             caps: &caps,
             packet_half_bytes: 0,
             ll128_half_bytes: 0,
+            nvlink: false,
             host: false,
             zero_copy: false,
         };

@@ -48,6 +48,7 @@ impl HostDevice {
             gpu_direct_rdma: false,
             fine_grained_memory: true,
             allocation_granularity: page_size() as u64,
+            peers_over_nvlink: false,
         };
         HostDevice {
             id,
