@@ -113,7 +113,7 @@ perf)
     for n in ${OXCCL_SESSION_GPUS:-2 4}; do
         ((ngpus >= n)) || continue
         export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
-        step "perf ${n}gpu bf16 sum vs NCCL graph" 240 .gpu/oxccl-perf -N "${n}" -b 1K -e 1G -f 2 -d bf16 \
+        step "perf ${n}gpu bf16 sum vs NCCL graph" 150 .gpu/oxccl-perf -N "${n}" -b 1K -e 1G -f 2 -d bf16 \
             -w 5 --iters 20 --graph --compare nccl --json "${out}/allreduce-bf16-${n}gpu.json"
     done
     # Threshold data (no NCCL): one-shot vs zero-copy two-shot over the crossover range.
@@ -133,7 +133,7 @@ tune)
     for n in ${OXCCL_SESSION_GPUS:-2 4}; do
         ((ngpus >= n)) || continue
         export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
-        step "tune ${n}gpu bf16 (force) + perf vs NCCL graph" 300 .gpu/oxccl-perf -N "${n}" -b 1K -e 1G -f 2 \
+        step "tune ${n}gpu bf16 (force) + perf vs NCCL graph" 180 .gpu/oxccl-perf -N "${n}" -b 1K -e 1G -f 2 \
             -d bf16 -w 5 --iters 20 --graph --compare nccl --tune force \
             --json "${out}/allreduce-bf16-${n}gpu-tuned.json"
         step "tune ${n}gpu f32 + check" 120 .gpu/oxccl-perf -N "${n}" -b 3 -e 256M -f 7 -d f32 --tune cache "${q[@]}"
