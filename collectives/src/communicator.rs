@@ -745,9 +745,7 @@ impl Communicator {
         if count == 0 {
             return Ok(());
         }
-        let bytes = dtype.bytes(count).map_err(at)?;
-        check_buffers(input, output, bytes, dtype).map_err(at)?;
-        check_types(dtype, accum).map_err(at)?;
+        let bytes = check_call(input, output, count, dtype, accum).map_err(at)?;
         let zc = self.zero_copy(input, output, bytes);
         let choice = self
             .select(&self.shape(count, dtype, bytes, zc.is_some()))
@@ -859,23 +857,20 @@ impl Communicator {
         for (slot, p) in scratch.iter_mut().zip(self.scratch_ptrs) {
             *slot = void_ptr(p);
         }
+        // LL128 lines have their own region: an LL16 reader must never meet user data
+        // where it expects a flag.
+        let (flag_offset, flag_half) = if algorithm == Algorithm::OneShotLl128 {
+            (self.layout.ll128_offset, self.layout.ll128_half)
+        } else {
+            (self.layout.packet_offset, self.layout.packet_half)
+        };
         let args = OxcclAllreduceArgs {
             input: void_ptr(input),
             output: void_ptr(output),
             scratch,
             count: count as u64,
-            // LL128 lines have their own region: an LL16 reader must never meet user data
-            // where it expects a flag.
-            packet_offset: if algorithm == Algorithm::OneShotLl128 {
-                self.layout.ll128_offset
-            } else {
-                self.layout.packet_offset
-            } as u64,
-            packet_half_bytes: if algorithm == Algorithm::OneShotLl128 {
-                self.layout.ll128_half
-            } else {
-                self.layout.packet_half
-            } as u64,
+            packet_offset: flag_offset as u64,
+            packet_half_bytes: flag_half as u64,
             data_offset: self.layout.data_offset as u64,
             data_bytes: self.layout.staging as u64,
             timeout_ns: u64::try_from(self.config.timeout.as_nanos()).unwrap_or(u64::MAX),
@@ -997,6 +992,22 @@ impl Communicator {
 }
 
 /// Checks pointers for a call of `bytes` bytes.
+/// The checks of every allreduce entry point (the communicator's and the port
+/// allreduce's, so both refuse the same calls): the bytes of one rank's buffer, or why the
+/// call is refused.
+pub(crate) fn check_call(
+    input: DevicePtr,
+    output: DevicePtr,
+    count: usize,
+    dtype: DataType,
+    accum: AccumType,
+) -> Result<usize> {
+    let bytes = dtype.bytes(count)?;
+    check_buffers(input, output, bytes, dtype)?;
+    check_types(dtype, accum)?;
+    Ok(bytes)
+}
+
 pub(crate) fn check_buffers(
     input: DevicePtr,
     output: DevicePtr,

@@ -47,7 +47,7 @@ use oxccl_kernels::abi::{
 };
 
 use super::plan_for;
-use crate::communicator::{check_buffers, check_types};
+use crate::communicator::check_call;
 use crate::host_kernels::{read_unit, reduce_unit, write_unit};
 
 /// Name of the kernel (device image and host table).
@@ -398,10 +398,7 @@ impl PortAllreduce {
         if count == 0 {
             return Ok(());
         }
-        let bytes = dtype.bytes(count).map_err(at)?;
-        // The communicator's rules, so both entry points refuse the same calls.
-        check_buffers(input, output, bytes, dtype).map_err(at)?;
-        check_types(dtype, accum).map_err(at)?;
+        check_call(input, output, count, dtype, accum).map_err(at)?;
         let plan = plan_for(self.world, self.host).map_err(at)?;
         let channels = self.handles.as_ref().map_or(std::ptr::null(), |m| {
             ptr_of(m.ptr()).cast::<OxcclPortChannel>().cast_const()
