@@ -23,27 +23,7 @@ use oxccl_collectives::channels::bootstrap::{Bootstrap, BootstrapConfig};
 use oxccl_collectives::hal::{
     AccumType, DataType, Device, DeviceId, Error, Memory, MemoryKind, ReduceOp, Result, Stream,
 };
-use oxccl_collectives::kernels::{formats, reduce};
-
-/// Deterministic non-zero inputs of `rank`: values near ±1.
-fn input(dtype: DataType, rank: u32, count: usize, salt: u64) -> Result<Vec<u8>> {
-    let mut out = vec![0u8; dtype.bytes(count)?];
-    let mut s = 0x9e37_79b9_7f4a_7c15u64 ^ (u64::from(rank) << 32) ^ salt;
-    for i in 0..count {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        let mag = 0.25 + (s % 1000) as f32 / 1000.0;
-        let v = if s & (1 << 20) != 0 { -mag } else { mag };
-        let mut bits = formats::encode(dtype, v);
-        if formats::decode(dtype, bits) == 0.0 {
-            bits = formats::encode(dtype, 0.5);
-        }
-        formats::write_element(dtype, &mut out, i, bits)
-            .ok_or_else(|| Error::InvalidArgument("input buffer too short".into()))?;
-    }
-    Ok(out)
-}
+use oxccl_collectives::kernels::{formats, pattern, reduce};
 
 /// Runs one checked call and `iters` timed ones; returns (mismatches, microseconds/call).
 fn run(
@@ -59,7 +39,10 @@ fn run(
     let inp = device.alloc(bytes, MemoryKind::Plain)?;
     let out = device.alloc(bytes, MemoryKind::Plain)?;
     let salt = count as u64 ^ u64::from(dtype.code()) << 40;
-    stream.write(inp.ptr(), &input(dtype, rank, count, salt)?)?;
+    stream.write(
+        inp.ptr(),
+        &pattern::allreduce_input(dtype, rank, count, salt)?,
+    )?;
     stream.write(out.ptr(), &vec![0xa5u8; bytes])?;
     let call = || {
         // SAFETY: both buffers hold `count` elements and outlive every call (each loop
@@ -81,7 +64,7 @@ fn run(
     let mut got = vec![0u8; bytes];
     stream.read(out.ptr(), &mut got)?;
     let inputs = (0..world)
-        .map(|r| input(dtype, r, count, salt))
+        .map(|r| pattern::allreduce_input(dtype, r, count, salt))
         .collect::<Result<Vec<_>>>()?;
     let refs: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
     let mut want = vec![0u8; bytes];

@@ -18,12 +18,11 @@ use oxccl_collectives::hal::{
     AccumType, BackendKind, DataType, Device, DeviceId, DevicePtr, Memory, MemoryKind, ReduceOp,
     Stream,
 };
-use oxccl_collectives::kernels::formats;
 use oxccl_collectives::tuner::{TuneSource, TuneTable};
 use oxccl_collectives::{Algorithm, CommConfig, Communicator};
 
 mod common;
-use common::{expected, input};
+use common::{check_buffers, expected, same_bits, stage};
 
 struct Rank {
     comm: Communicator,
@@ -41,14 +40,7 @@ impl Rank {
         in_place: bool,
         salt: u64,
     ) -> Result<(), String> {
-        let dev = self.comm.device();
-        let bytes = dtype.bytes(count).unwrap();
-        // Offset by one element when out of place so unaligned buffers are exercised too.
-        let skew = if in_place { 0 } else { dtype.size() };
-        let a: AnyMemory = dev.alloc(bytes + 16, MemoryKind::Plain).unwrap();
-        let b: AnyMemory = dev.alloc(bytes + 16, MemoryKind::Plain).unwrap();
-        let inp = a.ptr().offset(skew).unwrap();
-        let out = if in_place { inp } else { b.ptr() };
+        let (_buffers, inp, out) = check_buffers(self.comm.device(), dtype, count, in_place);
         self.check_at(inp, out, dtype, op, accum, count, salt)
     }
 
@@ -64,14 +56,15 @@ impl Rank {
         count: usize,
         salt: u64,
     ) -> Result<(), String> {
-        let bytes = dtype.bytes(count).unwrap();
-        let in_place = inp == out;
-        let data = input(dtype, self.comm.rank(), count, salt);
-        self.stream.write(inp, &data).unwrap();
-        if !in_place {
-            self.stream.write(out, &vec![0xa5u8; bytes]).unwrap();
-        }
-        // SAFETY: both buffers hold `bytes` bytes and live until the synchronize below.
+        stage(
+            &self.stream,
+            (inp, out),
+            dtype,
+            self.comm.rank(),
+            count,
+            salt,
+        );
+        // SAFETY: both buffers hold `count` elements and live until the synchronize below.
         unsafe {
             self.comm
                 .all_reduce(inp, out, count, dtype, op, accum, &self.stream)
@@ -81,21 +74,16 @@ impl Rank {
         self.comm
             .check_error(&self.stream)
             .map_err(|e| e.to_string())?;
-        let mut got = vec![0u8; bytes];
+        let mut got = vec![0u8; dtype.bytes(count).unwrap()];
         self.stream.read(out, &mut got).unwrap();
         let want = expected(dtype, op, accum, self.comm.world_size(), count, salt);
-        for i in 0..count {
-            let g = formats::read_element(dtype, &got, i).unwrap();
-            let w = formats::read_element(dtype, &want, i).unwrap();
-            if !formats::same_bits(dtype, g, w) {
-                return Err(format!(
-                    "rank {} {dtype} {op} {accum} count {count} in_place {in_place}: element {i} \
-                     is {g:#x}, want {w:#x}",
-                    self.comm.rank()
-                ));
-            }
-        }
-        Ok(())
+        same_bits(dtype, &got, &want, count).map_err(|d| {
+            format!(
+                "rank {} {dtype} {op} {accum} count {count} in_place {}: {d}",
+                self.comm.rank(),
+                inp == out
+            )
+        })
     }
 }
 

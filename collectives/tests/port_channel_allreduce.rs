@@ -14,17 +14,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use oxccl_collectives::algorithms::port_channel::{PortAllreduce, PortAllreduceConfig};
-use oxccl_collectives::backend::{AnyDevice, AnyMemory, AnyStream};
+use oxccl_collectives::backend::{AnyDevice, AnyStream};
 use oxccl_collectives::channels::bootstrap::{Bootstrap, BootstrapConfig, UniqueId};
 use oxccl_collectives::channels::connection::Transport;
 use oxccl_collectives::hal::{
     AccumType, BackendKind, DataType, Device, DeviceId, DevicePtr, Memory, MemoryKind, ReduceOp,
     Stream,
 };
-use oxccl_collectives::kernels::formats;
 
 mod common;
-use common::{expected, input};
+use common::{check_buffers, expected, input, same_bits, stage};
 
 struct Rank {
     ar: PortAllreduce,
@@ -49,13 +48,7 @@ impl Rank {
         in_place: bool,
         salt: u64,
     ) -> Result<(), String> {
-        let bytes = dtype.bytes(count).unwrap();
-        // Out of place: the input one element past 16-byte alignment (the byte paths).
-        let skew = if in_place { 0 } else { dtype.size() };
-        let a: AnyMemory = self.device.alloc(bytes + 16, MemoryKind::Plain).unwrap();
-        let b: AnyMemory = self.device.alloc(bytes + 16, MemoryKind::Plain).unwrap();
-        let inp = a.ptr().offset(skew).unwrap();
-        let out = if in_place { inp } else { b.ptr() };
+        let (_buffers, inp, out) = check_buffers(&self.device, dtype, count, in_place);
         self.check_at(inp, out, dtype, op, accum, count, salt)
     }
 
@@ -70,15 +63,8 @@ impl Rank {
         count: usize,
         salt: u64,
     ) -> Result<(), String> {
-        let bytes = dtype.bytes(count).unwrap();
-        let in_place = inp == out;
-        self.stream
-            .write(inp, &input(dtype, self.rank(), count, salt))
-            .unwrap();
-        if !in_place {
-            self.stream.write(out, &vec![0xa5u8; bytes]).unwrap();
-        }
-        // SAFETY: both buffers hold `bytes` bytes and live until the synchronize below.
+        stage(&self.stream, (inp, out), dtype, self.rank(), count, salt);
+        // SAFETY: both buffers hold `count` elements and live until the synchronize below.
         unsafe {
             self.ar
                 .launch(inp, out, count, dtype, op, accum, &self.stream)
@@ -88,21 +74,16 @@ impl Rank {
         self.ar
             .check_error(&self.stream)
             .map_err(|e| e.to_string())?;
-        let mut got = vec![0u8; bytes];
+        let mut got = vec![0u8; dtype.bytes(count).unwrap()];
         self.stream.read(out, &mut got).unwrap();
         let want = expected(dtype, op, accum, self.world, count, salt);
-        for i in 0..count {
-            let g = formats::read_element(dtype, &got, i).unwrap();
-            let w = formats::read_element(dtype, &want, i).unwrap();
-            if !formats::same_bits(dtype, g, w) {
-                return Err(format!(
-                    "rank {} {dtype} {op} {accum} count {count} in_place {in_place}: element \
-                     {i} is {g:#x}, want {w:#x}",
-                    self.rank()
-                ));
-            }
-        }
-        Ok(())
+        same_bits(dtype, &got, &want, count).map_err(|d| {
+            format!(
+                "rank {} {dtype} {op} {accum} count {count} in_place {}: {d}",
+                self.rank(),
+                inp == out
+            )
+        })
     }
 }
 

@@ -1,6 +1,10 @@
-//! The test pattern written and checked by `oxccl_test_fill_pattern` /
+//! Test data. The pattern written and checked by `oxccl_test_fill_pattern` /
 //! `oxccl_test_check_pattern`: a cheap integer hash of (seed, index), the same on the host
-//! and the device.
+//! and the device. And [`allreduce_input`]: a rank's non-zero allreduce input.
+
+use oxccl_hal::{DataType, Error, Result};
+
+use crate::formats;
 
 /// The pattern's value at `index` for `seed`.
 ///
@@ -32,6 +36,30 @@ pub fn mismatches(data: &[u32], seed: u32) -> u64 {
         .enumerate()
         .filter(|&(i, &d)| d != value(seed, i as u64))
         .count() as u64
+}
+
+/// Deterministic non-zero inputs of `rank` for an allreduce of `count` elements: values
+/// near ±1 rounded to `dtype` (a zero would hide a missing contribution of a rank in a
+/// sum), different per rank and per `salt`.
+pub fn allreduce_input(dtype: DataType, rank: u32, count: usize, salt: u64) -> Result<Vec<u8>> {
+    let mut out = vec![0u8; dtype.bytes(count)?];
+    let mut s = 0x9e37_79b9_7f4a_7c15u64
+        ^ (u64::from(rank) << 32)
+        ^ salt.wrapping_mul(0x1234_5678_9abc_def1);
+    for i in 0..count {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        let mag = 0.25 + (s % 1000) as f32 / 1000.0;
+        let v = if s & (1 << 20) != 0 { -mag } else { mag };
+        let mut bits = formats::encode(dtype, v);
+        if formats::decode(dtype, bits) == 0.0 {
+            bits = formats::encode(dtype, 0.5);
+        }
+        formats::write_element(dtype, &mut out, i, bits)
+            .ok_or_else(|| Error::InvalidArgument("allreduce input buffer too short".into()))?;
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

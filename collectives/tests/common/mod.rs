@@ -1,28 +1,14 @@
 //! Inputs and references shared by the allreduce integration tests.
 
-use oxccl_collectives::hal::{AccumType, DataType, ReduceOp};
-use oxccl_collectives::kernels::{formats, reduce};
+use oxccl_collectives::backend::{AnyDevice, AnyMemory, AnyStream};
+use oxccl_collectives::hal::{
+    AccumType, DataType, Device, DevicePtr, Memory, MemoryKind, ReduceOp, Stream,
+};
+use oxccl_collectives::kernels::{formats, pattern, reduce};
 
-/// Deterministic non-zero inputs of `rank`: values near ±1 (a zero would hide a missing
-/// contribution of a rank in a sum).
+/// Deterministic non-zero inputs of `rank` (`oxccl_kernels::pattern::allreduce_input`).
 pub fn input(dtype: DataType, rank: u32, count: usize, salt: u64) -> Vec<u8> {
-    let mut out = vec![0u8; dtype.bytes(count).unwrap()];
-    let mut s = 0x9e37_79b9_7f4a_7c15u64
-        ^ (u64::from(rank) << 32)
-        ^ salt.wrapping_mul(0x1234_5678_9abc_def1);
-    for i in 0..count {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        let mag = 0.25 + (s % 1000) as f32 / 1000.0;
-        let v = if s & (1 << 20) != 0 { -mag } else { mag };
-        let mut bits = formats::encode(dtype, v);
-        if formats::decode(dtype, bits) == 0.0 {
-            bits = formats::encode(dtype, 0.5);
-        }
-        formats::write_element(dtype, &mut out, i, bits).unwrap();
-    }
-    out
+    pattern::allreduce_input(dtype, rank, count, salt).unwrap()
 }
 
 /// What every rank must hold after the allreduce of [`input`]s: the host reference, in
@@ -40,6 +26,53 @@ pub fn expected(
     let mut out = vec![0u8; dtype.bytes(count).unwrap()];
     reduce::reduce(dtype, op, accum, &refs, &mut out, count).unwrap();
     out
+}
+
+/// The buffers of one check on `device` (the caller keeps them alive) and its input and
+/// output: in place one buffer; out of place the input sits one element past 16-byte
+/// alignment, so the kernels' byte paths run too.
+pub fn check_buffers(
+    device: &AnyDevice,
+    dtype: DataType,
+    count: usize,
+    in_place: bool,
+) -> ([AnyMemory; 2], DevicePtr, DevicePtr) {
+    let bytes = dtype.bytes(count).unwrap();
+    let skew = if in_place { 0 } else { dtype.size() };
+    let a: AnyMemory = device.alloc(bytes + 16, MemoryKind::Plain).unwrap();
+    let b: AnyMemory = device.alloc(bytes + 16, MemoryKind::Plain).unwrap();
+    let inp = a.ptr().offset(skew).unwrap();
+    let out = if in_place { inp } else { b.ptr() };
+    ([a, b], inp, out)
+}
+
+/// Writes `rank`'s [`input`] into `inp`, and poisons `out` when it is another buffer.
+pub fn stage(
+    stream: &AnyStream,
+    (inp, out): (DevicePtr, DevicePtr),
+    dtype: DataType,
+    rank: u32,
+    count: usize,
+    salt: u64,
+) {
+    stream.write(inp, &input(dtype, rank, count, salt)).unwrap();
+    if inp != out {
+        stream
+            .write(out, &vec![0xa5u8; dtype.bytes(count).unwrap()])
+            .unwrap();
+    }
+}
+
+/// Compares `count` elements of `got` with `want` bit for bit: the first that differs.
+pub fn same_bits(dtype: DataType, got: &[u8], want: &[u8], count: usize) -> Result<(), String> {
+    for i in 0..count {
+        let g = formats::read_element(dtype, got, i).unwrap();
+        let w = formats::read_element(dtype, want, i).unwrap();
+        if !formats::same_bits(dtype, g, w) {
+            return Err(format!("element {i} is {g:#x}, want {w:#x}"));
+        }
+    }
+    Ok(())
 }
 
 /// Runs this test binary's ignored `child_rank` test as `world` rank processes on this
