@@ -11,6 +11,10 @@
 
 pub mod select;
 
+/// The CUDA backend crate, for callers that use what only it has (graph capture).
+#[cfg(feature = "cuda")]
+pub use oxccl_hal_cuda as hal_cuda;
+
 use oxccl_hal::host::HostBackend;
 use oxccl_hal::{
     Backend, BackendKind, Capabilities, Device, DeviceId, DevicePtr, Error, Event, HostVisible,

@@ -68,6 +68,9 @@ pub(crate) struct Context {
     ctx: sys::CUcontext,
     /// Peer devices whose primary contexts were retained for peer access, released on drop.
     peers: Mutex<HashMap<u32, sys::CUdevice>>,
+    /// Launches may ask to overlap the previous kernel (compute capability 9.0 on, and a
+    /// driver that has cuLaunchKernelEx and captures the dependency into graphs: 12.3).
+    early_launch: bool,
 }
 
 // SAFETY: a CUcontext is a driver handle usable from any thread (the driver API is
@@ -93,13 +96,26 @@ pub(crate) fn lock_mutex<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Context {
     fn retain(ordinal: u32) -> Result<Context> {
         let device = result::device_get(ordinal)?;
+        let major = result::device_attribute(
+            device,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+        )?;
+        let early_launch = major >= 9
+            && loader::has_symbol("cuLaunchKernelEx")
+            && result::driver_version()? >= 12030;
         let ctx = result::primary_ctx_retain(device)?;
         Ok(Context {
             ordinal,
             device,
             ctx,
             peers: Mutex::new(HashMap::new()),
+            early_launch,
         })
+    }
+
+    /// Whether launches on this device honour [`oxccl_hal::LaunchConfig::early_launch`].
+    pub(crate) fn early_launch(&self) -> bool {
+        self.early_launch
     }
 
     /// Makes this context current on the calling thread (a no-op when it already is).
@@ -207,6 +223,8 @@ fn read_capabilities(dev: sys::CUdevice) -> Result<(Capabilities, usize)> {
         allocation_granularity: granularity as u64,
         // Set once the peers are known (`open_device`).
         peers_over_nvlink: false,
+        // Set from the context (`open_device`).
+        early_launch: false,
     };
     Ok((caps, granularity))
 }
@@ -258,6 +276,7 @@ impl CudaDevice {
             }
         }
         caps.peers_over_nvlink = access.len() > 1 && all_native_atomics;
+        caps.early_launch = ctx.early_launch();
         let access: Arc<[sys::CUdevice]> = access.into();
         let opener = CudaOpener::new(Arc::clone(&ctx), granularity);
         tracing::debug!(device = id.0, name = %caps.name, arch = %caps.arch, peers = access.len() - 1, nvlink = caps.peers_over_nvlink, "CUDA device opened");

@@ -94,6 +94,16 @@ pub(crate) fn device_get(ordinal: u32) -> Result<sys::CUdevice> {
     Ok(dev)
 }
 
+/// The driver's CUDA version as `1000 * major + 10 * minor` (13.0: 13000).
+pub(crate) fn driver_version() -> Result<i32> {
+    let mut v = 0;
+    // SAFETY: writes one int.
+    check("cuDriverGetVersion", unsafe {
+        sys::cuDriverGetVersion(&mut v)
+    })?;
+    Ok(v)
+}
+
 pub(crate) fn device_attribute(dev: sys::CUdevice, attr: sys::CUdevice_attribute) -> Result<i32> {
     let mut v = 0;
     // SAFETY: writes one int; an invalid device is reported as an error.
@@ -755,12 +765,14 @@ pub(crate) unsafe fn func_param_count(f: sys::CUfunction) -> Option<usize> {
     }
 }
 
-/// Launch dimensions in the driver's order.
+/// Launch dimensions in the driver's order, and whether the kernel may start before the
+/// previous kernel on the stream has finished (programmatic dependent launch).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Dims {
     pub grid: [u32; 3],
     pub block: [u32; 3],
     pub shared_mem_bytes: u32,
+    pub early_launch: bool,
 }
 
 /// # Safety
@@ -774,6 +786,35 @@ pub(crate) unsafe fn launch_kernel(
 ) -> Result<()> {
     let [gx, gy, gz] = dims.grid;
     let [bx, by, bz] = dims.block;
+    if dims.early_launch {
+        // One attribute: the kernel may be scheduled once the previous kernel on the stream
+        // has triggered (or finished its blocks); it waits for that kernel's completion
+        // and memory itself (griddepcontrol.wait).
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue {
+                programmaticStreamSerializationAllowed: 1,
+            },
+        };
+        let config = sys::CUlaunchConfig {
+            gridDimX: gx,
+            gridDimY: gy,
+            gridDimZ: gz,
+            blockDimX: bx,
+            blockDimY: by,
+            blockDimZ: bz,
+            sharedMemBytes: dims.shared_mem_bytes,
+            hStream: s,
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: the caller guarantees function, stream and parameters; `config` and its
+        // attribute live for the call (the driver copies them).
+        return check("cuLaunchKernelEx", unsafe {
+            sys::cuLaunchKernelEx(&config, f, params, std::ptr::null_mut())
+        });
+    }
     // SAFETY: the caller guarantees function, stream and parameters.
     check("cuLaunchKernel", unsafe {
         sys::cuLaunchKernel(

@@ -181,6 +181,7 @@ impl Stream<CudaBackend> for CudaStream {
             grid: config.grid,
             block: config.block,
             shared_mem_bytes: config.shared_mem_bytes,
+            early_launch: config.early_launch && self.ctx.early_launch(),
         };
         // SAFETY: the function and stream are live; the caller guarantees `args` is the
         // kernel's argument block with valid pointers.
@@ -254,12 +255,14 @@ mod tests {
             grid: [1, 1, 1],
             block: [16, 16, 8],
             shared_mem_bytes: 0,
+            early_launch: false,
         };
         assert!(validate_launch(&cube).is_err());
         let flat = LaunchConfig {
             grid: [4, 2, 0],
             block: [32, 1, 1],
             shared_mem_bytes: 0,
+            early_launch: false,
         };
         assert!(validate_launch(&flat).is_err());
     }

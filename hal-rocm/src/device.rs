@@ -136,6 +136,8 @@ impl RocmDevice {
             allocation_granularity,
             // xGMI is not NVLink; nothing here relies on NVLink's line delivery.
             peers_over_nvlink: false,
+            // HIP has no programmatic dependent launch: `early_launch` is ignored.
+            early_launch: false,
         })
     }
 

@@ -14,6 +14,15 @@ pub struct LaunchConfig {
     pub block: [u32; 3],
     /// Dynamic shared memory per block in bytes.
     pub shared_mem_bytes: u32,
+    /// Lets the kernel start while the kernel before it on the stream is still finishing
+    /// (CUDA's programmatic dependent launch, sm_90 on): its blocks are resident and
+    /// waiting when the earlier kernel ends, which hides the launch latency of a kernel
+    /// that is only a few microseconds long. Valid usage: the kernel calls
+    /// `oxccl::wait_prior_grid()` (kernels' `platform.hpp`) before it touches memory that
+    /// earlier work on the stream wrote. Backends and devices without the feature
+    /// ([`crate::Capabilities::early_launch`] false) launch as usual, where that wait
+    /// returns at once.
+    pub early_launch: bool,
 }
 
 impl LaunchConfig {
@@ -23,6 +32,15 @@ impl LaunchConfig {
             grid: [blocks, 1, 1],
             block: [threads, 1, 1],
             shared_mem_bytes: 0,
+            early_launch: false,
+        }
+    }
+
+    /// The same launch with [`LaunchConfig::early_launch`] set to `on`.
+    pub const fn with_early_launch(self, on: bool) -> Self {
+        LaunchConfig {
+            early_launch: on,
+            ..self
         }
     }
 
@@ -70,4 +88,19 @@ pub enum ModuleImage<'a> {
     Rocm(&'a [u8]),
     /// Host kernels for the host backend.
     Host(&'a HostKernelTable),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn early_launch_is_off_unless_asked_for() {
+        let plain = LaunchConfig::linear(4, 128);
+        assert!(!plain.early_launch);
+        let early = plain.with_early_launch(true);
+        assert!(early.early_launch);
+        assert_eq!((early.grid, early.block), (plain.grid, plain.block));
+        assert_eq!(early.with_early_launch(false), plain);
+    }
 }

@@ -394,6 +394,11 @@ pub struct Capabilities {
     /// with it (NVLink; PCIe peers do not), and there is at least one. Protocols that rely
     /// on NVLink's delivery of whole 128-byte lines (LL128) need it on every rank.
     pub peers_over_nvlink: bool,
+    /// Kernels launched with [`crate::LaunchConfig::early_launch`] may start before the
+    /// previous kernel on their stream has finished (CUDA: compute capability 9.0 or
+    /// later with a driver that captures it into graphs, 12.3 on). Elsewhere the flag is
+    /// accepted and ignored.
+    pub early_launch: bool,
 }
 
 /// How a device allocation is made.

@@ -49,6 +49,8 @@ impl HostDevice {
             fine_grained_memory: true,
             allocation_granularity: page_size() as u64,
             peers_over_nvlink: false,
+            // Host kernels run in stream order; there is no launch latency to hide.
+            early_launch: false,
         };
         HostDevice {
             id,

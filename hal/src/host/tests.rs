@@ -204,7 +204,9 @@ fn launches_run_in_order_and_errors_are_sticky_until_reported() {
     let m = d.load_module(&ModuleImage::Host(&TABLE)).unwrap();
     let mem = d.alloc(64, MemoryKind::Plain).unwrap();
     let value = u64::from_le_bytes(random_bytes(8)[..8].try_into().unwrap()) >> 20;
-    let cfg = LaunchConfig::linear(3, 4);
+    // An early launch is accepted and changes nothing here: host work stays in stream order.
+    assert!(!d.capabilities().early_launch);
+    let cfg = LaunchConfig::linear(3, 4).with_early_launch(true);
     // SAFETY: the argument block is what `slow_store` reads; `mem` outlives the sync.
     unsafe {
         s.launch(
