@@ -19,11 +19,13 @@
  *                                        "out" (reduced chunks peers read)
  *
  * Sync area (u64 words):
- *   EPOCH      calls completed by this rank's kernels; read at kernel start, advanced by
- *              block 0 at its end once every block has read it. LL flags and packet parity derive from it, so nothing
- *              on the host advances per call (graph replays stay correct).
- *   DONE       blocks of the running kernel that have read the epoch (each adds 1 after
- *              reading it; block 0 waits for all, resets it and advances the epoch).
+ *   EPOCH      calls completed by this rank's kernels; read by the one-shots at their
+ *              start, advanced (+1) by block 0 of every kernel at its end, once every block
+ *              of a one-shot has read it. LL flags and packet parity derive from it, so
+ *              nothing on the host advances per call (graph replays stay correct).
+ *   DONE       blocks of the running one-shot kernel that have read the epoch (each adds 1
+ *              after its writes to the peers; block 0 waits for all, resets it and
+ *              advances the epoch).
  *   ERROR      0, or OXCCL_ALLREDUCE_ERR_* | (peer rank << 32): first failure seen.
  *   INBOUND    [MAX_BLOCKS][MAX_RANKS]: block b of rank p adds 1 to INBOUND[b][p] of this
  *              rank (release) at each two-shot barrier (both two-shot kernels).

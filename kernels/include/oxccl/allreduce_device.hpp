@@ -130,32 +130,53 @@ OXCCL_DEVICE_INLINE bool block_barrier(const OxcclAllreduceArgs& a, const Deadli
   return *failed == 0;
 }
 
-/// Start of a call: every thread reads the call's epoch. In a grid of several blocks each
-/// block then counts itself (a no-return add, after its barrier) so that `finish_call`
-/// knows when every block has read the epoch without a returned atomic at the end.
-OXCCL_DEVICE_INLINE uint64_t start_call(void* own_scratch) {
-  const uint64_t epoch = atomic_load_relaxed(sync_word(own_scratch, OXCCL_ALLREDUCE_SYNC_EPOCH));
-  __syncthreads();
-  if (threadIdx.x == 0 && gridDim.x > 1) {
-    atomic_add_release_device(sync_word(own_scratch, OXCCL_ALLREDUCE_SYNC_DONE), 1);
+/// What a kernel body knows about its call besides the argument block: its own scratch,
+/// the deadline of its waits, and the block's shared failure flag (set by
+/// `block_barrier`). Bodies take it by value (registers): a reference would store it to
+/// local memory first, which waits for the clock read.
+struct CallState {
+  void* own;
+  Deadline deadline;
+  int* failed;
+
+  /// Every thread of this block has read the epoch (`read_epoch`). In a grid of several
+  /// blocks, block `b` then counts itself (a barrier, then a no-return add) so that
+  /// `finish_call` knows when every block has read it without a returned atomic at the
+  /// end; a single block only needs the barrier (its thread 0 advances the epoch). A
+  /// kernel that reads the epoch calls this with every thread of every block exactly once,
+  /// on every path to `finish_call`. The one-shots call it after their writes to the
+  /// peers, to keep the barrier off the path of their data.
+  OXCCL_DEVICE_INLINE void count_block() const {
+    __syncthreads();
+    if (threadIdx.x == 0 && gridDim.x > 1) {
+      atomic_add_release_device(sync_word(own, OXCCL_ALLREDUCE_SYNC_DONE), 1);
+    }
   }
-  return epoch;
+};
+
+/// The epoch of the call running now (see `CallState::count_block`). No body function
+/// receives it from the kernel's entry: a function call waits for every load in flight,
+/// so the one-shots read it themselves, beside their first input load.
+OXCCL_DEVICE_INLINE uint64_t read_epoch(void* own_scratch) {
+  return atomic_load_relaxed(sync_word(own_scratch, OXCCL_ALLREDUCE_SYNC_EPOCH));
 }
 
-/// End of a call: block 0 advances the epoch (read at the start of the next call on this
-/// stream, which the kernel boundary orders) once every block has read it: at once in a
-/// single block (its barrier in `start_call` covered that), else when the count from
-/// `start_call` is complete (it resets the count for the next call; every block added
-/// before, so nothing adds after). No fence and no returned atomic on the way out.
-OXCCL_DEVICE_INLINE void finish_call(void* own_scratch, uint64_t epoch) {
+/// End of a call: block 0 advances the epoch by one (a no-return add; it is read at the
+/// start of the next call on this stream, after the kernel boundary or `wait_prior_grid`,
+/// which order it). When the blocks read the epoch (`counted`), block 0 first waits until
+/// every block has (at once in a single block: the barrier in `count_block` covered it;
+/// else until the count of `count_block` is complete, which it resets for the next call:
+/// every block added before, so nothing adds after). No fence and no returned atomic on
+/// the way out.
+OXCCL_DEVICE_INLINE void finish_call(void* own_scratch, bool counted) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  if (gridDim.x > 1) {
+  if (counted && gridDim.x > 1) {
     uint64_t* done = sync_word(own_scratch, OXCCL_ALLREDUCE_SYNC_DONE);
     while (atomic_load_acquire(done) < gridDim.x) {
     }
     atomic_store_relaxed(done, 0);
   }
-  atomic_store_relaxed(sync_word(own_scratch, OXCCL_ALLREDUCE_SYNC_EPOCH), epoch + 1);
+  atomic_add_relaxed_device(sync_word(own_scratch, OXCCL_ALLREDUCE_SYNC_EPOCH), 1);
 }
 
 }  // namespace allreduce

@@ -113,6 +113,16 @@ OXCCL_DEVICE_INLINE void atomic_add_release_device(uint64_t* ptr, uint64_t value
 #endif
 }
 
+/// Device-scope relaxed add whose result is not returned: a counter that only this GPU
+/// reads, ordered for its readers by something else (a kernel boundary).
+OXCCL_DEVICE_INLINE void atomic_add_relaxed_device(uint64_t* ptr, uint64_t value) {
+#if defined(OXCCL_DEVICE_CUDA)
+  asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(ptr), "l"(value) : "memory");
+#else
+  (void)__hip_atomic_fetch_add(ptr, value, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+#endif
+}
+
 /// Full system-scope fence (sequentially consistent).
 OXCCL_DEVICE_INLINE void fence_system() {
 #if defined(OXCCL_DEVICE_CUDA)

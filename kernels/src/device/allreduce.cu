@@ -107,21 +107,23 @@ struct DynamicReducer {
 // ---- one-shot ----------------------------------------------------------------------------
 
 template <typename Fmt, typename Reducer>
-__device__ __noinline__ void oneshot_body(const Reducer reduce, const OxcclAllreduceArgs& a, uint64_t epoch,
-                                          const Deadline& d) {
+__device__ __noinline__ void oneshot_body(const Reducer reduce, const OxcclAllreduceArgs& a, const CallState call) {
   const uint64_t total = a.count * sizeof(typename Fmt::Storage);
   const uint64_t units = (total + 15) / 16;
   const uint32_t w = a.world_size;
   const uint32_t me = a.rank;
+  const uint64_t first = thread_index();
+  const uint64_t stride = thread_count();
+  // The first unit's load and the epoch read go out together: the packets need both.
+  Vec16 v = first < units ? load_unit(a.input, first * 16, total) : Vec16{{0, 0, 0, 0}};
+  const uint64_t epoch = read_epoch(call.own);
   const uint32_t flag = flag_of(epoch);
   const uint64_t half = a.packet_offset + (epoch & 1) * a.packet_half_bytes;
   const uint64_t slot_bytes = units * 32;  // two LL16 packets per 16-byte unit
-  const uint64_t first = thread_index();
-  const uint64_t stride = thread_count();
 
   // Write: my input as packets into slot `me` of every peer's current half.
   for (uint64_t u = first; u < units; u += stride) {
-    const Vec16 v = load_unit(a.input, u * 16, total);
+    if (u != first) v = load_unit(a.input, u * 16, total);
     for (uint32_t k = 1; k < w; ++k) {
       const uint32_t p = (me + k) % w;
       OxcclLL16Packet* dst = reinterpret_cast<OxcclLL16Packet*>(
@@ -131,6 +133,7 @@ __device__ __noinline__ void oneshot_body(const Reducer reduce, const OxcclAllre
       ll16_write(dst + 1, v.w[2], v.w[3], flag);
     }
   }
+  call.count_block();
 
   // Read and reduce: every rank's unit, in rank order, from my own scratch. All pending
   // packets of a unit are read before any is checked, so the reads of the peers' packets
@@ -162,7 +165,7 @@ __device__ __noinline__ void oneshot_body(const Reducer reduce, const OxcclAllre
           pending &= ~(1u << i);
         }
       }
-      if (pending != 0 && d.expired(polls)) {
+      if (pending != 0 && call.deadline.expired(polls)) {
         report(a.scratch[me], OXCCL_ALLREDUCE_ERR_TIMEOUT, static_cast<uint32_t>(__ffs(pending) - 1) / 2);
         return;
       }
@@ -184,20 +187,29 @@ __device__ __noinline__ void oneshot_body(const Reducer reduce, const OxcclAllre
 constexpr uint32_t kLl128Units = 7;  // data units per line
 
 template <typename Fmt, typename Reducer>
-__device__ __noinline__ void oneshot_ll128_body(const Reducer reduce, const OxcclAllreduceArgs& a, uint64_t epoch,
-                                                const Deadline& d) {
+__device__ __noinline__ void oneshot_ll128_body(const Reducer reduce, const OxcclAllreduceArgs& a,
+                                                const CallState call) {
   const uint64_t total = a.count * sizeof(typename Fmt::Storage);
   const uint64_t units = (total + 15) / 16;
   const uint64_t lines = (units + kLl128Units - 1) / kLl128Units;
   const uint32_t w = a.world_size;
   const uint32_t me = a.rank;
-  const uint32_t flag = flag_of(epoch);
-  const uint64_t half = a.packet_offset + (epoch & 1) * a.packet_half_bytes;
-  const uint64_t slot_bytes = lines * 128;
   const uint32_t lane = threadIdx.x & 31;
   const uint32_t t = lane & 7;            // position in the line; 7 = the flag
   const uint64_t warp = thread_index() / 32;
   const uint64_t warps = thread_count() / 32;
+  // This lane's unit of the line at `first + lane / 8` (zeros past the end; none for lane 7).
+  const auto unit_of = [&](uint64_t first) {
+    const uint64_t line = first + lane / 8;
+    return line < lines && t < kLl128Units ? load_unit(a.input, (line * kLl128Units + t) * 16, total)
+                                           : Vec16{{0, 0, 0, 0}};
+  };
+  // The first round's load and the epoch read go out together: the lines need both.
+  Vec16 data = unit_of(warp * 4);
+  const uint64_t epoch = read_epoch(call.own);
+  const uint32_t flag = flag_of(epoch);
+  const uint64_t half = a.packet_offset + (epoch & 1) * a.packet_half_bytes;
+  const uint64_t slot_bytes = lines * 128;
   const Vec16 flags{{flag, flag, flag, flag}};
 
   // Write: my lines into slot `me` of every peer's current half. The loop is uniform per
@@ -205,8 +217,8 @@ __device__ __noinline__ void oneshot_ll128_body(const Reducer reduce, const Oxcc
   for (uint64_t first = warp * 4; first < lines; first += warps * 4) {
     const uint64_t line = first + lane / 8;
     const bool active = line < lines;
-    Vec16 v = flags;
-    if (active && t < kLl128Units) v = load_unit(a.input, (line * kLl128Units + t) * 16, total);
+    if (first != warp * 4) data = unit_of(first);
+    const Vec16 v = t < kLl128Units ? data : flags;
     __syncwarp();
     if (active) {
       for (uint32_t k = 1; k < w; ++k) {
@@ -215,6 +227,7 @@ __device__ __noinline__ void oneshot_ll128_body(const Reducer reduce, const Oxcc
       }
     }
   }
+  call.count_block();
 
   // Read: every peer's line from my own half, all pending peers' lines read before any is
   // checked; lane 7 checks the flag and the 8 lanes of the line take its answer.
@@ -252,7 +265,7 @@ __device__ __noinline__ void oneshot_ll128_body(const Reducer reduce, const Oxcc
       }
       pending &= ~ok;
       if (__all_sync(0xffffffffu, pending == 0)) break;
-      if (__any_sync(0xffffffffu, pending != 0 && d.expired(polls))) {
+      if (__any_sync(0xffffffffu, pending != 0 && call.deadline.expired(polls))) {
         if (pending != 0) report(a.scratch[me], OXCCL_ALLREDUCE_ERR_TIMEOUT, static_cast<uint32_t>(__ffs(pending) - 1));
         return;
       }
@@ -289,8 +302,7 @@ struct Rounds {
 };
 
 template <typename Fmt, typename Reducer>
-__device__ __noinline__ void twoshot_body(const Reducer reduce, const OxcclAllreduceArgs& a, const Deadline& d,
-                                          int* failed) {
+__device__ __noinline__ void twoshot_body(const Reducer reduce, const OxcclAllreduceArgs& a, const CallState call) {
   const uint64_t total = a.count * sizeof(typename Fmt::Storage);
   const uint32_t w = a.world_size;
   const uint32_t me = a.rank;
@@ -313,7 +325,7 @@ __device__ __noinline__ void twoshot_body(const Reducer reduce, const OxcclAllre
         store16(own + in_off + (c * g.cap + j) * 16, load_unit(a.input, base + u * 16, total));
       }
     }
-    if (!block_barrier(a, d, failed)) return;
+    if (!block_barrier(a, call.deadline, call.failed)) return;
 
     // 2. Reduce my chunk from every rank's staging, in rank order.
     for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < chunk; j += blockDim.x) {
@@ -329,7 +341,7 @@ __device__ __noinline__ void twoshot_body(const Reducer reduce, const OxcclAllre
       store16(own + out_off + pos, v);
       store_unit(a.output, base + u * 16, v, total);
     }
-    if (!block_barrier(a, d, failed)) return;
+    if (!block_barrier(a, call.deadline, call.failed)) return;
 
     // 3. Gather the peers' reduced chunks.
     for (uint32_t k = 1; k < w; ++k) {
@@ -353,7 +365,7 @@ __device__ __noinline__ void twoshot_body(const Reducer reduce, const OxcclAllre
 /// staging into my output (local).
 template <typename Fmt, typename Reducer>
 __device__ __noinline__ void twoshot_push_body(const Reducer reduce, const OxcclAllreduceArgs& a,
-                                               const Deadline& d, int* failed) {
+                                               const CallState call) {
   const uint64_t total = a.count * sizeof(typename Fmt::Storage);
   const uint32_t w = a.world_size;
   const uint32_t me = a.rank;
@@ -378,7 +390,7 @@ __device__ __noinline__ void twoshot_push_body(const Reducer reduce, const Oxccl
         store16(dst + j * 16, load_unit(a.input, base + u * 16, total));
       }
     }
-    if (!block_barrier(a, d, failed)) return;
+    if (!block_barrier(a, call.deadline, call.failed)) return;
 
     // 2. Reduce my chunk (rank order) from my input and my staging; store it everywhere.
     for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < chunk; j += blockDim.x) {
@@ -400,7 +412,7 @@ __device__ __noinline__ void twoshot_push_body(const Reducer reduce, const Oxccl
       }
       store_unit(a.output, base + u * 16, v, total);
     }
-    if (!block_barrier(a, d, failed)) return;
+    if (!block_barrier(a, call.deadline, call.failed)) return;
 
     // 3. Without registered outputs: the peers' chunks from my "out" staging.
     if (!direct) {
@@ -431,7 +443,7 @@ OXCCL_DEVICE_INLINE Vec16 zc_load(const void* base, uint64_t j, uint64_t total) 
 
 template <typename Fmt, typename Reducer>
 __device__ __noinline__ void twoshot_zc_body(const Reducer reduce, const OxcclAllreduceArgs& a,
-                                             const Deadline& d, int* failed) {
+                                             const CallState call) {
   const uint64_t total = a.count * sizeof(typename Fmt::Storage);
   const uint64_t units = (total + 15) / 16;
   const uint32_t w = a.world_size;
@@ -444,7 +456,7 @@ __device__ __noinline__ void twoshot_zc_body(const Reducer reduce, const OxcclAl
   const uint64_t hi = lo + share < end ? lo + share : end;
 
   // Every peer's call has started: its input is ready and its output free to write.
-  if (!block_barrier(a, d, failed)) return;
+  if (!block_barrier(a, call.deadline, call.failed)) return;
 
   const uint64_t step = static_cast<uint64_t>(blockDim.x) * kZcUnits;
   for (uint64_t j0 = lo + threadIdx.x; j0 < hi; j0 += step) {
@@ -479,7 +491,7 @@ __device__ __noinline__ void twoshot_zc_body(const Reducer reduce, const OxcclAl
   }
 
   // Every peer stored its chunk into my output (and finished reading my input).
-  block_barrier(a, d, failed);
+  block_barrier(a, call.deadline, call.failed);
 }
 
 /// Calls `body.template operator()<Fmt>(reducer)` with the reducer for the call's types.
@@ -513,93 +525,76 @@ OXCCL_DEVICE_INLINE bool args_ok(const OxcclAllreduceArgs& a) {
          a.dtype < OXCCL_DTYPE_COUNT && a.op <= OXCCL_OP_AVG && a.accum <= OXCCL_ACCUM_F32;
 }
 
+/// This rank's scratch, also when the argument block is bad (for the error report).
+OXCCL_DEVICE_INLINE void* own_scratch(const OxcclAllreduceArgs& a) {
+  return a.scratch[a.rank < OXCCL_ALLREDUCE_MAX_RANKS ? a.rank : 0];
+}
+
+/// What every allreduce kernel does around its body: wait for the previous kernel on the
+/// stream (a no-op unless launched early) and let the next one be scheduled; refuse a bad
+/// argument block (`kernel_ok`: the kernel's own conditions on top of `args_ok`); start
+/// the deadline; run `body.template operator()<Fmt>(reducer, call)` with the call's
+/// reducer; advance the epoch. `kReadsEpoch`: the body reads the epoch (the one-shots'
+/// flags and halves) and counts its blocks (`CallState::count_block`); the two-shots
+/// synchronize through their barriers and need neither.
+template <bool kReadsEpoch, typename Body>
+__device__ __forceinline__ void run_allreduce(const OxcclAllreduceArgs& a, bool kernel_ok, Body&& body) {
+  wait_prior_grid();
+  launch_dependents();
+  void* own = own_scratch(a);
+  if (!args_ok(a) || !kernel_ok) {
+    if (thread_index() == 0) report(own, OXCCL_ALLREDUCE_ERR_ARGS, a.rank);
+    return;
+  }
+  __shared__ int failed;
+  if (threadIdx.x == 0) failed = 0;
+  const CallState call{own, Deadline{now_ns(), a.timeout_ns}, &failed};
+  dispatch_all(a, [&]<typename Fmt>(auto reducer) { body.template operator()<Fmt>(reducer, call); });
+  finish_call(own, kReadsEpoch);
+}
+
 }  // namespace allreduce
 }  // namespace oxccl
 
-OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_oneshot_ll(OxcclAllreduceArgs args) {
+OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_oneshot_ll(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
   using namespace oxccl::allreduce;
-  void* own = args.scratch[args.rank < OXCCL_ALLREDUCE_MAX_RANKS ? args.rank : 0];
-  if (!args_ok(args)) {
-    if (oxccl::thread_index() == 0) report(own, OXCCL_ALLREDUCE_ERR_ARGS, args.rank);
-    return;
-  }
-  const uint64_t epoch = start_call(own);
-  const Deadline d{now_ns(), args.timeout_ns};
-  dispatch_all(args, [&]<typename Fmt>(auto reducer) {
-    oneshot_body<Fmt>(reducer, args, epoch, d);
+  run_allreduce<true>(args, true, [&]<typename Fmt>(auto reducer, const CallState call) {
+    oneshot_body<Fmt>(reducer, args, call);
   });
-  finish_call(own, epoch);
 }
 
-OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_oneshot_ll128(OxcclAllreduceArgs args) {
+OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_oneshot_ll128(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
   using namespace oxccl::allreduce;
-  void* own = args.scratch[args.rank < OXCCL_ALLREDUCE_MAX_RANKS ? args.rank : 0];
 #if defined(OXCCL_DEVICE_CUDA)
-  if (!args_ok(args) || blockDim.x % 32 != 0) {
-    if (oxccl::thread_index() == 0) report(own, OXCCL_ALLREDUCE_ERR_ARGS, args.rank);
-    return;
-  }
-  const uint64_t epoch = start_call(own);
-  const Deadline d{now_ns(), args.timeout_ns};
-  dispatch_all(args, [&]<typename Fmt>(auto reducer) {
-    oneshot_ll128_body<Fmt>(reducer, args, epoch, d);
+  run_allreduce<true>(args, blockDim.x % 32 == 0, [&]<typename Fmt>(auto reducer, const CallState call) {
+    oneshot_ll128_body<Fmt>(reducer, args, call);
   });
-  finish_call(own, epoch);
 #else
   // The 128-byte line atomicity LL128 needs is an NVLink property; on this architecture
   // the host refuses the algorithm before launching, and a launch anyway is an error.
-  if (oxccl::thread_index() == 0) report(own, OXCCL_ALLREDUCE_ERR_ARGS, args.rank);
+  if (oxccl::thread_index() == 0) report(own_scratch(args), OXCCL_ALLREDUCE_ERR_ARGS, args.rank);
 #endif
 }
 
-OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_twoshot(OxcclAllreduceArgs args) {
+OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_twoshot(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
   using namespace oxccl::allreduce;
-  void* own = args.scratch[args.rank < OXCCL_ALLREDUCE_MAX_RANKS ? args.rank : 0];
-  if (!args_ok(args)) {
-    if (oxccl::thread_index() == 0) report(own, OXCCL_ALLREDUCE_ERR_ARGS, args.rank);
-    return;
-  }
-  __shared__ int failed;
-  if (threadIdx.x == 0) failed = 0;
-  const uint64_t epoch = start_call(own);
-  const Deadline d{now_ns(), args.timeout_ns};
-  dispatch_all(args, [&]<typename Fmt>(auto reducer) {
-    twoshot_body<Fmt>(reducer, args, d, &failed);
+  run_allreduce<false>(args, true, [&]<typename Fmt>(auto reducer, const CallState call) {
+    twoshot_body<Fmt>(reducer, args, call);
   });
-  finish_call(own, epoch);
 }
 
-OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_twoshot_zc(OxcclAllreduceArgs args) {
+OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_twoshot_zc(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
   using namespace oxccl::allreduce;
-  void* own = args.scratch[args.rank < OXCCL_ALLREDUCE_MAX_RANKS ? args.rank : 0];
-  if (!args_ok(args) || args.peer_input[args.rank] != args.input ||
-      args.peer_output[args.rank] != args.output) {
-    if (oxccl::thread_index() == 0) report(own, OXCCL_ALLREDUCE_ERR_ARGS, args.rank);
-    return;
-  }
-  __shared__ int failed;
-  if (threadIdx.x == 0) failed = 0;
-  const uint64_t epoch = start_call(own);
-  const Deadline d{now_ns(), args.timeout_ns};
-  dispatch_all(args, [&]<typename Fmt>(auto reducer) {
-    twoshot_zc_body<Fmt>(reducer, args, d, &failed);
+  const bool registered = args.rank < OXCCL_ALLREDUCE_MAX_RANKS && args.peer_input[args.rank] == args.input &&
+                          args.peer_output[args.rank] == args.output;
+  run_allreduce<false>(args, registered, [&]<typename Fmt>(auto reducer, const CallState call) {
+    twoshot_zc_body<Fmt>(reducer, args, call);
   });
-  finish_call(own, epoch);
 }
 
-OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_twoshot_push(OxcclAllreduceArgs args) {
+OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_twoshot_push(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
   using namespace oxccl::allreduce;
-  void* own = args.scratch[args.rank < OXCCL_ALLREDUCE_MAX_RANKS ? args.rank : 0];
-  if (!args_ok(args)) {
-    if (oxccl::thread_index() == 0) report(own, OXCCL_ALLREDUCE_ERR_ARGS, args.rank);
-    return;
-  }
-  __shared__ int failed;
-  if (threadIdx.x == 0) failed = 0;
-  const uint64_t epoch = start_call(own);
-  const Deadline d{now_ns(), args.timeout_ns};
-  dispatch_all(args, [&]<typename Fmt>(auto reducer) {
-    twoshot_push_body<Fmt>(reducer, args, d, &failed);
+  run_allreduce<false>(args, true, [&]<typename Fmt>(auto reducer, const CallState call) {
+    twoshot_push_body<Fmt>(reducer, args, call);
   });
-  finish_call(own, epoch);
 }
