@@ -53,6 +53,9 @@ use crate::tuner::{
 pub const TIMEOUT_VAR: &str = "OXCCL_TIMEOUT_MS";
 /// Environment variable: bytes of each two-shot staging buffer, in MiB.
 pub const STAGING_VAR: &str = "OXCCL_STAGING_MB";
+/// Environment variable: `0` launches every allreduce kernel only after the previous
+/// kernel on its stream has finished ([`CommConfig::early_launch`]).
+pub const EARLY_LAUNCH_VAR: &str = "OXCCL_EARLY_LAUNCH";
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 const DEFAULT_STAGING: usize = 64 << 20;
@@ -83,6 +86,11 @@ pub struct CommConfig {
     pub tune_max_bytes: usize,
     /// Directory of cached tune tables; `None`: [`tuner::cache_dir`] (`OXCCL_TUNE_DIR`, ...).
     pub tune_dir: Option<std::path::PathBuf>,
+    /// Launch the allreduce kernels early where the device can
+    /// ([`oxccl_hal::LaunchConfig::early_launch`]): each is scheduled while the kernel before
+    /// it on the stream finishes and waits for it on the GPU, which takes the launch
+    /// latency off the time of small calls. The result is the same either way.
+    pub early_launch: bool,
 }
 
 impl Default for CommConfig {
@@ -97,6 +105,7 @@ impl Default for CommConfig {
             tune_dtypes: vec![DataType::Bf16],
             tune_max_bytes: DEFAULT_TUNE_MAX,
             tune_dir: None,
+            early_launch: true,
         }
     }
 }
@@ -110,10 +119,19 @@ fn env_number(var: &str) -> Result<Option<u64>> {
     }
 }
 
+/// An on/off variable: `1` or `0` (unset or empty: `None`).
+fn env_switch(var: &str) -> Result<Option<bool>> {
+    match env_number(var)? {
+        None => Ok(None),
+        Some(v @ (0 | 1)) => Ok(Some(v == 1)),
+        Some(v) => Err(Error::InvalidArgument(format!("{var}={v} is not 0 or 1"))),
+    }
+}
+
 impl CommConfig {
     /// From the environment: `OXCCL_ALGO`, `OXCCL_TIMEOUT_MS`, `OXCCL_STAGING_MB`,
     /// `OXCCL_ONESHOT_MAX_BYTES`, `OXCCL_ZC_THRESHOLD_BYTES`, `OXCCL_TUNE`,
-    /// `OXCCL_TUNE_DTYPES`, `OXCCL_TUNE_MAX_BYTES`.
+    /// `OXCCL_TUNE_DTYPES`, `OXCCL_TUNE_MAX_BYTES`, `OXCCL_EARLY_LAUNCH`.
     pub fn from_env() -> Result<Self> {
         let mut c = CommConfig::default();
         if let Ok(name) = std::env::var(ALGO_VAR) {
@@ -150,6 +168,9 @@ impl CommConfig {
         }
         if let Some(b) = env_number(TUNE_MAX_VAR)? {
             c.tune_max_bytes = usize::try_from(b).unwrap_or(usize::MAX);
+        }
+        if let Some(on) = env_switch(EARLY_LAUNCH_VAR)? {
+            c.early_launch = on;
         }
         Ok(c)
     }
@@ -491,6 +512,12 @@ impl Communicator {
     /// `oneshot_ll128` needs.
     pub fn nvlink(&self) -> bool {
         self.nvlink
+    }
+
+    /// Whether this rank's allreduce kernels are launched early (asked for by
+    /// [`CommConfig::early_launch`] and supported by the device).
+    pub fn early_launch(&self) -> bool {
+        self.config.early_launch && self.device.capabilities().early_launch
     }
 
     /// The device this rank runs on.
@@ -895,10 +922,13 @@ impl Communicator {
                 ))))
             }
         };
+        let config = plan.config.with_early_launch(self.early_launch());
         // SAFETY: the argument block matches the kernel (abi_allreduce.h); the scratch
         // pointers are this communicator's live mappings (kept until drop); input and
-        // output are the caller's obligation (this function's contract).
-        unsafe { stream.launch(kernel, &plan.config, args_bytes(&args)) }.map_err(at)
+        // output are the caller's obligation (this function's contract). Every allreduce
+        // kernel waits for the previous grid before it touches memory (`run_allreduce` in
+        // allreduce.cu), which an early launch requires.
+        unsafe { stream.launch(kernel, &config, args_bytes(&args)) }.map_err(at)
     }
 
     fn check_signature(&self, sig: Signature) -> Result<()> {
@@ -1071,6 +1101,25 @@ mod tests {
         assert_eq!(l.data_offset, l.ll128_offset + 2 * l.ll128_half);
         assert_eq!(l.total, l.data_offset + 2 * l.staging);
         assert!(Layout::new(8, usize::MAX / 4, 1).is_err());
+    }
+
+    #[test]
+    fn switches_take_only_zero_or_one() {
+        // A variable of this test alone: tests run in parallel in one process.
+        const VAR: &str = "OXCCL_TEST_SWITCH_ONLY_IN_THIS_TEST";
+        std::env::remove_var(VAR);
+        assert_eq!(env_switch(VAR).unwrap(), None);
+        std::env::set_var(VAR, "0");
+        assert_eq!(env_switch(VAR).unwrap(), Some(false));
+        std::env::set_var(VAR, " 1 ");
+        assert_eq!(env_switch(VAR).unwrap(), Some(true));
+        std::env::set_var(VAR, "2");
+        let e = env_switch(VAR).unwrap_err().to_string();
+        assert!(e.contains("is not 0 or 1"), "{e}");
+        std::env::set_var(VAR, "yes");
+        assert!(env_switch(VAR).is_err());
+        std::env::remove_var(VAR);
+        assert!(CommConfig::default().early_launch);
     }
 
     #[test]

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use oxccl_hal::{AccumType, DataType, Error, HostKernelTable, LaunchConfig, ReduceOp, Result};
 use oxccl_kernels::abi::{
     OxcclAllreduceArgs, OXCCL_ALLREDUCE_ERR_TIMEOUT, OXCCL_ALLREDUCE_MAX_BLOCKS,
-    OXCCL_ALLREDUCE_MAX_RANKS, OXCCL_ALLREDUCE_SYNC_DONE, OXCCL_ALLREDUCE_SYNC_EPOCH,
-    OXCCL_ALLREDUCE_SYNC_ERROR, OXCCL_ALLREDUCE_SYNC_EXPECTED, OXCCL_ALLREDUCE_SYNC_INBOUND,
+    OXCCL_ALLREDUCE_MAX_RANKS, OXCCL_ALLREDUCE_SYNC_EPOCH, OXCCL_ALLREDUCE_SYNC_ERROR,
+    OXCCL_ALLREDUCE_SYNC_EXPECTED, OXCCL_ALLREDUCE_SYNC_INBOUND,
 };
 use oxccl_kernels::{formats, reduce};
 
@@ -200,12 +200,11 @@ impl Call {
         Ok((flag_of(epoch), half))
     }
 
+    /// Advances the epoch, as block 0 of a device kernel does (one host thread is the
+    /// whole grid here, so there are no blocks to count in DONE).
     fn finish(&self) {
-        let epoch = self.word(self.me, u64::from(OXCCL_ALLREDUCE_SYNC_EPOCH));
-        let e = epoch.load(Ordering::Acquire);
-        self.word(self.me, u64::from(OXCCL_ALLREDUCE_SYNC_DONE))
-            .store(0, Ordering::Relaxed);
-        epoch.store(e + 1, Ordering::Release);
+        self.word(self.me, u64::from(OXCCL_ALLREDUCE_SYNC_EPOCH))
+            .fetch_add(1, Ordering::Release);
     }
 }
 
