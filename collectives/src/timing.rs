@@ -31,19 +31,7 @@ pub fn time_calls(
     if mode == TimingMode::Graph {
         #[cfg(feature = "cuda")]
         if let AnyStream::Cuda(s) = stream {
-            s.begin_capture()?;
-            let mut first_err = None;
-            for _ in 0..iters {
-                if let Err(e) = call() {
-                    first_err = Some(e);
-                    break;
-                }
-            }
-            let graph = s.end_capture();
-            if let Some(e) = first_err {
-                return Err(e);
-            }
-            let exec = graph?.instantiate(s)?;
+            let exec = capture(s, iters, call)?;
             exec.launch(s)?;
             stream.synchronize()?;
             for _ in 0..reps {
@@ -67,6 +55,48 @@ pub fn time_calls(
         samples.push(f64::from(events.1.elapsed_ms_since(&events.0)?));
     }
     Ok(median_us(&mut samples, iters))
+}
+
+/// Queues `calls` calls back to back and waits for them: captured as one CUDA graph and
+/// launched once where the stream can capture (so each kernel is scheduled while the one
+/// before it runs, as in graph timing), else launched one after another.
+pub fn run_back_to_back(
+    stream: &AnyStream,
+    calls: usize,
+    call: &dyn Fn() -> Result<()>,
+) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if let AnyStream::Cuda(s) = stream {
+        capture(s, calls, call)?.launch(s)?;
+        return stream.synchronize();
+    }
+    for _ in 0..calls {
+        call()?;
+    }
+    stream.synchronize()
+}
+
+/// `calls` calls captured into an instantiated graph. The capture is ended also when a
+/// call fails, so the stream is usable afterwards.
+#[cfg(feature = "cuda")]
+fn capture(
+    s: &oxccl_backend::hal_cuda::CudaStream,
+    calls: usize,
+    call: &dyn Fn() -> Result<()>,
+) -> Result<oxccl_backend::hal_cuda::CudaGraphExec> {
+    s.begin_capture()?;
+    let mut first_err = None;
+    for _ in 0..calls {
+        if let Err(e) = call() {
+            first_err = Some(e);
+            break;
+        }
+    }
+    let graph = s.end_capture();
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    graph?.instantiate(s)
 }
 
 /// Median of per-repetition milliseconds, as microseconds per call.

@@ -175,6 +175,47 @@ pub fn check(
     })
 }
 
+/// This rank's result at the elements [`check`] looks at, in its order: what
+/// [`check_repeated`] starts from.
+pub fn checked_values(dtype: DataType, out: &[u8], count: usize) -> Vec<u32> {
+    checked_indices(count)
+        .map(|i| formats::read_element(dtype, out, i).unwrap_or_default())
+        .collect()
+}
+
+/// Checks `out` after `calls` more in-place allreduces of a result whose checked elements
+/// were `first` ([`checked_values`]): every rank held the same `first`, so each call
+/// reduces `world` copies of the previous value (rank order, the accumulation type).
+/// Returns the wrong elements and the first of them (index, got bits, want bits).
+#[allow(clippy::too_many_arguments)]
+pub fn check_repeated(
+    dtype: DataType,
+    op: ReduceOp,
+    accum: AccumType,
+    world: u32,
+    first: &[u32],
+    out: &[u8],
+    count: usize,
+    calls: usize,
+) -> (usize, Option<(usize, u32, u32)>) {
+    let mut wrong = 0;
+    let mut first_wrong = None;
+    let mut copies = vec![0u32; world as usize];
+    for (i, &start) in checked_indices(count).zip(first) {
+        let mut want = start;
+        for _ in 0..calls {
+            copies.fill(want);
+            want = reduce::reduce_element(dtype, op, accum, &copies).unwrap_or(!want);
+        }
+        let got = formats::read_element(dtype, out, i).unwrap_or(!want);
+        if !formats::same_bits(dtype, got, want) {
+            wrong += 1;
+            first_wrong.get_or_insert((i, got, want));
+        }
+    }
+    (wrong, first_wrong)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,6 +231,31 @@ mod tests {
                 (0..64).map(|i| element(d, 1, 1, i)).collect::<Vec<_>>()
             );
         }
+    }
+
+    #[test]
+    fn repeated_calls_reduce_copies_of_the_last_result() {
+        let (d, op, acc) = (DataType::Bf16, ReduceOp::Sum, AccumType::Auto);
+        let count = 1003;
+        let mut y1 = vec![0u8; count * 2];
+        fill(d, 7, 0, &mut y1);
+        let first = checked_values(d, &y1, count);
+        assert_eq!(first.len(), count);
+        // Two more calls on 4 ranks: every element times 16 (exact in bf16).
+        let mut y3 = y1.clone();
+        for i in 0..count {
+            let v = formats::decode(d, formats::read_element(d, &y1, i).unwrap());
+            formats::write_element(d, &mut y3, i, formats::encode(d, v * 16.0)).unwrap();
+        }
+        assert_eq!(check_repeated(d, op, acc, 4, &first, &y3, count, 2).0, 0);
+        // One call short, or the first result unchanged: every element is wrong.
+        assert_eq!(
+            check_repeated(d, op, acc, 4, &first, &y3, count, 1).0,
+            count
+        );
+        let (wrong, at) = check_repeated(d, op, acc, 4, &first, &y1, count, 2);
+        assert_eq!(wrong, count);
+        assert_eq!(at.map(|(i, ..)| i), Some(0));
     }
 
     #[test]

@@ -24,7 +24,7 @@ use std::process::ExitCode;
 
 use oxccl_collectives::backend::{AnyMemory, AnyStream};
 use oxccl_collectives::hal::{Device, Memory, MemoryKind, Result, Stream};
-use oxccl_collectives::timing::{time_calls, TimingMode};
+use oxccl_collectives::timing::{run_back_to_back, time_calls, TimingMode};
 use oxccl_collectives::Communicator;
 
 use crate::options::Options;
@@ -268,7 +268,7 @@ fn measure_side(
         comm.check_error(stream)?;
     }
     stream.read(output, host)?;
-    let verdict = check::check(
+    let mut verdict = check::check(
         opts.dtype,
         opts.op,
         opts.accum,
@@ -288,6 +288,11 @@ fn measure_side(
             bytes
         );
     }
+    if exact {
+        verdict.wrong += check_back_to_back(opts, comm, stream, output, host, count, &|| {
+            call(output, output)
+        })?;
+    }
     // Timing. In place keeps re-reducing its own output: fine for timing (values may grow,
     // the work is the same); out of place re-reads the same input.
     let us = time(opts, comm, stream, || call(input, output))?;
@@ -298,6 +303,48 @@ fn measure_side(
         checked: verdict.checked,
         max_rel_err: verdict.max_rel_err,
     })
+}
+
+/// Calls the timing loop makes back to back: each kernel is scheduled while the one
+/// before it runs (early launch), so it must still see that one's result and epoch.
+/// Checked on the result just verified (in `host`, read from `output`): `BACK_TO_BACK`
+/// more in-place calls on `output`, queued as one graph where the backend has graphs,
+/// against the host's repeated reduction. Returns the wrong elements (reported on stderr).
+const BACK_TO_BACK: usize = 2;
+
+fn check_back_to_back(
+    opts: &Options,
+    comm: &Communicator,
+    stream: &AnyStream,
+    output: oxccl_collectives::hal::DevicePtr,
+    host: &mut [u8],
+    count: usize,
+    in_place_call: &dyn Fn() -> Result<()>,
+) -> Result<usize> {
+    let first = check::checked_values(opts.dtype, host, count);
+    run_back_to_back(stream, BACK_TO_BACK, in_place_call)?;
+    comm.check_error(stream)?;
+    stream.read(output, host)?;
+    let (wrong, first_wrong) = check::check_repeated(
+        opts.dtype,
+        opts.op,
+        opts.accum,
+        comm.world_size(),
+        &first,
+        host,
+        count,
+        BACK_TO_BACK,
+    );
+    if let Some((i, got, want)) = first_wrong {
+        eprintln!(
+            "oxccl-perf: rank {}: {wrong} wrong of {} after {BACK_TO_BACK} back-to-back calls \
+             at {} bytes; first at element {i}: {got:#x}, want {want:#x}",
+            comm.rank(),
+            first.len(),
+            host.len()
+        );
+    }
+    Ok(wrong)
 }
 
 /// Microseconds per call: warm-up, then `iters` calls between two events (graph mode:

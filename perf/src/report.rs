@@ -127,6 +127,14 @@ pub fn header(opts: &Options, comm: &Communicator) {
                 "not all over NVLink (oneshot_ll128 off)"
             }
         );
+        println!(
+            "# launch: {}",
+            if comm.early_launch() {
+                "early (each kernel waits on the GPU for the one before it)"
+            } else {
+                "after the previous kernel (early launch off or not supported)"
+            }
+        );
     }
     let mut h = format!(
         "{:>12} {:>12} {:>11} {:>10} {:>9} {:>9} {:>7} {:>9}",
