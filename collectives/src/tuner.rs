@@ -411,12 +411,13 @@ pub fn candidates(shape: &CallShape<'_>) -> Vec<(Algorithm, Plan)> {
         };
         let max = max_blocks(shape.caps);
         let min_grid = (base.config.grid[0] / 8).max(1);
-        let threads: &[u32] = if matches!(algorithm, Algorithm::OneShotLl | Algorithm::OneShotLl128)
-        {
+        let one_shot = matches!(algorithm, Algorithm::OneShotLl | Algorithm::OneShotLl128);
+        let threads: &[u32] = if one_shot {
             &[64, 128, 256, 512]
         } else {
             &[128, 256, 512]
         };
+        let mut launches: Vec<(u32, u32)> = Vec::new();
         for &t in threads {
             if t < shape.world_size || (t as usize) > work.next_multiple_of(32).max(64) {
                 continue;
@@ -426,13 +427,20 @@ pub fn candidates(shape: &CallShape<'_>) -> Vec<(Algorithm, Plan)> {
             grids.retain(|&g| g >= min_grid && g <= max);
             grids.dedup();
             for g in grids {
-                if (g as usize) * (t as usize) > work.max(t as usize) {
-                    continue;
+                if (g as usize) * (t as usize) <= work.max(t as usize) {
+                    launches.push((g, t));
                 }
-                if let Ok(plan) = with_launch(base, shape, g, t) {
-                    if !out.iter().any(|(a, p)| *a == algorithm && *p == plan) {
-                        out.push((algorithm, plan));
-                    }
+            }
+        }
+        // A one-shot small enough for one block in one pass: no count across blocks.
+        let one_pass = work.next_multiple_of(32).max(64);
+        if one_shot && one_pass <= THREADS as usize {
+            launches.push((1, one_pass as u32));
+        }
+        for (g, t) in launches {
+            if let Ok(plan) = with_launch(base, shape, g, t) {
+                if !out.iter().any(|(a, p)| *a == algorithm && *p == plan) {
+                    out.push((algorithm, plan));
                 }
             }
         }
@@ -694,6 +702,16 @@ mod tests {
         }
         // Small calls get few, large calls many; one-shot drops out where it cannot serve.
         assert!(candidates(&shape(1024, 4, &c, false)).len() <= 8);
+        // One-shots that fit one block in one pass have that launch among them (2 KB:
+        // 19 LL128 lines are 152 lanes, 1 x 160; 128 LL16 units, 1 x 128).
+        let small = candidates(&shape(2048, 2, &c, false));
+        let one_pass = |a: Algorithm, t: u32| {
+            small
+                .iter()
+                .any(|(x, p)| *x == a && p.config.grid[0] == 1 && p.config.block[0] == t)
+        };
+        assert!(one_pass(Algorithm::OneShotLl128, 160));
+        assert!(one_pass(Algorithm::OneShotLl, 128));
         let big = candidates(&shape(256 << 20, 4, &c, false));
         assert!(big
             .iter()

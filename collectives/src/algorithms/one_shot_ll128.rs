@@ -47,15 +47,21 @@ pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
         s.ll128_half_bytes,
         s,
     )?;
-    // As the LL16 one-shot: 64-thread blocks (8 lines each) up to the chip, then wider,
-    // one line per 8 lanes while that needs at most 320 threads per block; beyond, about
-    // 4.5 lines per 8 lanes (2 H200s, tuned: 131 x 288 at 512 KB, then 132 x 128 at 1 MB
-    // (10.6 us against 13.1 for 132 x 512) and 128 x 256 at 2 MB).
+    // One block while the lines fit 128 threads (no count across blocks at the end; 2
+    // H200s, tuned: 1 KB 1 x 96 at 3.31 us against 3.41 for 2 x 64). Then as the LL16
+    // one-shot: 64-thread blocks (8 lines each) up to the chip, then wider, one line per
+    // 8 lanes while that needs at most 320 threads per block; beyond, 256-thread blocks
+    // (about 2.25 lines per 8 lanes at 1 MB: tuned 132 x 256 at 9.3 us against 10.2 for
+    // 132 x 128; 2 MB 132 x 256 at 15.4-16.0 us, level with 132 x 512).
     let lanes = s.bytes.div_ceil(16).div_ceil(UNITS_PER_LINE).max(1) * 8;
     let max = max_blocks(s.caps) as usize;
-    let per_block = lanes.div_ceil(max);
+    let per_block = if lanes <= 128 {
+        lanes
+    } else {
+        lanes.div_ceil(max)
+    };
     let per_block = if per_block > 320 {
-        (lanes * 2).div_ceil(max * 9)
+        (lanes * 4).div_ceil(max * 9).min(256)
     } else {
         per_block
     };
@@ -90,7 +96,7 @@ mod tests {
             zero_copy: false,
         };
         let p = plan(&s).unwrap();
-        assert_eq!((p.config.grid[0], p.config.block[0]), (132, 128));
+        assert_eq!((p.config.grid[0], p.config.block[0]), (132, 256));
         s.bytes = 512 << 10;
         let p = plan(&s).unwrap();
         assert_eq!((p.config.grid[0], p.config.block[0]), (131, 288));
@@ -100,9 +106,12 @@ mod tests {
         assert_eq!((p.config.grid[0], p.config.block[0]), (132, 256));
         s.bytes = 1 << 20;
         s.ll128_half_bytes = 4 * slot_bytes(1 << 20);
-        s.bytes = 1024; // 64 units: 10 lines, 80 lanes
+        s.bytes = 1024; // 64 units: 10 lines, 80 lanes: one block
         let small = plan(&s).unwrap();
-        assert_eq!((small.config.grid[0], small.config.block[0]), (2, 64));
+        assert_eq!((small.config.grid[0], small.config.block[0]), (1, 96));
+        s.bytes = 2048; // 19 lines, 152 lanes: 64-thread blocks
+        let p = plan(&s).unwrap();
+        assert_eq!((p.config.grid[0], p.config.block[0]), (3, 64));
         s.bytes = 1 << 20;
         s.bytes += 16 * UNITS_PER_LINE;
         assert!(plan(&s).unwrap_err().to_string().contains("line scratch"));
