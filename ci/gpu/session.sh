@@ -6,6 +6,8 @@
 #     ci/gpu/session.sh hal        # topology, hal-cuda GPU tests, kernels self-test,
 #                                  # multi-process suite on 2 and 4 GPUs, channels tables
 #     ci/gpu/session.sh allreduce  # correctness matrix (ci/gpu/run-allreduce.sh, part 1)
+#     ci/gpu/session.sh latency    # 1K..4M vs NCCL: early launch on/off, and an earlier
+#                                  # build in .gpu/base/ when there is one
 #     ci/gpu/session.sh perf       # bf16 sum vs NCCL, graph replay, 2 and 4 GPUs
 #     ci/gpu/session.sh tune       # tuner (graph replay), then bf16 vs NCCL with the tuned
 #                                  # table and checks of every dtype with it; port_channel
@@ -17,7 +19,7 @@
 set -uo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "${repo_root}"
-phase="${1:?usage: ci/gpu/session.sh hal|allreduce|perf|tune|torch}"
+phase="${1:?usage: ci/gpu/session.sh hal|allreduce|latency|perf|tune|torch}"
 out="${OUT:-${repo_root}/.gpu/results}"
 # Step logs go to one folder that is packed at the end: the device tool returns few files.
 logs="$(mktemp -d /tmp/oxccl-session-logs.XXXXXX)"
@@ -109,6 +111,31 @@ allreduce)
             .gpu/oxccl-perf -N "${n}" -b 1K -e 256M -f 8 -d f32 --graph --no-register "${q[@]}"
     done
     ;;
+latency)
+    # Small sizes against NCCL, the current build with early launch on and off, and, when
+    # .gpu/base/oxccl-perf exists (a build of an earlier commit), that build too; twice,
+    # interleaved, so drift between runs shows as the spread of each.
+    for n in ${OXCCL_SESSION_GPUS:-2 4}; do
+        ((ngpus >= n)) || continue
+        export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
+        for round in 1 2; do
+            for variant in early plain base; do
+                bin=.gpu/oxccl-perf
+                env=(OXCCL_EARLY_LAUNCH=1)
+                case ${variant} in
+                plain) env=(OXCCL_EARLY_LAUNCH=0) ;;
+                base)
+                    bin=.gpu/base/oxccl-perf
+                    [[ -x ${bin} ]] || continue
+                    ;;
+                esac
+                step "latency ${n}gpu ${variant} round ${round} bf16 1K..4M vs NCCL graph" 60 env "${env[@]}" \
+                    "${bin}" -N "${n}" -b 1K -e 4M -f 2 -d bf16 -w 5 --iters 20 --graph --compare nccl \
+                    --json "${out}/latency-${variant}-${round}-${n}gpu.json"
+            done
+        done
+    done
+    ;;
 perf)
     for n in ${OXCCL_SESSION_GPUS:-2 4}; do
         ((ngpus >= n)) || continue
@@ -121,8 +148,8 @@ perf)
         ((ngpus >= n)) || continue
         export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
         for algo in oneshot_ll oneshot_ll128 twoshot_zc twoshot_push; do
-            step "sweep ${n}gpu ${algo} 16K..1M" 60 env OXCCL_ALGO="${algo}" .gpu/oxccl-perf -N "${n}" \
-                -b 16K -e 1M -f 2 -d bf16 -w 5 --iters 20 --graph --json "${out}/sweep-${algo}-${n}gpu.json"
+            step "sweep ${n}gpu ${algo} 1K..2M" 60 env OXCCL_ALGO="${algo}" .gpu/oxccl-perf -N "${n}" \
+                -b 1K -e 2M -f 2 -d bf16 -w 5 --iters 20 --graph --json "${out}/sweep-${algo}-${n}gpu.json"
         done
     done
     ;;
