@@ -305,13 +305,14 @@ fn measure_side(
     })
 }
 
+/// In-place calls [`check_back_to_back`] queues after the checked one.
+const BACK_TO_BACK: usize = 2;
+
 /// Calls the timing loop makes back to back: each kernel is scheduled while the one
 /// before it runs (early launch), so it must still see that one's result and epoch.
 /// Checked on the result just verified (in `host`, read from `output`): `BACK_TO_BACK`
 /// more in-place calls on `output`, queued as one graph where the backend has graphs,
 /// against the host's repeated reduction. Returns the wrong elements (reported on stderr).
-const BACK_TO_BACK: usize = 2;
-
 fn check_back_to_back(
     opts: &Options,
     comm: &Communicator,
