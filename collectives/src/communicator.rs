@@ -922,7 +922,8 @@ impl Communicator {
                 ))))
             }
         };
-        let config = plan.config.with_early_launch(self.early_launch());
+        // Asked for as configured: the backend launches as usual where the device cannot.
+        let config = plan.config.with_early_launch(self.config.early_launch);
         // SAFETY: the argument block matches the kernel (abi_allreduce.h); the scratch
         // pointers are this communicator's live mappings (kept until drop); input and
         // output are the caller's obligation (this function's contract). Every allreduce
