@@ -30,13 +30,21 @@ OXCCL_DEVICE_INLINE uint64_t now_ns() {
 #endif
 }
 
-/// A wait bound: `limit_ns == 0` never expires. The clock is read every 256 polls.
+/// The bound of every wait: `limit_ns == 0` never expires. A wait reads the clock only
+/// once it has lasted 256 polls (where its bound starts) and every 256 polls after that, so
+/// a call whose waits end at once never reads it: a clock read by every thread at the start
+/// of a call cost 0.06-0.1 us per call on H200s (ci/gpu/probe). Each wait keeps its own
+/// `since` (0 until its bound starts).
 struct Deadline {
-  uint64_t start;
   uint64_t limit_ns;
-  OXCCL_DEVICE_INLINE bool expired(uint64_t polls) const {
+  OXCCL_DEVICE_INLINE bool expired(uint64_t polls, uint64_t& since) const {
     if (limit_ns == 0 || (polls & 255) != 255) return false;
-    return now_ns() - start > limit_ns;
+    const uint64_t t = now_ns();
+    if (since == 0) {
+      since = t;
+      return false;
+    }
+    return t - since > limit_ns;
   }
 };
 
@@ -49,14 +57,17 @@ OXCCL_DEVICE_INLINE void report(void* own_scratch, uint32_t code, uint32_t peer)
 }
 
 /// Bytes [off, off + 16) of a buffer of `total` bytes; bytes past the end read as zero.
-/// Aligned whole units are one 16-byte load; the rest goes byte by byte.
+/// Aligned whole units are one 16-byte load; the rest goes byte by byte, shifted into the
+/// words (constant indices after unrolling: no local memory, see `reduce_ranks`).
 OXCCL_DEVICE_INLINE Vec16 load_unit(const void* base, uint64_t off, uint64_t total) {
   const unsigned char* p = static_cast<const unsigned char*>(base) + off;
   if (off + 16 <= total && (reinterpret_cast<uintptr_t>(p) & 15) == 0) return load16(p);
   Vec16 v{{0, 0, 0, 0}};
-  unsigned char* b = reinterpret_cast<unsigned char*>(&v);
   const uint64_t n = total > off ? (total - off < 16 ? total - off : 16) : 0;
-  for (uint64_t i = 0; i < n; ++i) b[i] = p[i];
+#pragma unroll
+  for (uint32_t i = 0; i < 16; ++i) {
+    if (i < n) v.w[i / 4] |= static_cast<uint32_t>(p[i]) << (8 * (i % 4));
+  }
   return v;
 }
 
@@ -67,9 +78,11 @@ OXCCL_DEVICE_INLINE void store_unit(void* base, uint64_t off, const Vec16& v, ui
     store16(p, v);
     return;
   }
-  const unsigned char* b = reinterpret_cast<const unsigned char*>(&v);
   const uint64_t n = total > off ? (total - off < 16 ? total - off : 16) : 0;
-  for (uint64_t i = 0; i < n; ++i) p[i] = b[i];
+#pragma unroll
+  for (uint32_t i = 0; i < 16; ++i) {
+    if (i < n) p[i] = static_cast<unsigned char>(v.w[i / 4] >> (8 * (i % 4)));
+  }
 }
 
 /// 16-byte load of data another GPU wrote (cached in L2 only, never a stale L1 line).
@@ -90,9 +103,10 @@ OXCCL_DEVICE_INLINE uint32_t flag_of(uint64_t epoch) {
 /// Spins on an LL16 packet until it carries `flag`; false when the deadline passed.
 OXCCL_DEVICE_INLINE bool ll16_wait(const OxcclLL16Packet* p, uint32_t flag, const Deadline& d,
                                    uint32_t* d1, uint32_t* d2) {
+  uint64_t since = 0;
   for (uint64_t polls = 0;; ++polls) {
     if (ll16_try_read(p, flag, d1, d2)) return true;
-    if (d.expired(polls)) return false;
+    if (d.expired(polls, since)) return false;
   }
 }
 
@@ -113,8 +127,9 @@ OXCCL_DEVICE_INLINE bool block_barrier(const OxcclAllreduceArgs& a, const Deadli
     uint64_t* expected = sync_word(own, OXCCL_ALLREDUCE_SYNC_EXPECTED) + slot + p;
     const uint64_t want = *expected + 1;
     bool ok = true;
+    uint64_t since = 0;
     for (uint64_t polls = 0; atomic_load_acquire(inbound) < want; ++polls) {
-      if (d.expired(polls)) {
+      if (d.expired(polls, since)) {
         ok = false;
         break;
       }
@@ -131,32 +146,36 @@ OXCCL_DEVICE_INLINE bool block_barrier(const OxcclAllreduceArgs& a, const Deadli
 }
 
 /// What a kernel body knows about its call besides the argument block: its own scratch,
-/// the deadline of its waits, and the block's shared failure flag (set by
-/// `block_barrier`). Bodies take it by value (registers): a reference would store it to
-/// local memory first, which waits for the clock read.
+/// the bound of its waits, and the block's shared failure flag (set by `block_barrier`).
+/// Bodies are inlined into their kernels and take it by value: a call, or a structure
+/// in memory, puts a stack in local memory, which cost about 0.5 us per call on H200s
+/// (ci/gpu/probe).
 struct CallState {
   void* own;
   Deadline deadline;
   int* failed;
 
-  /// Every thread of this block has read the epoch (`read_epoch`). In a grid of several
-  /// blocks, block `b` then counts itself (a barrier, then a no-return add) so that
-  /// `finish_call` knows when every block has read it without a returned atomic at the
-  /// end; a single block only needs the barrier (its thread 0 advances the epoch). A
-  /// kernel that reads the epoch calls this with every thread of every block exactly once,
-  /// on every path to `finish_call`. The one-shots call it after their writes to the
-  /// peers, to keep the barrier off the path of their data.
-  OXCCL_DEVICE_INLINE void count_block() const {
-    __syncthreads();
+  /// Every thread of this block has read the epoch (`read_epoch`) and passes the value.
+  /// The block meets at a barrier whose predicate is the epoch, so no thread arrives
+  /// before its read has returned. In a grid of several blocks, thread 0 then counts the
+  /// block (a relaxed no-return add) so that `finish_call` knows when every block has
+  /// read it; a single block needs only the barrier (its thread 0 advances the epoch). The
+  /// count is relaxed on purpose: a release add waits for the block's stores to the peers
+  /// to be acknowledged over NVLink, and block 0 then waited about 0.5 us for it at the
+  /// end of every multi-block call (2 H200s, ci/gpu/probe). A kernel that reads the epoch
+  /// calls this with every thread of every block exactly once, on every path to
+  /// `finish_call`. The one-shots call it after their writes to the peers, to keep the
+  /// barrier off the path of their data.
+  OXCCL_DEVICE_INLINE void count_block(uint64_t epoch) const {
+    (void)__syncthreads_or(epoch == ~uint64_t{0});
     if (threadIdx.x == 0 && gridDim.x > 1) {
-      atomic_add_release_device(sync_word(own, OXCCL_ALLREDUCE_SYNC_DONE), 1);
+      atomic_add_relaxed_device(sync_word(own, OXCCL_ALLREDUCE_SYNC_DONE), 1);
     }
   }
 };
 
-/// The epoch of the call running now (see `CallState::count_block`). No body function
-/// receives it from the kernel's entry: a function call waits for every load in flight,
-/// so the one-shots read it themselves, beside their first input load.
+/// The epoch of the call running now (see `CallState::count_block`). The one-shots read
+/// it themselves, beside their first input load, so that both round trips overlap.
 OXCCL_DEVICE_INLINE uint64_t read_epoch(void* own_scratch) {
   return atomic_load_relaxed(sync_word(own_scratch, OXCCL_ALLREDUCE_SYNC_EPOCH));
 }

@@ -38,8 +38,9 @@ OXCCL_DEVICE_INLINE void port_report(void* scratch, uint32_t code, uint32_t peer
 /// the call's deadline and by the semaphore's spin limit. On timeout nothing is consumed.
 OXCCL_DEVICE_INLINE bool wait_signal(const OxcclHostDeviceSemaphore& s, const Deadline& d) {
   const uint64_t want = *s.expected_inbound + 1;
+  uint64_t since = 0;
   for (uint64_t polls = 0; atomic_load_acquire(s.inbound) < want; ++polls) {
-    if (d.expired(polls) || (s.max_spins != 0 && polls + 1 >= s.max_spins)) return false;
+    if (d.expired(polls, since) || (s.max_spins != 0 && polls + 1 >= s.max_spins)) return false;
   }
   *s.expected_inbound = want;
   return true;
@@ -89,11 +90,14 @@ __device__ __noinline__ void port_body(const Reducer reduce, const OxcclPortAllr
     const char* recv = scratch + a.recv_offset + parity * w * c;
     for (uint64_t u = threadIdx.x; u < units; u += blockDim.x) {
       Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
-      for (uint32_t r = 0; r < w; ++r) {
-        in[r] = r == me ? allreduce::load_unit(a.input, base + u * 16, total)
-                        : allreduce::load16_peer(recv + r * c + u * 16);
+#pragma unroll
+      for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
+        if (r < w) {
+          in[r] = r == me ? allreduce::load_unit(a.input, base + u * 16, total)
+                          : allreduce::load16_peer(recv + r * c + u * 16);
+        }
       }
-      allreduce::store_unit(a.output, base + u * 16, reduce(in, w), total);
+      allreduce::store_unit(a.output, base + u * 16, allreduce::reduce_ranks(reduce, in, w), total);
     }
     // Every read of recv[parity] is done before the next round's triggers are pushed.
     __syncthreads();
@@ -127,7 +131,7 @@ OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_port(OxcclPortAllreduceArg
   const uint64_t round0 =
       oxccl::atomic_load_relaxed(port_word(args.scratch, OXCCL_PORT_ALLREDUCE_SYNC_ROUND));
   __syncthreads();
-  const Deadline d{oxccl::allreduce::now_ns(), args.timeout_ns};
+  const Deadline d{args.timeout_ns};
   // dispatch_all reads only dtype, op and accum of its block.
   OxcclAllreduceArgs types{};
   types.dtype = args.dtype;
