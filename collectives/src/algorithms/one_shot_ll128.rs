@@ -47,15 +47,16 @@ pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
         s.ll128_half_bytes,
         s,
     )?;
-    // One block while the lines fit 128 threads (no count across blocks at the end; 2
-    // H200s, tuned: 1 KB 1 x 96 at 3.31 us against 3.41 for 2 x 64). Then as the LL16
-    // one-shot: 64-thread blocks (8 lines each) up to the chip, then wider, one line per
-    // 8 lanes while that needs at most 320 threads per block; beyond, 256-thread blocks
-    // (about 2.25 lines per 8 lanes at 1 MB: tuned 132 x 256 at 9.3 us against 10.2 for
-    // 132 x 128; 2 MB 132 x 256 at 15.4-16.0 us, level with 132 x 512).
+    // One block while the lines fit 160 threads (no count across blocks at the end; 2
+    // H200s, tuned: 1 KB 1 x 96 at 2.86 us, 2 KB 1 x 160 at 2.92 us against 2.96-2.98 for
+    // 3 x 64; 4 KB 5 x 64 at 3.04 us). Then as the LL16 one-shot: 64-thread blocks (8
+    // lines each) up to the chip, then wider, one line per 8 lanes while that needs at
+    // most 320 threads per block; beyond, 256-thread blocks (about 2.25 lines per 8 lanes
+    // at 1 MB: 132 x 256 at 7.7 us, tuned 128 x 512 at 7.9; 2 MB 132 x 256 at 12.9 us,
+    // tuned 132 x 512 at 12.5).
     let lanes = s.bytes.div_ceil(16).div_ceil(UNITS_PER_LINE).max(1) * 8;
     let max = max_blocks(s.caps) as usize;
-    let per_block = if lanes <= 128 {
+    let per_block = if lanes <= 160 {
         lanes
     } else {
         lanes.div_ceil(max)
@@ -109,9 +110,12 @@ mod tests {
         s.bytes = 1024; // 64 units: 10 lines, 80 lanes: one block
         let small = plan(&s).unwrap();
         assert_eq!((small.config.grid[0], small.config.block[0]), (1, 96));
-        s.bytes = 2048; // 19 lines, 152 lanes: 64-thread blocks
+        s.bytes = 2048; // 19 lines, 152 lanes: one block
         let p = plan(&s).unwrap();
-        assert_eq!((p.config.grid[0], p.config.block[0]), (3, 64));
+        assert_eq!((p.config.grid[0], p.config.block[0]), (1, 160));
+        s.bytes = 4096; // 37 lines, 296 lanes: 64-thread blocks
+        let p = plan(&s).unwrap();
+        assert_eq!((p.config.grid[0], p.config.block[0]), (5, 64));
         s.bytes = 1 << 20;
         s.bytes += 16 * UNITS_PER_LINE;
         assert!(plan(&s).unwrap_err().to_string().contains("line scratch"));
