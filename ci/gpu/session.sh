@@ -8,6 +8,7 @@
 #     ci/gpu/session.sh allreduce  # correctness matrix (ci/gpu/run-allreduce.sh, part 1)
 #     ci/gpu/session.sh latency    # 1K..4M vs NCCL: early launch on/off, and an earlier
 #                                  # build in .gpu/base/ when there is one
+#     ci/gpu/session.sh probe      # where a small call's time goes (ci/gpu/probe/), 2 GPUs
 #     ci/gpu/session.sh perf       # bf16 sum vs NCCL, graph replay, 2 and 4 GPUs
 #     ci/gpu/session.sh tune       # tuner (graph replay), then bf16 vs NCCL with the tuned
 #                                  # table and checks of every dtype with it; port_channel
@@ -19,7 +20,7 @@
 set -uo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "${repo_root}"
-phase="${1:?usage: ci/gpu/session.sh hal|allreduce|latency|perf|tune|torch}"
+phase="${1:?usage: ci/gpu/session.sh hal|allreduce|latency|probe|perf|tune|torch}"
 out="${OUT:-${repo_root}/.gpu/results}"
 # Step logs go to one folder that is packed at the end: the device tool returns few files.
 logs="$(mktemp -d /tmp/oxccl-session-logs.XXXXXX)"
@@ -135,6 +136,17 @@ latency)
             done
         done
     done
+    ;;
+probe)
+    # The probe's object is compiled here by ci/gpu/build-probe.sh (nvcc takes minutes on
+    # the kernels it includes); the device links it with its own CUDA runtime.
+    export CUDA_VISIBLE_DEVICES=0,1
+    if ((ngpus >= 2)) && [[ -f .gpu/probe/latency_probe.o ]]; then
+        step "link latency probe" 60 nvcc -arch=sm_90 .gpu/probe/latency_probe.o -o "${logs}/latency_probe"
+        step "latency probe 2gpu" 120 "${logs}/latency_probe" 2000 7
+    else
+        summary+=("SKIP  latency probe (needs 2 GPUs and .gpu/probe/latency_probe.o)")
+    fi
     ;;
 perf)
     for n in ${OXCCL_SESSION_GPUS:-2 4}; do
