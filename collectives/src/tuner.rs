@@ -417,9 +417,11 @@ pub fn candidates(shape: &CallShape<'_>) -> Vec<(Algorithm, Plan)> {
         } else {
             &[128, 256, 512]
         };
+        // Threads that cover `work` in one pass of one block (whole warps, at least 64).
+        let one_pass = work.next_multiple_of(32).max(64);
         let mut launches: Vec<(u32, u32)> = Vec::new();
         for &t in threads {
-            if t < shape.world_size || (t as usize) > work.next_multiple_of(32).max(64) {
+            if t < shape.world_size || (t as usize) > one_pass {
                 continue;
             }
             let mut grids: Vec<u32> = (0..8).map(|p| 1u32 << p).collect();
@@ -433,7 +435,6 @@ pub fn candidates(shape: &CallShape<'_>) -> Vec<(Algorithm, Plan)> {
             }
         }
         // A one-shot small enough for one block in one pass: no count across blocks.
-        let one_pass = work.next_multiple_of(32).max(64);
         if one_shot && one_pass <= THREADS as usize {
             launches.push((1, one_pass as u32));
         }
