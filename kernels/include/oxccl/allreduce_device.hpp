@@ -100,16 +100,6 @@ OXCCL_DEVICE_INLINE uint32_t flag_of(uint64_t epoch) {
   return static_cast<uint32_t>(epoch % 0xffffffffull) + 1u;
 }
 
-/// Spins on an LL16 packet until it carries `flag`; false when the deadline passed.
-OXCCL_DEVICE_INLINE bool ll16_wait(const OxcclLL16Packet* p, uint32_t flag, const Deadline& d,
-                                   uint32_t* d1, uint32_t* d2) {
-  uint64_t since = 0;
-  for (uint64_t polls = 0;; ++polls) {
-    if (ll16_try_read(p, flag, d1, d2)) return true;
-    if (d.expired(polls, since)) return false;
-  }
-}
-
 /// Barrier of block `blockIdx.x` of every rank: signal every peer, wait for every peer.
 /// Needs blockDim.x >= world_size. Returns false (and reports) when a wait timed out.
 OXCCL_DEVICE_INLINE bool block_barrier(const OxcclAllreduceArgs& a, const Deadline& d,
