@@ -1,4 +1,4 @@
-//! The channel kernels as host functions (host backend), and the argument-block plumbing.
+//! The channel kernels as host functions (host backend).
 //!
 //! Same names and argument blocks as `kernels/src/device/channel_kernels.cu`; each does
 //! the whole grid's work on the stream's worker thread, through the `host_*` operations
@@ -41,46 +41,6 @@ pub fn module_image(kind: BackendKind) -> Result<ModuleImage<'static>> {
     }
 }
 
-/// A channel argument block, passed to launches as bytes.
-///
-/// # Safety
-/// Implementors are `#[repr(C)]` structs of `abi_channels.h` without implicit padding
-/// (their sizes are asserted in C and in this crate's tests).
-pub unsafe trait ChannelArgs: Copy {
-    /// The block's bytes, as the kernel receives them.
-    fn as_bytes(&self) -> &[u8] {
-        // SAFETY: no padding (trait contract): every byte is initialised; borrows `self`.
-        unsafe { std::slice::from_raw_parts((self as *const Self).cast::<u8>(), size_of::<Self>()) }
-    }
-
-    /// The block back from launch bytes; `None` on a length mismatch.
-    fn from_bytes(bytes: &[u8]) -> Option<Self> {
-        if bytes.len() != size_of::<Self>() {
-            return None;
-        }
-        // SAFETY: length checked; unaligned read; plain integers and pointers only, so
-        // every bit pattern is a value.
-        Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Self>()) })
-    }
-}
-
-// SAFETY: repr(C) blocks of abi_channels.h whose sizes equal the sum of their fields.
-unsafe impl ChannelArgs for OxcclMemoryChannelArgs {}
-// SAFETY: as above.
-unsafe impl ChannelArgs for OxcclPortChannelArgs {}
-// SAFETY: as above.
-unsafe impl ChannelArgs for OxcclSwitchChannelArgs {}
-
-fn args<T: ChannelArgs>(bytes: &[u8], kernel: &str) -> Result<T> {
-    T::from_bytes(bytes).ok_or_else(|| {
-        Error::InvalidArgument(format!(
-            "{kernel}: argument block of {} bytes, expected {}",
-            bytes.len(),
-            size_of::<T>()
-        ))
-    })
-}
-
 /// Writes a wait outcome where the block asks for it.
 ///
 /// # Safety
@@ -121,7 +81,7 @@ fn timed_rounds(iterations: u32, mut round: impl FnMut() -> Result<()>) -> Resul
 }
 
 fn memory_op(cfg: &LaunchConfig, bytes: &[u8]) -> Result<()> {
-    let a: OxcclMemoryChannelArgs = args(bytes, MEMORY_OP)?;
+    let a: OxcclMemoryChannelArgs = abi::parse_args(bytes, MEMORY_OP)?;
     let h = &a.channel;
     // The launch contract makes the handle's pointers live host-backend memory and the
     // ranges valid for the operation; the protocol keeps the sides apart. Each block below
@@ -218,7 +178,7 @@ fn memory_op(cfg: &LaunchConfig, bytes: &[u8]) -> Result<()> {
 }
 
 fn port_op(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
-    let a: OxcclPortChannelArgs = args(bytes, PORT_OP)?;
+    let a: OxcclPortChannelArgs = abi::parse_args(bytes, PORT_OP)?;
     let h = &a.channel;
     // Launch contract as for memory_op: the handle is a live host-backend channel.
     let outcome: Result<()> = match a.op {
@@ -284,7 +244,7 @@ fn port_op(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
 }
 
 fn switch_op(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
-    let _: OxcclSwitchChannelArgs = args(bytes, SWITCH_OP)?;
+    let _: OxcclSwitchChannelArgs = abi::parse_args(bytes, SWITCH_OP)?;
     Err(Error::Unsupported(format!(
         "{SWITCH_OP}: the host backend has no multicast address; use SwitchChannel::reduce / \
          broadcast (the emulation)"
@@ -294,21 +254,11 @@ fn switch_op(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::mem::{align_of, size_of};
 
     #[test]
-    fn argument_blocks_have_the_header_layouts() {
-        assert_eq!(size_of::<abi::OxcclSwitchChannel>(), 32);
-        assert_eq!(size_of::<OxcclMemoryChannelArgs>(), 144);
-        assert_eq!(size_of::<OxcclPortChannelArgs>(), 144);
-        assert_eq!(size_of::<OxcclSwitchChannelArgs>(), 64);
-        for a in [
-            align_of::<OxcclMemoryChannelArgs>(),
-            align_of::<OxcclPortChannelArgs>(),
-            align_of::<OxcclSwitchChannelArgs>(),
-        ] {
-            assert_eq!(a, 8);
-        }
+    fn argument_blocks_round_trip_through_launch_bytes() {
+        // Their layouts against the C compiler: the kernels crate's ABI test.
+        use oxccl_kernels::abi::KernelArgs;
         let a = OxcclPortChannelArgs {
             bytes: 77,
             ..Default::default()

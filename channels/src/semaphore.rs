@@ -399,8 +399,9 @@ pub(crate) mod testing {
 
     use crate::bootstrap::{Bootstrap, BootstrapConfig, UniqueId};
     use crate::connection::{Transport, TransportSet};
-    use crate::host_kernels::{module_image, ChannelArgs};
+    use crate::host_kernels::module_image;
     use crate::registered_memory::RegisteredMemory;
+    use oxccl_kernels::abi::KernelArgs;
 
     pub(crate) fn device() -> AnyDevice {
         AnyDevice::open_with(BackendKind::Host, DeviceId(0)).unwrap()
@@ -474,7 +475,7 @@ pub(crate) mod testing {
     }
 
     /// Launches a channel kernel on the host backend and waits for it.
-    pub(crate) fn launch<A: ChannelArgs>(
+    pub(crate) fn launch<A: KernelArgs>(
         d: &AnyDevice,
         stream: &AnyStream,
         name: &str,

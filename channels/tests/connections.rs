@@ -358,9 +358,13 @@ fn bad_arguments(transport: Transport) {
             "update of another rank's memory",
         );
         // Nothing was sent: the destination is still all poison after a flush and barrier.
+        // The second barrier keeps the peer's in-range update below out of this rank's
+        // destination until the snapshot is taken (the peer passes the first barrier as
+        // early as this rank does).
         conn.flush(WAIT).unwrap();
         r.bootstrap.barrier().unwrap();
         assert!(snapshot(host(&r.dst), 0, dl).iter().all(|b| *b == 0));
+        r.bootstrap.barrier().unwrap();
         // In range is fine, including zero bytes at the very end.
         conn.write(dst, dl, &r.src_reg, sl, 0).unwrap();
         conn.update_and_sync(dst, 8 * rank as usize, 7).unwrap();

@@ -50,112 +50,116 @@ pub unsafe trait KernelArgs: Copy {
     }
 }
 
-// SAFETY (all impls below): repr(C) structs from abi.h whose sizes equal the sum of their
-// fields (asserted in C by abi.h and in the tests below), so they have no padding.
-unsafe impl KernelArgs for OxcclSignalArgs {}
-// SAFETY: see above.
-unsafe impl KernelArgs for OxcclWaitArgs {}
-// SAFETY: see above.
-unsafe impl KernelArgs for OxcclCopyArgs {}
-// SAFETY: see above.
-unsafe impl KernelArgs for OxcclPatternArgs {}
-// SAFETY: see above.
-unsafe impl KernelArgs for OxcclSelftestDecodeArgs {}
-// SAFETY: see above.
-unsafe impl KernelArgs for OxcclSelftestEncodeArgs {}
-// SAFETY: see above.
-unsafe impl KernelArgs for OxcclSelftestReduceArgs {}
+/// An argument block from launch bytes (host kernels), or an error naming `kernel` when
+/// the length is wrong.
+pub fn parse_args<T: KernelArgs>(bytes: &[u8], kernel: &str) -> oxccl_hal::Result<T> {
+    T::from_bytes(bytes).ok_or_else(|| {
+        oxccl_hal::Error::InvalidArgument(format!(
+            "{kernel}: argument block of {} bytes, expected {}",
+            bytes.len(),
+            size_of::<T>()
+        ))
+    })
+}
 
-/// The structs of abi.h with their expected size and alignment, in the order of
-/// `oxccl_abi_layout` in `src/abi_check.c`.
-pub const OXCCL_ABI_STRUCTS: [(&str, usize, usize); 15] = [
-    ("OxcclLL16Packet", 16, 16),
-    ("OxcclLL8Packet", 8, 8),
-    ("OxcclDeviceSemaphore", 32, 8),
-    ("OxcclHostDeviceSemaphore", 32, 8),
-    ("OxcclMemoryChannel", 64, 8),
-    ("OxcclProxyTrigger", 16, 16),
-    ("OxcclFifo", 32, 8),
-    ("OxcclPortChannel", 80, 8),
-    ("OxcclSignalArgs", 16, 8),
-    ("OxcclWaitArgs", 32, 8),
-    ("OxcclCopyArgs", 24, 8),
-    ("OxcclPatternArgs", 32, 8),
-    ("OxcclSelftestDecodeArgs", 32, 8),
-    ("OxcclSelftestEncodeArgs", 32, 8),
-    ("OxcclSelftestReduceArgs", 96, 8),
-];
+/// Implements [`KernelArgs`] for structs of the headers that have no implicit padding.
+macro_rules! kernel_args {
+    ($($t:ty),* $(,)?) => {$(
+        // SAFETY: a repr(C) struct of abi.h / abi_channels.h / abi_allreduce.h whose size
+        // is the sum of its fields (explicit `_pad` fields where C would pad; asserted in
+        // the headers and by `no_padding` below), so every byte is initialised.
+        unsafe impl KernelArgs for $t {}
+    )*};
+}
+
+// Every block a kernel takes, and the structs that are written to device memory as bytes.
+kernel_args!(
+    OxcclSignalArgs,
+    OxcclWaitArgs,
+    OxcclCopyArgs,
+    OxcclPatternArgs,
+    OxcclSelftestDecodeArgs,
+    OxcclSelftestEncodeArgs,
+    OxcclSelftestReduceArgs,
+    OxcclMemoryChannelArgs,
+    OxcclPortChannelArgs,
+    OxcclSwitchChannelArgs,
+    OxcclAllreduceArgs,
+    OxcclPortAllreduceArgs,
+    OxcclPortChannel,
+    OxcclMemoryChannel,
+);
+
+/// (name, size, alignment) of each listed struct as Rust lays it out, the names written
+/// once.
+macro_rules! layouts {
+    ($($t:ident),* $(,)?) => {
+        [$((stringify!($t), size_of::<$t>(), align_of::<$t>())),*]
+    };
+}
+
+/// Every struct of `abi.h`, `abi_channels.h` and `abi_allreduce.h` with its Rust size and
+/// alignment; the tests compare each with the C compiler's (`src/abi_check.c`, by name).
+pub const OXCCL_ABI_STRUCTS: [(&str, usize, usize); 21] = layouts!(
+    OxcclLL16Packet,
+    OxcclLL8Packet,
+    OxcclDeviceSemaphore,
+    OxcclHostDeviceSemaphore,
+    OxcclMemoryChannel,
+    OxcclProxyTrigger,
+    OxcclFifo,
+    OxcclPortChannel,
+    OxcclSignalArgs,
+    OxcclWaitArgs,
+    OxcclCopyArgs,
+    OxcclPatternArgs,
+    OxcclSelftestDecodeArgs,
+    OxcclSelftestEncodeArgs,
+    OxcclSelftestReduceArgs,
+    OxcclSwitchChannel,
+    OxcclMemoryChannelArgs,
+    OxcclPortChannelArgs,
+    OxcclSwitchChannelArgs,
+    OxcclAllreduceArgs,
+    OxcclPortAllreduceArgs,
+);
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::mem::{align_of, size_of};
 
     unsafe extern "C" {
-        fn oxccl_abi_layout(which: u32) -> u64;
-    }
-
-    fn rust_layouts() -> [(usize, usize); 15] {
-        [
-            (size_of::<OxcclLL16Packet>(), align_of::<OxcclLL16Packet>()),
-            (size_of::<OxcclLL8Packet>(), align_of::<OxcclLL8Packet>()),
-            (
-                size_of::<OxcclDeviceSemaphore>(),
-                align_of::<OxcclDeviceSemaphore>(),
-            ),
-            (
-                size_of::<OxcclHostDeviceSemaphore>(),
-                align_of::<OxcclHostDeviceSemaphore>(),
-            ),
-            (
-                size_of::<OxcclMemoryChannel>(),
-                align_of::<OxcclMemoryChannel>(),
-            ),
-            (
-                size_of::<OxcclProxyTrigger>(),
-                align_of::<OxcclProxyTrigger>(),
-            ),
-            (size_of::<OxcclFifo>(), align_of::<OxcclFifo>()),
-            (
-                size_of::<OxcclPortChannel>(),
-                align_of::<OxcclPortChannel>(),
-            ),
-            (size_of::<OxcclSignalArgs>(), align_of::<OxcclSignalArgs>()),
-            (size_of::<OxcclWaitArgs>(), align_of::<OxcclWaitArgs>()),
-            (size_of::<OxcclCopyArgs>(), align_of::<OxcclCopyArgs>()),
-            (
-                size_of::<OxcclPatternArgs>(),
-                align_of::<OxcclPatternArgs>(),
-            ),
-            (
-                size_of::<OxcclSelftestDecodeArgs>(),
-                align_of::<OxcclSelftestDecodeArgs>(),
-            ),
-            (
-                size_of::<OxcclSelftestEncodeArgs>(),
-                align_of::<OxcclSelftestEncodeArgs>(),
-            ),
-            (
-                size_of::<OxcclSelftestReduceArgs>(),
-                align_of::<OxcclSelftestReduceArgs>(),
-            ),
-        ]
+        fn oxccl_abi_layout(name: *const std::ffi::c_char) -> u64;
+        fn oxccl_abi_struct_count() -> u32;
     }
 
     #[test]
-    fn rust_layout_matches_the_c_compiler_and_the_table() {
-        for (i, ((name, size, align), (rs, ra))) in
-            OXCCL_ABI_STRUCTS.iter().zip(rust_layouts()).enumerate()
-        {
-            // SAFETY: a plain C function without pointers.
-            let c = unsafe { oxccl_abi_layout(i as u32) };
+    fn rust_layout_matches_the_c_compiler_for_every_struct() {
+        // SAFETY: a plain C function without arguments.
+        let c_count = unsafe { oxccl_abi_struct_count() } as usize;
+        assert_eq!(
+            c_count,
+            OXCCL_ABI_STRUCTS.len(),
+            "C and Rust list different structs"
+        );
+        for (name, size, align) in OXCCL_ABI_STRUCTS {
+            let cname = std::ffi::CString::new(name).unwrap();
+            // SAFETY: a NUL-terminated string that outlives the call.
+            let c = unsafe { oxccl_abi_layout(cname.as_ptr()) };
+            assert_ne!(c, 0, "{name} is not in abi_check.c");
             assert_eq!(
                 ((c >> 32) as usize, (c & 0xffff_ffff) as usize),
-                (rs, ra),
+                (size, align),
                 "{name} (C vs Rust)"
             );
-            assert_eq!((rs, ra), (*size, *align), "{name} (Rust vs table)");
         }
+        // The sizes device code and the launch paths rely on.
+        let size = |n: &str| OXCCL_ABI_STRUCTS.iter().find(|s| s.0 == n).map(|s| s.1);
+        assert_eq!(size("OxcclAllreduceArgs"), Some(280));
+        assert_eq!(size("OxcclPortAllreduceArgs"), Some(96));
+        assert_eq!(size("OxcclPortChannel"), Some(80));
+        assert_eq!(size("OxcclMemoryChannelArgs"), Some(144));
+        assert_eq!(size("OxcclPortChannelArgs"), Some(144));
     }
 
     #[test]

@@ -1,31 +1,58 @@
-/* Compiled by build.rs with the host C compiler: runs abi.h's static asserts as C, and
- * reports the C compiler's sizes and alignments so Rust tests can compare them with the
- * bindgen structs (see abi.rs). */
+/* Compiled by build.rs with the host C compiler: runs the headers' static asserts as C, and
+ * reports the C compiler's size and alignment of every struct of abi.h, abi_channels.h and
+ * abi_allreduce.h, by name, so a Rust test can compare them with the bindgen structs (see
+ * abi.rs). */
 #include <stddef.h>
+#include <string.h>
 
 #include "oxccl/abi.h"
 
-#define OXCCL_LAYOUT(t) (((uint64_t)sizeof(t) << 32) | (uint64_t)_Alignof(t))
+typedef struct OxcclAbiLayout {
+  const char* name;
+  uint64_t size;
+  uint64_t align;
+} OxcclAbiLayout;
 
-/* Size (high 32 bits) and alignment (low 32 bits) of struct number `which`, in the order
- * of OXCCL_ABI_STRUCTS in abi.rs; 0 for an unknown number. */
-uint64_t oxccl_abi_layout(uint32_t which) {
-  switch (which) {
-    case 0: return OXCCL_LAYOUT(OxcclLL16Packet);
-    case 1: return OXCCL_LAYOUT(OxcclLL8Packet);
-    case 2: return OXCCL_LAYOUT(OxcclDeviceSemaphore);
-    case 3: return OXCCL_LAYOUT(OxcclHostDeviceSemaphore);
-    case 4: return OXCCL_LAYOUT(OxcclMemoryChannel);
-    case 5: return OXCCL_LAYOUT(OxcclProxyTrigger);
-    case 6: return OXCCL_LAYOUT(OxcclFifo);
-    case 7: return OXCCL_LAYOUT(OxcclPortChannel);
-    case 8: return OXCCL_LAYOUT(OxcclSignalArgs);
-    case 9: return OXCCL_LAYOUT(OxcclWaitArgs);
-    case 10: return OXCCL_LAYOUT(OxcclCopyArgs);
-    case 11: return OXCCL_LAYOUT(OxcclPatternArgs);
-    case 12: return OXCCL_LAYOUT(OxcclSelftestDecodeArgs);
-    case 13: return OXCCL_LAYOUT(OxcclSelftestEncodeArgs);
-    case 14: return OXCCL_LAYOUT(OxcclSelftestReduceArgs);
-    default: return 0;
+#define OXCCL_LAYOUT(t) {#t, sizeof(t), _Alignof(t)}
+
+/* Every struct of the three headers: a new struct gets a line here (the Rust test also
+ * checks that both sides list as many). */
+static const OxcclAbiLayout kLayouts[] = {
+    OXCCL_LAYOUT(OxcclLL16Packet),
+    OXCCL_LAYOUT(OxcclLL8Packet),
+    OXCCL_LAYOUT(OxcclDeviceSemaphore),
+    OXCCL_LAYOUT(OxcclHostDeviceSemaphore),
+    OXCCL_LAYOUT(OxcclMemoryChannel),
+    OXCCL_LAYOUT(OxcclProxyTrigger),
+    OXCCL_LAYOUT(OxcclFifo),
+    OXCCL_LAYOUT(OxcclPortChannel),
+    OXCCL_LAYOUT(OxcclSignalArgs),
+    OXCCL_LAYOUT(OxcclWaitArgs),
+    OXCCL_LAYOUT(OxcclCopyArgs),
+    OXCCL_LAYOUT(OxcclPatternArgs),
+    OXCCL_LAYOUT(OxcclSelftestDecodeArgs),
+    OXCCL_LAYOUT(OxcclSelftestEncodeArgs),
+    OXCCL_LAYOUT(OxcclSelftestReduceArgs),
+    OXCCL_LAYOUT(OxcclSwitchChannel),
+    OXCCL_LAYOUT(OxcclMemoryChannelArgs),
+    OXCCL_LAYOUT(OxcclPortChannelArgs),
+    OXCCL_LAYOUT(OxcclSwitchChannelArgs),
+    OXCCL_LAYOUT(OxcclAllreduceArgs),
+    OXCCL_LAYOUT(OxcclPortAllreduceArgs),
+};
+
+/* Number of structs listed. */
+uint32_t oxccl_abi_struct_count(void) {
+  return (uint32_t)(sizeof(kLayouts) / sizeof(kLayouts[0]));
+}
+
+/* Size (high 32 bits) and alignment (low 32 bits) of the struct named `name` (a
+ * NUL-terminated string); 0 for a name not listed. */
+uint64_t oxccl_abi_layout(const char* name) {
+  for (size_t i = 0; i < sizeof(kLayouts) / sizeof(kLayouts[0]); ++i) {
+    if (strcmp(kLayouts[i].name, name) == 0) {
+      return (kLayouts[i].size << 32) | kLayouts[i].align;
+    }
   }
+  return 0;
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use oxccl_hal::{AccumType, DataType, Error, HostKernelTable, LaunchConfig, ReduceOp, Result};
 
-use crate::abi::{self, KernelArgs};
+use crate::abi;
 use crate::{formats, pattern, reduce};
 
 /// Every kernel of the device images, as host functions.
@@ -25,16 +25,6 @@ pub static TABLE: HostKernelTable = HostKernelTable {
     ],
 };
 
-fn args<T: KernelArgs>(bytes: &[u8], kernel: &str) -> Result<T> {
-    T::from_bytes(bytes).ok_or_else(|| {
-        Error::InvalidArgument(format!(
-            "{kernel}: argument block of {} bytes, expected {}",
-            bytes.len(),
-            size_of::<T>()
-        ))
-    })
-}
-
 fn non_null<T>(p: *const T, kernel: &str, field: &str) -> Result<()> {
     if p.is_null() {
         Err(Error::InvalidArgument(format!("{kernel}: {field} is null")))
@@ -48,7 +38,7 @@ fn to_usize(n: u64, kernel: &str) -> Result<usize> {
 }
 
 fn test_signal(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
-    let a: abi::OxcclSignalArgs = args(bytes, "oxccl_test_signal")?;
+    let a: abi::OxcclSignalArgs = abi::parse_args(bytes, "oxccl_test_signal")?;
     non_null(a.flag, "oxccl_test_signal", "flag")?;
     // SAFETY: the launch contract (Stream::launch) makes `flag` a live, 8-byte aligned u64
     // for the kernel's duration; it may be shared with other threads, hence atomic access.
@@ -58,7 +48,7 @@ fn test_signal(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
 }
 
 fn test_wait(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
-    let a: abi::OxcclWaitArgs = args(bytes, "oxccl_test_wait")?;
+    let a: abi::OxcclWaitArgs = abi::parse_args(bytes, "oxccl_test_wait")?;
     non_null(a.flag, "oxccl_test_wait", "flag")?;
     non_null(a.result, "oxccl_test_wait", "result")?;
     // SAFETY: launch contract: `flag` is a live aligned u64 for the kernel's duration.
@@ -81,7 +71,7 @@ fn test_wait(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
 }
 
 fn test_store16(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
-    let a: abi::OxcclCopyArgs = args(bytes, "oxccl_test_store16")?;
+    let a: abi::OxcclCopyArgs = abi::parse_args(bytes, "oxccl_test_store16")?;
     let n = to_usize(a.bytes, "oxccl_test_store16")?;
     if n == 0 {
         return Ok(());
@@ -106,13 +96,13 @@ fn pattern_slice<'a>(a: &abi::OxcclPatternArgs, kernel: &str) -> Result<&'a mut 
 }
 
 fn test_fill_pattern(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
-    let a: abi::OxcclPatternArgs = args(bytes, "oxccl_test_fill_pattern")?;
+    let a: abi::OxcclPatternArgs = abi::parse_args(bytes, "oxccl_test_fill_pattern")?;
     pattern::fill(pattern_slice(&a, "oxccl_test_fill_pattern")?, a.seed);
     Ok(())
 }
 
 fn test_check_pattern(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
-    let a: abi::OxcclPatternArgs = args(bytes, "oxccl_test_check_pattern")?;
+    let a: abi::OxcclPatternArgs = abi::parse_args(bytes, "oxccl_test_check_pattern")?;
     non_null(a.mismatches, "oxccl_test_check_pattern", "mismatches")?;
     let bad = pattern::mismatches(pattern_slice(&a, "oxccl_test_check_pattern")?, a.seed);
     // SAFETY: launch contract: `mismatches` is a live aligned u64.
@@ -146,7 +136,7 @@ unsafe fn bytes_at_mut<'a>(p: *mut std::ffi::c_void, len: usize) -> &'a mut [u8]
 }
 
 fn selftest_decode(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
-    let a: abi::OxcclSelftestDecodeArgs = args(bytes, "oxccl_selftest_decode")?;
+    let a: abi::OxcclSelftestDecodeArgs = abi::parse_args(bytes, "oxccl_selftest_decode")?;
     let dtype = DataType::from_code(a.dtype)?;
     let n = to_usize(a.count, "oxccl_selftest_decode")?;
     non_null(a.input, "oxccl_selftest_decode", "input")?;
@@ -167,7 +157,7 @@ fn selftest_decode(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
 }
 
 fn selftest_encode(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
-    let a: abi::OxcclSelftestEncodeArgs = args(bytes, "oxccl_selftest_encode")?;
+    let a: abi::OxcclSelftestEncodeArgs = abi::parse_args(bytes, "oxccl_selftest_encode")?;
     let dtype = DataType::from_code(a.dtype)?;
     let n = to_usize(a.count, "oxccl_selftest_encode")?;
     non_null(a.input, "oxccl_selftest_encode", "input")?;
@@ -187,7 +177,7 @@ fn selftest_encode(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
 }
 
 fn selftest_reduce(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
-    let a: abi::OxcclSelftestReduceArgs = args(bytes, "oxccl_selftest_reduce")?;
+    let a: abi::OxcclSelftestReduceArgs = abi::parse_args(bytes, "oxccl_selftest_reduce")?;
     let dtype = DataType::from_code(a.dtype)?;
     let op = ReduceOp::from_code(a.op)?;
     let accum = AccumType::from_code(a.accum)?;
@@ -214,6 +204,7 @@ fn selftest_reduce(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::abi::KernelArgs;
     use crate::images::KERNEL_NAMES;
 
     #[test]

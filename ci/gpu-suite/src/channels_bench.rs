@@ -19,7 +19,7 @@ use std::time::Duration;
 use oxccl_backend::{AnyDevice, AnyKernel, AnyMemory, AnyStream};
 use oxccl_channels::bootstrap::{Bootstrap, BootstrapConfig};
 use oxccl_channels::connection::{Connection, Transport, TransportSet};
-use oxccl_channels::host_kernels::{self, ChannelArgs};
+use oxccl_channels::host_kernels;
 use oxccl_channels::memory_channel::MemoryChannel;
 use oxccl_channels::port_channel::PortChannel;
 use oxccl_channels::proxy::ProxyBuilder;
