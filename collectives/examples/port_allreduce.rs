@@ -1,5 +1,5 @@
-//! The PortChannel allreduce on its own: a checked sweep (bit for bit against the host
-//! reference in rank order) and a timing per size, one rank per process.
+//! The PortChannel allreduce, forced in a communicator: a checked sweep (bit for bit against
+//! the host reference in rank order) and a timing per size, one rank per process.
 //!
 //! GPU node, one process per GPU (torchrun, mpirun or srun set RANK, WORLD_SIZE, LOCAL_RANK,
 //! MASTER_ADDR, MASTER_PORT):
@@ -11,23 +11,25 @@
 //! ```
 //!
 //! `OXCCL_PORT_TRANSPORT=ipc|tcp|ib|auto`, `OXCCL_PORT_CHUNK_KB`, `OXCCL_TIMEOUT_MS` as for
-//! [`PortAllreduceConfig::from_env`]; `OXCCL_BACKEND=host` runs it without a GPU.
+//! `CommConfig::from_env` (`OXCCL_ALGO` is set to `port_channel` here);
+//! `OXCCL_BACKEND=host` runs it without a GPU.
 //! An argument caps the largest count (default 16 Mi + 1 elements).
 //! Exit status 1 when any element differs from the reference or a call fails.
 
 use std::time::Instant;
 
-use oxccl_collectives::algorithms::port_channel::{PortAllreduce, PortAllreduceConfig};
+use oxccl_collectives::algorithms::port_channel::{PortAllreduce, PORT_CHANNEL};
 use oxccl_collectives::backend::{self, AnyDevice, AnyStream};
 use oxccl_collectives::channels::bootstrap::{Bootstrap, BootstrapConfig};
 use oxccl_collectives::hal::{
     AccumType, DataType, Device, DeviceId, Error, Memory, MemoryKind, ReduceOp, Result, Stream,
 };
 use oxccl_collectives::kernels::{formats, pattern, reduce};
+use oxccl_collectives::{CommConfig, Communicator};
 
 /// Runs one checked call and `iters` timed ones; returns (mismatches, microseconds/call).
 fn run(
-    ar: &PortAllreduce,
+    comm: &Communicator,
     device: &AnyDevice,
     stream: &AnyStream,
     (rank, world): (u32, u32),
@@ -48,7 +50,7 @@ fn run(
         // SAFETY: both buffers hold `count` elements and outlive every call (each loop
         // below synchronizes the stream before they are dropped).
         unsafe {
-            ar.launch(
+            comm.all_reduce(
                 inp.ptr(),
                 out.ptr(),
                 count,
@@ -60,7 +62,7 @@ fn run(
         }
     };
     call()?;
-    ar.check_error(stream)?;
+    comm.check_error(stream)?;
     let mut got = vec![0u8; bytes];
     stream.read(out.ptr(), &mut got)?;
     let inputs = (0..world)
@@ -87,7 +89,7 @@ fn run(
     for _ in 0..iters {
         call()?;
     }
-    ar.check_error(stream)?;
+    comm.check_error(stream)?;
     Ok((
         bad,
         start.elapsed().as_secs_f64() * 1e6 / f64::from(iters.max(1)),
@@ -97,13 +99,22 @@ fn run(
 fn main() -> Result<()> {
     let (bootstrap, info) = Bootstrap::from_env(&BootstrapConfig::from_env()?)?;
     let device = AnyDevice::open_with(backend::chosen()?, DeviceId(info.local_rank))?;
-    let ar = PortAllreduce::new(&bootstrap, &device, PortAllreduceConfig::from_env()?)?;
+    let config = CommConfig {
+        forced: Some(PORT_CHANNEL),
+        ..CommConfig::from_env()?
+    };
+    let comm = Communicator::new(bootstrap, device, config)?;
+    let ar = comm
+        .instance(PORT_CHANNEL)
+        .and_then(|i| i.as_any().downcast_ref::<PortAllreduce>())
+        .ok_or_else(|| Error::Unsupported("port_channel was not set up".into()))?;
+    let device = comm.device();
     let stream = device.create_stream()?;
-    let (rank, world) = (bootstrap.rank(), bootstrap.world_size());
+    let (rank, world) = (comm.rank(), comm.world_size());
     if rank == 0 {
         println!(
             "port allreduce: {world} ranks, {} backend, transports {:?}, chunk {} bytes",
-            Device::backend(&device),
+            Device::backend(device),
             ar.transports(),
             ar.chunk_bytes()
         );
@@ -122,7 +133,7 @@ fn main() -> Result<()> {
     let counts = [1usize, 3, 1000, 12_345, (1 << 20) + 7, (16 << 20) + 1];
     for count in counts.into_iter().filter(|c| *c <= max_count) {
         for dtype in [DataType::F32, DataType::Bf16, DataType::Fp8E4m3] {
-            let (bad, us) = run(&ar, &device, &stream, (rank, world), dtype, count, 10)?;
+            let (bad, us) = run(&comm, device, &stream, (rank, world), dtype, count, 10)?;
             failed |= bad != 0;
             if rank == 0 || bad != 0 {
                 println!(
@@ -132,7 +143,8 @@ fn main() -> Result<()> {
             }
         }
     }
-    ar.destroy(&bootstrap)?;
+    stream.synchronize()?;
+    comm.destroy()?;
     if failed {
         std::process::exit(1);
     }

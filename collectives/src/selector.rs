@@ -3,6 +3,10 @@
 
 use oxccl_hal::Result;
 
+use crate::algorithms::one_shot::ONESHOT_LL;
+use crate::algorithms::one_shot_ll128::ONESHOT_LL128;
+use crate::algorithms::two_shot_push::TWOSHOT_PUSH;
+use crate::algorithms::two_shot_zc::TWOSHOT_ZC;
 use crate::algorithms::{Algorithm, CallShape, Plan};
 use crate::tuner::{self, TuneTable};
 
@@ -47,9 +51,9 @@ pub fn default_oneshot_max(world_size: u32) -> usize {
 /// threshold take push at every size: it beat the staging two-shot at every size measured.
 pub fn registered_two_shot(world_size: u32, bytes: usize) -> Algorithm {
     if world_size <= 2 && bytes <= ZC_MAX_BYTES_2_RANKS {
-        Algorithm::TwoShotZc
+        TWOSHOT_ZC
     } else {
-        Algorithm::TwoShotPush
+        TWOSHOT_PUSH
     }
 }
 
@@ -59,11 +63,11 @@ pub fn registered_two_shot(world_size: u32, bytes: usize) -> Algorithm {
 /// measured there, the tuner tries it).
 fn one_shot(shape: &CallShape<'_>) -> Result<(Algorithm, Plan)> {
     if shape.world_size <= 2 {
-        if let Ok(plan) = Algorithm::OneShotLl128.plan(shape) {
-            return Ok((Algorithm::OneShotLl128, plan));
+        if let Ok(plan) = ONESHOT_LL128.plan(shape) {
+            return Ok((ONESHOT_LL128, plan));
         }
     }
-    Ok((Algorithm::OneShotLl, Algorithm::OneShotLl.plan(shape)?))
+    Ok((ONESHOT_LL, ONESHOT_LL.plan(shape)?))
 }
 
 /// On 2 ranks, the largest registered message (bytes per rank) the zero-copy two-shot takes.
@@ -116,8 +120,8 @@ impl Selector {
             }
         } else if shape.world_size == 1 {
             Choice {
-                algorithm: Algorithm::OneShotLl,
-                plan: Algorithm::OneShotLl.plan(shape)?,
+                algorithm: ONESHOT_LL,
+                plan: ONESHOT_LL.plan(shape)?,
                 reason: "one rank: a local copy".into(),
             }
         } else if shape.zero_copy && shape.bytes > self.zc_threshold_bytes {
@@ -151,7 +155,7 @@ impl Selector {
                     let algorithm = if shape.zero_copy {
                         registered_two_shot(shape.world_size, shape.bytes)
                     } else {
-                        Algorithm::TwoShotPush
+                        TWOSHOT_PUSH
                     };
                     Choice {
                         algorithm,
@@ -162,8 +166,8 @@ impl Selector {
             }
         } else {
             Choice {
-                algorithm: Algorithm::TwoShotPush,
-                plan: Algorithm::TwoShotPush.plan(shape)?,
+                algorithm: TWOSHOT_PUSH,
+                plan: TWOSHOT_PUSH.plan(shape)?,
                 reason: format!(
                     "{} bytes > one-shot threshold {}",
                     shape.bytes, self.oneshot_max_bytes
@@ -239,33 +243,33 @@ mod tests {
         };
         assert_eq!(
             s.choose(&shape(1024, 4, &caps)).unwrap().algorithm,
-            Algorithm::OneShotLl
+            ONESHOT_LL
         );
         assert_eq!(
             s.choose(&shape(1 << 20, 4, &caps)).unwrap().algorithm,
-            Algorithm::TwoShotPush
+            TWOSHOT_PUSH
         );
         assert_eq!(
             s.choose(&shape(1 << 30, 1, &caps)).unwrap().algorithm,
-            Algorithm::OneShotLl
+            ONESHOT_LL
         );
         let c = s.choose(&shape(1 << 30, 8, &caps)).unwrap();
         assert_eq!(c.plan.config.grid[0], 132); // the whole chip
         let forced = Selector {
-            forced: Some(Algorithm::OneShotLl),
+            forced: Some(ONESHOT_LL),
             ..s
         };
         let e = forced.choose(&shape(1 << 30, 8, &caps)).unwrap_err();
         assert!(e.to_string().contains("packet scratch"), "{e}");
         let mut reg = shape(1 << 20, 2, &caps);
         reg.zero_copy = true;
-        assert_eq!(s.choose(&reg).unwrap().algorithm, Algorithm::TwoShotZc);
+        assert_eq!(s.choose(&reg).unwrap().algorithm, TWOSHOT_ZC);
         reg.world_size = 4;
-        assert_eq!(s.choose(&reg).unwrap().algorithm, Algorithm::TwoShotPush);
+        assert_eq!(s.choose(&reg).unwrap().algorithm, TWOSHOT_PUSH);
         reg.bytes = 64 << 20;
-        assert_eq!(s.choose(&reg).unwrap().algorithm, Algorithm::TwoShotPush);
+        assert_eq!(s.choose(&reg).unwrap().algorithm, TWOSHOT_PUSH);
         reg.bytes = 64 << 10;
-        assert_eq!(s.choose(&reg).unwrap().algorithm, Algorithm::OneShotLl);
+        assert_eq!(s.choose(&reg).unwrap().algorithm, ONESHOT_LL);
         reg.bytes = 1 << 30;
         assert!(forced
             .choose(&reg)
@@ -280,18 +284,18 @@ mod tests {
         };
         let mut sh = shape(1 << 20, 2, &caps);
         sh.ll128_half_bytes = 2 * crate::algorithms::one_shot_ll128::slot_bytes(2 << 20);
-        assert_eq!(two.choose(&sh).unwrap().algorithm, Algorithm::OneShotLl128);
+        assert_eq!(two.choose(&sh).unwrap().algorithm, ONESHOT_LL128);
         let rocm = Capabilities {
             backend: Some(oxccl_hal::BackendKind::Rocm),
             ..caps.clone()
         };
         sh.caps = &rocm;
-        assert_eq!(two.choose(&sh).unwrap().algorithm, Algorithm::OneShotLl);
+        assert_eq!(two.choose(&sh).unwrap().algorithm, ONESHOT_LL);
         sh.caps = &caps;
         sh.nvlink = false; // PCIe peers: LL16
-        assert_eq!(two.choose(&sh).unwrap().algorithm, Algorithm::OneShotLl);
+        assert_eq!(two.choose(&sh).unwrap().algorithm, ONESHOT_LL);
         let nvls = Selector {
-            forced: Some(Algorithm::Nvls),
+            forced: Some(crate::algorithms::nvls::NVLS),
             ..s
         };
         assert!(nvls.choose(&shape(1024, 4, &caps)).is_err());

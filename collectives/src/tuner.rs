@@ -1,11 +1,14 @@
 //! The tuner: times the candidate launches (algorithm x blocks x threads) of every size
 //! class on this machine, agrees on the winners across ranks, and caches the table on disk.
 //!
-//! * **Candidates** ([`candidates`]): every algorithm whose plan accepts the call, with its
-//!   default grid and the power-of-two block counts (down to an eighth of the default, up to
-//!   the multiprocessor count) and 128/256/512 threads (64 for one-shot), never more
-//!   threads than 16-byte units of work. The host backend runs kernels as host functions
-//!   with a fixed grid, so there only the algorithms compete.
+//! * **Candidates** ([`candidates`]): every algorithm of the collective with a
+//!   [`crate::algorithms::Tuning`] whose plan accepts the call, with its default grid and
+//!   the power-of-two block counts (down to an eighth of the default, up to the
+//!   multiprocessor count) and the descriptor's thread counts, never more threads than its
+//!   work items. The host backend runs kernels as host functions with a fixed grid, so
+//!   there only the algorithms compete.
+//! * **Measurement** ([`measure`]) runs on a [`TuneTarget`]: the communicator's launch path
+//!   and exchange, behind a trait, so the tuner knows no communicator.
 //! * **Timing** ([`crate::timing`]): graph replay on CUDA (eager launches elsewhere), the
 //!   median of three repetitions, out of place on the tuner's own registered buffers, so
 //!   the zero-copy algorithm competes for registered calls and the staging ones for the
@@ -26,17 +29,19 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+use oxccl_backend::{AnyEvent, AnyStream};
 use oxccl_hal::{
-    AccumType, BackendKind, Capabilities, DataType, Device, Error, LaunchConfig, Memory,
-    MemoryKind, ReduceOp, Result, Stream,
+    AccumType, BackendKind, Capabilities, DataType, DevicePtr, Error, LaunchConfig, ReduceOp,
+    Result,
 };
 
-use crate::algorithms::{max_blocks, Algorithm, CallShape, Plan, THREADS};
-use crate::communicator::{Call, Communicator};
+use crate::algorithms::{
+    max_blocks, Algorithm, Call, CallShape, Collective, PeerBuffers, Plan, ALGORITHMS, THREADS,
+};
 use crate::timing::{time_calls, TimingMode};
 
 /// Environment variable: `1` tunes (or loads the cached table) when a communicator is
-/// created; `force` always measures again; `0` or unset leaves it to [`crate::Communicator::tune`].
+/// created; `force` always measures again; `0` or unset leaves it to the communicator's `tune`.
 pub const TUNE_VAR: &str = "OXCCL_TUNE";
 /// Environment variable: data types tuned at creation (comma separated; default `bf16`).
 pub const TUNE_DTYPES_VAR: &str = "OXCCL_TUNE_DTYPES";
@@ -55,7 +60,7 @@ const MAGIC: &str = "oxccl-tune v1";
 /// When the communicator tunes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TuneMode {
-    /// Only on demand ([`crate::Communicator::tune`]).
+    /// Only on demand (the communicator's `tune`).
     #[default]
     Off,
     /// At creation: load the cached table, measure when there is none.
@@ -379,19 +384,15 @@ pub fn with_launch(plan: Plan, shape: &CallShape<'_>, grid: u32, block: u32) -> 
     })
 }
 
-/// Every candidate launch for a call: (algorithm, plan), default plans first.
-pub fn candidates(shape: &CallShape<'_>) -> Vec<(Algorithm, Plan)> {
+/// Every candidate launch for a call of `collective`: (algorithm, plan), default plans
+/// first.
+pub fn candidates(collective: Collective, shape: &CallShape<'_>) -> Vec<(Algorithm, Plan)> {
     let mut out: Vec<(Algorithm, Plan)> = Vec::new();
-    for algorithm in [
-        Algorithm::OneShotLl,
-        Algorithm::OneShotLl128,
-        Algorithm::TwoShot,
-        Algorithm::TwoShotZc,
-        Algorithm::TwoShotPush,
-    ] {
-        // On registered buffers the staging two-shot is never better than zero-copy (its
-        // plan refuses unregistered calls by itself).
-        if shape.zero_copy && algorithm == Algorithm::TwoShot {
+    for &algorithm in ALGORITHMS.iter().filter(|a| a.collective() == collective) {
+        let Some(tuning) = algorithm.descriptor().tuning else {
+            continue;
+        };
+        if shape.zero_copy && !tuning.on_registered {
             continue;
         }
         let Ok(base) = algorithm.plan(shape) else {
@@ -401,26 +402,13 @@ pub fn candidates(shape: &CallShape<'_>) -> Vec<(Algorithm, Plan)> {
         if shape.host {
             continue;
         }
-        let units = shape.bytes.div_ceil(16).max(1);
-        // Units one launch spreads over its threads.
-        let work = match algorithm {
-            Algorithm::OneShotLl => units,
-            // 8 lanes per line of seven units.
-            Algorithm::OneShotLl128 => units.div_ceil(7) * 8,
-            _ => units.div_ceil(shape.world_size.max(1) as usize),
-        };
+        let work = (tuning.work)(shape);
         let max = max_blocks(shape.caps);
         let min_grid = (base.config.grid[0] / 8).max(1);
-        let one_shot = matches!(algorithm, Algorithm::OneShotLl | Algorithm::OneShotLl128);
-        let threads: &[u32] = if one_shot {
-            &[64, 128, 256, 512]
-        } else {
-            &[128, 256, 512]
-        };
         // Threads that cover `work` in one pass of one block (whole warps, at least 64).
         let one_pass = work.next_multiple_of(32).max(64);
         let mut launches: Vec<(u32, u32)> = Vec::new();
-        for &t in threads {
+        for &t in tuning.threads {
             if t < shape.world_size || (t as usize) > one_pass {
                 continue;
             }
@@ -434,8 +422,8 @@ pub fn candidates(shape: &CallShape<'_>) -> Vec<(Algorithm, Plan)> {
                 }
             }
         }
-        // A one-shot small enough for one block in one pass: no count across blocks.
-        if one_shot && one_pass <= THREADS as usize {
+        // Small enough for one block in one pass: no count across blocks.
+        if tuning.one_block && one_pass <= THREADS as usize {
             launches.push((1, one_pass as u32));
         }
         for (g, t) in launches {
@@ -515,100 +503,101 @@ pub fn iters_for(bytes: usize) -> usize {
     }
 }
 
-/// The key of `device`'s table for `world` ranks and `dtype`.
-pub fn key_of(device: &oxccl_backend::AnyDevice, world: u32, dtype: DataType) -> TuneKey {
-    TuneKey::new(device.capabilities(), Device::backend(device), world, dtype)
+/// What the tuner measures on: one rank's launch path and its exchange with the other
+/// ranks (a communicator implements it).
+pub trait TuneTarget {
+    /// This rank.
+    fn rank(&self) -> u32;
+    /// Every rank's `bytes`, in rank order (collective).
+    fn all_gather(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>>;
+    /// The shape of a call of `count` elements on registered buffers or not.
+    fn call_shape(&self, count: usize, dtype: DataType, registered: bool) -> Result<CallShape<'_>>;
+    /// Every rank's view of registered `input`/`output` for a call of `bytes`.
+    fn peer_buffers(
+        &self,
+        input: DevicePtr,
+        output: DevicePtr,
+        bytes: usize,
+    ) -> Option<PeerBuffers>;
+    /// One launch of `algorithm` with `plan` (no selection, no cross-rank check).
+    ///
+    /// # Safety
+    /// As [`crate::algorithms::Instance::launch`].
+    unsafe fn launch(
+        &self,
+        algorithm: Algorithm,
+        plan: &Plan,
+        call: &Call,
+        stream: &AnyStream,
+    ) -> Result<()>;
+    /// The failure the kernels recorded, if any (synchronizes `stream`).
+    fn check_error(&self, stream: &AnyStream) -> Result<()>;
+    /// The key a table of `dtype` measured here is stored under.
+    fn key(&self, dtype: DataType) -> TuneKey;
+}
+
+/// Buffers the tuner launches on: `input` and `output` of at least `max_bytes` each,
+/// registered on every rank, live until the stream is synchronized.
+#[derive(Debug, Clone, Copy)]
+pub struct TuneBuffers {
+    /// Input of every call.
+    pub input: DevicePtr,
+    /// Output of every call.
+    pub output: DevicePtr,
 }
 
 /// Timed repetitions per candidate (the median is kept).
 const REPS: usize = 3;
 
-/// Measures the table of `dtype` (collective; see the module docs). Uses its own stream
-/// and buffers of `max_bytes` (registered for the duration, then released).
-pub(crate) fn measure(comm: &Communicator, dtype: DataType, max_bytes: usize) -> Result<TuneTable> {
-    let device = comm.device();
-    let stream = device.create_stream()?;
-    let events = (device.create_event()?, device.create_event()?);
-    let list_sizes = sizes(max_bytes);
-    let max = list_sizes.last().copied().unwrap_or(TUNE_MIN);
-    let input = device.alloc(max + 64, MemoryKind::Plain)?;
-    let output = device.alloc(max + 64, MemoryKind::Plain)?;
-    // Finite, non-zero values in every format (0x3c.. is about 1 in the fp8 formats).
-    // SAFETY: both ranges lie inside the allocations just made, which outlive the fills
-    // (the stream is synchronized before they are dropped).
-    unsafe {
-        stream.fill(input.ptr(), 0x3c, max + 64)?;
-        stream.fill(output.ptr(), 0, max + 64)?;
-    }
-    stream.synchronize()?;
-    comm.register(&input)?;
-    comm.register(&output)?;
-    let started = std::time::Instant::now();
-    let result = measure_sizes(comm, dtype, &list_sizes, &stream, &events, &input, &output);
-    let synced = stream.synchronize();
-    comm.deregister(&input)?;
-    comm.deregister(&output)?;
-    synced?;
-    let table = result?;
-    tracing::info!(
-        rank = comm.rank(),
-        %dtype,
-        entries = table.entries.len(),
-        seconds = started.elapsed().as_secs_f64(),
-        "tuned"
-    );
-    Ok(table)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn measure_sizes(
-    comm: &Communicator,
+/// Measures the table of `dtype` for `collective` at every size of `list_sizes`
+/// (collective; see the module docs), out of place on `buffers`, on `stream`.
+pub fn measure(
+    target: &dyn TuneTarget,
+    collective: Collective,
     dtype: DataType,
     list_sizes: &[usize],
-    stream: &oxccl_backend::AnyStream,
-    events: &(oxccl_backend::AnyEvent, oxccl_backend::AnyEvent),
-    input: &oxccl_backend::AnyMemory,
-    output: &oxccl_backend::AnyMemory,
+    buffers: TuneBuffers,
+    stream: &AnyStream,
+    events: &(AnyEvent, AnyEvent),
 ) -> Result<TuneTable> {
     let mut entries = Vec::new();
     for &bytes in list_sizes {
         let count = (bytes / dtype.size()).max(1);
         let bytes = dtype.bytes(count)?;
         for registered in [false, true] {
-            let shape = comm.call_shape(count, dtype, registered)?;
-            let list = candidates(&shape);
+            let shape = target.call_shape(count, dtype, registered)?;
+            let list = candidates(collective, &shape);
             if list.is_empty() {
                 continue;
             }
             let hash = candidates_hash(&list);
-            let all = comm.bootstrap().all_gather(&hash.to_le_bytes())?;
+            let all = target.all_gather(&hash.to_le_bytes())?;
             if let Some(r) = all.iter().position(|h| h.as_slice() != hash.to_le_bytes()) {
                 return Err(Error::InvalidArgument(format!(
                     "tuner: rank {r} has other candidates at {bytes} bytes (different device, \
                      world or settings); nothing was launched"
                 )));
             }
-            let call = Call {
-                input: input.ptr(),
-                output: output.ptr(),
-                count,
-                dtype,
-                op: ReduceOp::Sum,
-                accum: AccumType::Auto,
-            };
-            let zc = comm.zero_copy_view(call.input, call.output, bytes);
+            let peers = target.peer_buffers(buffers.input, buffers.output, bytes);
             let mut times = Vec::with_capacity(list.len());
             for (algorithm, plan) in &list {
-                let view = zc
-                    .filter(|_| matches!(algorithm, Algorithm::TwoShotZc | Algorithm::TwoShotPush));
+                let call = Call {
+                    input: buffers.input,
+                    output: buffers.output,
+                    count,
+                    dtype,
+                    op: ReduceOp::Sum,
+                    accum: AccumType::Auto,
+                    peers: peers.filter(|_| registered && algorithm.uses_registered()),
+                };
                 let launch = || {
-                    // SAFETY: the buffers hold `bytes` (+64) bytes, stay allocated and
-                    // registered until the stream is synchronized (in `measure`); every
+                    // SAFETY: the buffers hold `bytes` bytes, stay allocated and registered
+                    // until the stream is synchronized (the caller's obligation); every
                     // rank launches the same candidate list in the same order (hash checked).
-                    unsafe { comm.launch(*algorithm, plan, call, view.as_ref(), stream) }
+                    unsafe { target.launch(*algorithm, plan, &call, stream) }
                 };
                 launch()?;
-                comm.check_error(stream)?;
+                target.check_error(stream)?;
                 let us = time_calls(
                     stream,
                     events,
@@ -617,10 +606,10 @@ fn measure_sizes(
                     REPS,
                     &launch,
                 )?;
-                comm.check_error(stream)?;
+                target.check_error(stream)?;
                 times.push(us);
             }
-            let all = comm.bootstrap().all_gather(&times_message(hash, &times))?;
+            let all = target.all_gather(&times_message(hash, &times))?;
             let (best, worst) = agree(&all, hash, list.len())?;
             let (algorithm, plan) = list[best];
             tracing::debug!(
@@ -646,7 +635,7 @@ fn measure_sizes(
     }
     entries.sort_by_key(|e| (e.registered, e.bytes));
     Ok(TuneTable {
-        key: key_of(comm.device(), comm.world_size(), dtype),
+        key: target.key(dtype),
         entries,
     })
 }
@@ -654,6 +643,11 @@ fn measure_sizes(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithms::one_shot::ONESHOT_LL;
+    use crate::algorithms::one_shot_ll128::ONESHOT_LL128;
+    use crate::algorithms::two_shot::TWOSHOT;
+    use crate::algorithms::two_shot_push::TWOSHOT_PUSH;
+    use crate::algorithms::two_shot_zc::TWOSHOT_ZC;
 
     fn caps() -> Capabilities {
         Capabilities {
@@ -685,7 +679,7 @@ mod tests {
         for bytes in sizes(256 << 20) {
             for zc in [false, true] {
                 let s = shape(bytes, 4, &c, zc);
-                let list = candidates(&s);
+                let list = candidates(Collective::AllReduce, &s);
                 assert!(!list.is_empty(), "{bytes} {zc}");
                 for (i, (a, p)) in list.iter().enumerate() {
                     assert!(p.config.grid[0] >= 1 && p.config.grid[0] <= 132);
@@ -694,29 +688,27 @@ mod tests {
                     assert!(a.plan(&s).is_ok());
                     assert!(!list[..i].contains(&(*a, *p)), "duplicate {a} {p:?}");
                     if zc {
-                        assert_ne!(*a, Algorithm::TwoShot);
+                        assert_ne!(*a, TWOSHOT);
                     } else {
-                        assert_ne!(*a, Algorithm::TwoShotZc);
+                        assert_ne!(*a, TWOSHOT_ZC);
                     }
                 }
             }
         }
         // Small calls get few, large calls many; one-shot drops out where it cannot serve.
-        assert!(candidates(&shape(1024, 4, &c, false)).len() <= 8);
+        assert!(candidates(Collective::AllReduce, &shape(1024, 4, &c, false)).len() <= 8);
         // One-shots that fit one block in one pass have that launch among them (2 KB:
         // 19 LL128 lines are 152 lanes, 1 x 160; 128 LL16 units, 1 x 128).
-        let small = candidates(&shape(2048, 2, &c, false));
+        let small = candidates(Collective::AllReduce, &shape(2048, 2, &c, false));
         let one_pass = |a: Algorithm, t: u32| {
             small
                 .iter()
                 .any(|(x, p)| *x == a && p.config.grid[0] == 1 && p.config.block[0] == t)
         };
-        assert!(one_pass(Algorithm::OneShotLl128, 160));
-        assert!(one_pass(Algorithm::OneShotLl, 128));
-        let big = candidates(&shape(256 << 20, 4, &c, false));
-        assert!(big
-            .iter()
-            .all(|(a, _)| matches!(a, Algorithm::TwoShot | Algorithm::TwoShotPush)));
+        assert!(one_pass(ONESHOT_LL128, 160));
+        assert!(one_pass(ONESHOT_LL, 128));
+        let big = candidates(Collective::AllReduce, &shape(256 << 20, 4, &c, false));
+        assert!(big.iter().all(|(a, _)| [TWOSHOT, TWOSHOT_PUSH].contains(a)));
         assert!(big.len() >= 6);
     }
 
@@ -725,7 +717,7 @@ mod tests {
         let c = caps();
         let mut s = shape(1 << 20, 2, &c, true);
         s.host = true;
-        let list = candidates(&s);
+        let list = candidates(Collective::AllReduce, &s);
         let names: Vec<&str> = list.iter().map(|(a, _)| a.name()).collect();
         assert_eq!(
             names,
@@ -741,7 +733,7 @@ mod tests {
                 TuneEntry {
                     bytes: 1024,
                     registered: false,
-                    algorithm: Algorithm::OneShotLl,
+                    algorithm: ONESHOT_LL,
                     grid: 1,
                     block: 64,
                     us: 5.5,
@@ -749,7 +741,7 @@ mod tests {
                 TuneEntry {
                     bytes: 4096,
                     registered: false,
-                    algorithm: Algorithm::TwoShot,
+                    algorithm: TWOSHOT,
                     grid: 8,
                     block: 256,
                     us: 7.25,
@@ -757,7 +749,7 @@ mod tests {
                 TuneEntry {
                     bytes: 1024,
                     registered: true,
-                    algorithm: Algorithm::TwoShotZc,
+                    algorithm: TWOSHOT_ZC,
                     grid: 2,
                     block: 128,
                     us: 6.0,
@@ -770,10 +762,7 @@ mod tests {
         assert_eq!(back.lookup(100, false).unwrap().bytes, 1024);
         assert_eq!(back.lookup(1025, false).unwrap().bytes, 4096);
         assert_eq!(back.lookup(1 << 30, false).unwrap().bytes, 4096);
-        assert_eq!(
-            back.lookup(1 << 30, true).unwrap().algorithm,
-            Algorithm::TwoShotZc
-        );
+        assert_eq!(back.lookup(1 << 30, true).unwrap().algorithm, TWOSHOT_ZC);
         let broken = t
             .to_text()
             .replace("entry 4096 0 twoshot", "entry 4096 0 ring");
@@ -801,7 +790,7 @@ mod tests {
     fn with_launch_rejects_what_the_kernels_cannot_run() {
         let c = caps();
         let s = shape(1 << 20, 4, &c, false);
-        let base = Algorithm::TwoShot.plan(&s).unwrap();
+        let base = TWOSHOT.plan(&s).unwrap();
         assert!(with_launch(base, &s, 133, 512).is_err());
         assert!(with_launch(base, &s, 0, 512).is_err());
         assert!(with_launch(base, &s, 8, 100).is_err());

@@ -12,6 +12,13 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use oxccl_collectives::algorithms::nvls::NVLS;
+use oxccl_collectives::algorithms::one_shot::ONESHOT_LL;
+use oxccl_collectives::algorithms::one_shot_ll128::ONESHOT_LL128;
+use oxccl_collectives::algorithms::port_channel::PORT_CHANNEL;
+use oxccl_collectives::algorithms::two_shot::TWOSHOT;
+use oxccl_collectives::algorithms::two_shot_push::TWOSHOT_PUSH;
+use oxccl_collectives::algorithms::two_shot_zc::TWOSHOT_ZC;
 use oxccl_collectives::backend::{AnyDevice, AnyMemory, AnyStream};
 use oxccl_collectives::channels::bootstrap::{Bootstrap, BootstrapConfig, UniqueId};
 use oxccl_collectives::hal::{
@@ -131,12 +138,7 @@ fn threads_with(
     }
 }
 
-const ALGOS: [Algorithm; 4] = [
-    Algorithm::OneShotLl,
-    Algorithm::OneShotLl128,
-    Algorithm::TwoShot,
-    Algorithm::TwoShotPush,
-];
+const ALGOS: [Algorithm; 4] = [ONESHOT_LL, ONESHOT_LL128, TWOSHOT, TWOSHOT_PUSH];
 
 fn accums(dtype: DataType) -> Vec<AccumType> {
     match dtype {
@@ -172,7 +174,7 @@ fn odd_and_large_counts_on_world_sizes_one_to_four() {
             threads(world, Some(algo), move |r| {
                 let mut counts = vec![1usize, 3, 1000, 12345];
                 // One-shot packet capacity is sized for 1 MiB per rank.
-                if algo == Algorithm::TwoShot && world <= 2 {
+                if algo == TWOSHOT && world <= 2 {
                     counts.push((1 << 20) + 7);
                 }
                 for (i, count) in counts.into_iter().enumerate() {
@@ -214,11 +216,7 @@ fn odd_and_large_counts_on_world_sizes_one_to_four() {
 #[test]
 fn zero_copy_on_registered_buffers() {
     for world in 1..=4u32 {
-        for algo in [
-            Some(Algorithm::TwoShotZc),
-            Some(Algorithm::TwoShotPush),
-            None,
-        ] {
+        for algo in [Some(TWOSHOT_ZC), Some(TWOSHOT_PUSH), None] {
             threads(world, algo, move |r| {
                 let dev = r.comm.device();
                 let a: AnyMemory = dev.alloc(600_000, MemoryKind::Plain).unwrap();
@@ -278,10 +276,10 @@ fn zero_copy_on_registered_buffers() {
                 // Not 16-byte aligned: zero-copy cannot serve it (push can, through staging).
                 let odd = a.ptr().offset(2).unwrap();
                 let c = r.comm.choose_for(odd, b.ptr(), 100_000, DataType::Bf16);
-                if algo == Some(Algorithm::TwoShotZc) {
+                if algo == Some(TWOSHOT_ZC) {
                     assert!(c.is_err());
                 } else {
-                    assert_ne!(c.unwrap().algorithm, Algorithm::TwoShotZc);
+                    assert_ne!(c.unwrap().algorithm, TWOSHOT_ZC);
                     r.check_at(
                         odd,
                         b.ptr(),
@@ -415,10 +413,10 @@ fn tuner_agrees_across_ranks_and_caches_on_disk() {
 #[test]
 fn port_channel_through_the_communicator() {
     for world in [2u32, 3] {
-        threads(world, Some(Algorithm::PortChannel), |r| {
+        threads(world, Some(PORT_CHANNEL), |r| {
             for (i, count) in [1usize, 3, 1000, 12345, 70_001].into_iter().enumerate() {
                 let c = r.comm.choose(count, DataType::Bf16).unwrap();
-                assert_eq!(c.algorithm, Algorithm::PortChannel);
+                assert_eq!(c.algorithm, PORT_CHANNEL);
                 r.check(
                     DataType::Bf16,
                     ReduceOp::Sum,
@@ -523,7 +521,7 @@ fn mismatched_counts_are_detected_on_first_call() {
 
 #[test]
 fn forced_algorithms_that_cannot_serve_are_errors() {
-    threads(2, Some(Algorithm::Nvls), |r| {
+    threads(2, Some(NVLS), |r| {
         let m = r.comm.device().alloc(64, MemoryKind::Plain).unwrap();
         // SAFETY: refused before a launch.
         let e = unsafe {
@@ -550,7 +548,7 @@ fn a_dead_peer_is_a_timeout_not_a_hang() {
     let make = |r: u32, id: UniqueId| {
         let bs = Bootstrap::new(&id, r, 2, &BootstrapConfig::default()).unwrap();
         let dev = AnyDevice::open_with(BackendKind::Host, DeviceId(r)).unwrap();
-        let mut c = config(Some(Algorithm::OneShotLl));
+        let mut c = config(Some(ONESHOT_LL));
         c.timeout = Duration::from_millis(300);
         Communicator::new(bs, dev, c).unwrap()
     };
@@ -559,7 +557,11 @@ fn a_dead_peer_is_a_timeout_not_a_hang() {
         let comm = make(1, id1);
         // Take part in the signature check of the first call, then never launch.
         comm.bootstrap()
-            .all_gather(&signature_of_first_call())
+            .all_gather(&common::first_call_signature(
+                4,
+                DataType::F32,
+                ONESHOT_LL.code(),
+            ))
             .unwrap();
         std::thread::sleep(Duration::from_secs(2));
         drop(comm);
@@ -585,26 +587,6 @@ fn a_dead_peer_is_a_timeout_not_a_hang() {
     let e = comm.check_error(&stream).unwrap_err();
     assert!(e.to_string().contains("rank 1"), "{e}");
     peer.join().unwrap();
-}
-
-/// The signature bytes rank 0's first call sends (count 4, f32, sum, auto, one-shot).
-fn signature_of_first_call() -> Vec<u8> {
-    // count, then the zero-copy offsets (none), then dtype, op, accum, algorithm, and the
-    // launch (the host backend's fixed 1 x 32).
-    let mut v = 4u64.to_le_bytes().to_vec();
-    v.extend_from_slice(&u64::MAX.to_le_bytes());
-    v.extend_from_slice(&u64::MAX.to_le_bytes());
-    for x in [
-        DataType::F32.code(),
-        ReduceOp::Sum.code(),
-        AccumType::Auto.code(),
-        1u32,
-        1,
-        32,
-    ] {
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v
 }
 
 /// Child side of the multi-process test: a rank started by `across_processes`.

@@ -1,4 +1,5 @@
-//! The PortChannel allreduce on the host backend, ranks as threads of this process, over
+//! The PortChannel allreduce on the host backend, through a communicator that forces it
+//! (`OXCCL_ALGO=port_channel`), ranks as threads of this process, over
 //! the TCP and the IPC transports: every data type, ops and accumulations, odd counts, in
 //! and out of place (unaligned), messages of many rounds, repeated calls, world sizes 1..=8,
 //! and a peer that never calls (a timeout, not a hang).
@@ -13,7 +14,9 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oxccl_collectives::algorithms::port_channel::{PortAllreduce, PortAllreduceConfig};
+use oxccl_collectives::algorithms::port_channel::{
+    PortAllreduce, PortAllreduceConfig, PORT_CHANNEL,
+};
 use oxccl_collectives::backend::{AnyDevice, AnyStream};
 use oxccl_collectives::channels::bootstrap::{Bootstrap, BootstrapConfig, UniqueId};
 use oxccl_collectives::channels::connection::Transport;
@@ -21,21 +24,25 @@ use oxccl_collectives::hal::{
     AccumType, BackendKind, DataType, Device, DeviceId, DevicePtr, Memory, MemoryKind, ReduceOp,
     Stream,
 };
+use oxccl_collectives::{CommConfig, Communicator};
 
 mod common;
-use common::{check_buffers, expected, input, same_bits, stage};
+use common::{check_buffers, expected, first_call_signature, input, same_bits, stage};
 
 struct Rank {
-    ar: PortAllreduce,
-    bootstrap: Bootstrap,
-    device: AnyDevice,
+    comm: Communicator,
     stream: AnyStream,
     world: u32,
 }
 
 impl Rank {
     fn rank(&self) -> u32 {
-        self.bootstrap.rank()
+        self.comm.rank()
+    }
+
+    /// The algorithm's state in the communicator (what it reports about itself).
+    fn port(&self) -> &PortAllreduce {
+        port_of(&self.comm)
     }
 
     /// One checked allreduce; returns the first mismatch.
@@ -48,7 +55,7 @@ impl Rank {
         in_place: bool,
         salt: u64,
     ) -> Result<(), String> {
-        let (_buffers, inp, out) = check_buffers(&self.device, dtype, count, in_place);
+        let (_buffers, inp, out) = check_buffers(self.comm.device(), dtype, count, in_place);
         self.check_at(inp, out, dtype, op, accum, count, salt)
     }
 
@@ -66,12 +73,12 @@ impl Rank {
         stage(&self.stream, (inp, out), dtype, self.rank(), count, salt);
         // SAFETY: both buffers hold `count` elements and live until the synchronize below.
         unsafe {
-            self.ar
-                .launch(inp, out, count, dtype, op, accum, &self.stream)
+            self.comm
+                .all_reduce(inp, out, count, dtype, op, accum, &self.stream)
                 .map_err(|e| e.to_string())?;
         }
         self.stream.synchronize().map_err(|e| e.to_string())?;
-        self.ar
+        self.comm
             .check_error(&self.stream)
             .map_err(|e| e.to_string())?;
         let mut got = vec![0u8; dtype.bytes(count).unwrap()];
@@ -87,17 +94,30 @@ impl Rank {
     }
 }
 
-fn config(transport: Transport, chunk: usize) -> PortAllreduceConfig {
-    PortAllreduceConfig {
+fn port_of(comm: &Communicator) -> &PortAllreduce {
+    comm.instance(PORT_CHANNEL)
+        .and_then(|i| i.as_any().downcast_ref::<PortAllreduce>())
+        .expect("port_channel is set up when forced")
+}
+
+/// A communicator that forces the PortChannel allreduce (its own scratch small: unused).
+fn config(transport: Transport, chunk: usize) -> CommConfig {
+    CommConfig {
+        forced: Some(PORT_CHANNEL),
         timeout: Duration::from_secs(20),
-        chunk_bytes: chunk,
-        transport: Some(transport),
-        fifo_size: Some(8), // small: the FIFO wraps and back-pressure is exercised
+        staging_bytes: 64 << 10,
+        oneshot_max_bytes: Some(4096),
+        port: PortAllreduceConfig {
+            chunk_bytes: chunk,
+            transport: Some(transport),
+            fifo_size: Some(8), // small: the FIFO wraps and back-pressure is exercised
+        },
+        ..CommConfig::default()
     }
 }
 
 /// Runs `body` on `world` ranks as threads of this process (each its own host device).
-fn threads(world: u32, cfg: PortAllreduceConfig, body: impl Fn(&Rank) + Send + Sync + 'static) {
+fn threads(world: u32, cfg: CommConfig, body: impl Fn(&Rank) + Send + Sync + 'static) {
     let id =
         UniqueId::create_on(IpAddr::V4(Ipv4Addr::LOCALHOST), &BootstrapConfig::default()).unwrap();
     let body = Arc::new(body);
@@ -107,18 +127,15 @@ fn threads(world: u32, cfg: PortAllreduceConfig, body: impl Fn(&Rank) + Send + S
             std::thread::spawn(move || {
                 let bootstrap = Bootstrap::new(&id, r, world, &BootstrapConfig::default()).unwrap();
                 let device = AnyDevice::open_with(BackendKind::Host, DeviceId(r)).unwrap();
-                let ar = PortAllreduce::new(&bootstrap, &device, cfg).unwrap();
-                let stream = device.create_stream().unwrap();
+                let comm = Communicator::new(bootstrap, device, cfg).unwrap();
+                let stream = comm.device().create_stream().unwrap();
                 let rank = Rank {
-                    ar,
-                    bootstrap,
-                    device,
+                    comm,
                     stream,
                     world,
                 };
                 body(&rank);
-                let Rank { ar, bootstrap, .. } = rank;
-                ar.destroy(&bootstrap).unwrap();
+                rank.comm.destroy().unwrap();
             })
         })
         .collect();
@@ -141,7 +158,7 @@ fn every_type_op_and_accumulation_over_tcp_and_ipc() {
         // 1000-byte rounds: the larger counts take several rounds.
         threads(3, config(transport, 1000), move |r| {
             assert!(r
-                .ar
+                .port()
                 .transports()
                 .iter()
                 .enumerate()
@@ -200,7 +217,7 @@ fn odd_counts_many_rounds_and_world_sizes_one_to_four() {
 fn a_message_much_larger_than_the_scratch() {
     for transport in [Transport::Tcp, Transport::Ipc] {
         threads(2, config(transport, 256 << 10), move |r| {
-            assert!(r.ar.scratch_bytes() < 2 << 20);
+            assert!(r.port().scratch_bytes() < 2 << 20);
             let n = (1 << 20) + 7;
             r.check(DataType::F32, ReduceOp::Sum, AccumType::Auto, n, true, 99)
                 .unwrap_or_else(|e| panic!("{transport}: {e}"));
@@ -246,11 +263,12 @@ fn repeated_calls_on_eight_ranks() {
 #[test]
 fn bad_calls_are_refused_before_any_launch() {
     threads(2, config(Transport::Tcp, 1024), |r| {
-        let m = r.device.alloc(64, MemoryKind::Plain).unwrap();
+        let m = r.comm.device().alloc(64, MemoryKind::Plain).unwrap();
         let launch = |inp: DevicePtr, out: DevicePtr, count, dtype, accum| {
             // SAFETY: every call below is refused before a launch.
             unsafe {
-                r.ar.launch(inp, out, count, dtype, ReduceOp::Sum, accum, &r.stream)
+                r.comm
+                    .all_reduce(inp, out, count, dtype, ReduceOp::Sum, accum, &r.stream)
             }
         };
         let p = m.ptr();
@@ -275,25 +293,32 @@ fn a_peer_that_never_calls_is_a_timeout_not_a_hang() {
             let device = AnyDevice::open_with(BackendKind::Host, DeviceId(r)).unwrap();
             let mut cfg = config(transport, 1024);
             cfg.timeout = Duration::from_millis(400);
-            let ar = PortAllreduce::new(&bootstrap, &device, cfg).unwrap();
-            (bootstrap, device, ar)
+            Communicator::new(bootstrap, device, cfg).unwrap()
         };
         let peer = std::thread::spawn(move || {
-            let (bootstrap, _device, ar) = make(1);
-            // Never calls; stays alive until rank 0 saw its timeout.
-            bootstrap.barrier().unwrap();
-            drop(ar);
+            let comm = make(1);
+            // Takes part in the signature check of rank 0's first call, never launches,
+            // and stays alive until rank 0 saw its timeout.
+            comm.bootstrap()
+                .all_gather(&first_call_signature(
+                    1000,
+                    DataType::F32,
+                    PORT_CHANNEL.code(),
+                ))
+                .unwrap();
+            comm.bootstrap().barrier().unwrap();
+            drop(comm);
         });
-        let (bootstrap, device, ar) = make(0);
-        let stream = device.create_stream().unwrap();
-        let m = device.alloc(4096, MemoryKind::Plain).unwrap();
+        let comm = make(0);
+        let stream = comm.device().create_stream().unwrap();
+        let m = comm.device().alloc(4096, MemoryKind::Plain).unwrap();
         stream
             .write(m.ptr(), &input(DataType::F32, 0, 1000, 1))
             .unwrap();
         let start = Instant::now();
         // SAFETY: 4096 bytes hold 1000 f32 and live past the synchronize.
         unsafe {
-            ar.launch(
+            comm.all_reduce(
                 m.ptr(),
                 m.ptr(),
                 1000,
@@ -306,12 +331,12 @@ fn a_peer_that_never_calls_is_a_timeout_not_a_hang() {
         .unwrap();
         let e = stream.synchronize().unwrap_err();
         assert!(e.to_string().contains("timed out"), "{transport}: {e}");
-        let e = ar.check_error(&stream).unwrap_err().to_string();
+        let e = comm.check_error(&stream).unwrap_err().to_string();
         assert!(e.contains("rank 1"), "{transport}: {e}");
         assert!(start.elapsed() < Duration::from_secs(15), "{transport}");
-        bootstrap.barrier().unwrap();
+        comm.bootstrap().barrier().unwrap();
         peer.join().unwrap();
-        drop(ar);
+        drop(comm);
     }
 }
 
@@ -322,21 +347,13 @@ fn child_rank() {
     if std::env::var("OXCCL_TEST_CHILD").is_err() {
         return;
     }
-    let cfg = BootstrapConfig::from_env().unwrap();
-    let (bootstrap, info) = Bootstrap::from_env(&cfg).unwrap();
-    let device = AnyDevice::open_with(BackendKind::Host, DeviceId(info.local_rank)).unwrap();
-    let ar = PortAllreduce::new(
-        &bootstrap,
-        &device,
-        PortAllreduceConfig::from_env().unwrap(),
-    )
-    .unwrap();
-    let stream = device.create_stream().unwrap();
-    let world = bootstrap.world_size();
+    // OXCCL_ALGO=port_channel and the PortChannel settings come from the environment.
+    let comm = Communicator::from_env().unwrap();
+    assert!(comm.instance(PORT_CHANNEL).is_some());
+    let stream = comm.device().create_stream().unwrap();
+    let world = comm.world_size();
     let r = Rank {
-        ar,
-        bootstrap,
-        device,
+        comm,
         stream,
         world,
     };
@@ -362,8 +379,7 @@ fn child_rank() {
         7,
     )
     .unwrap();
-    let Rank { ar, bootstrap, .. } = r;
-    ar.destroy(&bootstrap).unwrap();
+    r.comm.destroy().unwrap();
 }
 
 /// The same protocol across real processes (this test binary re-executed), over TCP and
@@ -374,6 +390,8 @@ fn across_processes() {
         common::run_child_ranks(
             world,
             &[
+                ("OXCCL_ALGO", "port_channel"),
+                ("OXCCL_STAGING_MB", "1"),
                 ("OXCCL_PORT_TRANSPORT", transport),
                 ("OXCCL_PORT_CHUNK_KB", "64"),
             ],

@@ -1,46 +1,240 @@
-//! The allreduce algorithm collection: each algorithm is a named entry that says which
-//! sizes, world sizes and capabilities it serves and how it is launched.
+//! The algorithm collection: one descriptor per algorithm, each in its own file, holding
+//! everything about it (name, code, kernel, plan, buffers, tuning, host stand-in, setup).
+//! The communicator, the selector and the tuner only iterate [`ALGORITHMS`] and read
+//! descriptors; none of them matches on an algorithm. Adding an algorithm is one new file
+//! here (its descriptor and host stand-in), its device kernel, and one line in
+//! [`ALGORITHMS`].
 //!
-//! | name | kernel | serves |
-//! |---|---|---|
-//! | `oneshot_ll` | `allreduce_oneshot_ll` | small messages (latency): every rank writes its input as LL16 packets into every peer's scratch, then reduces all ranks' packets locally; one kernel, no barrier |
-//! | `oneshot_ll128` | `allreduce_oneshot_ll128` | the one-shot with 128-byte lines (7 data units + a flag) instead of 16-byte packets: 1.75x less NVLink traffic, CUDA only |
-//! | `twoshot` | `allreduce_twoshot` | medium and large on unregistered buffers: reduce-scatter then all-gather through the staging buffers, per-block barriers between the phases |
-//! | `twoshot_zc` | `allreduce_twoshot_zc` | medium and large on registered buffers ([`crate::Communicator::register`]): reduce-scatter reads the peers' inputs, all-gather stores into the peers' outputs; no staging copy, one pass |
-//! | `twoshot_push` | `allreduce_twoshot_push` | medium and large, registered or not: the two-shot with peer stores only (inputs pushed into the owner's staging, results pushed into the peers' outputs or staging) |
-//! | `nvls` | (not built) | NVLink SHARP multicast reduce; gated by `OXCCL_NVLS` and never run on the lent machines |
-//! | `port_channel` | `allreduce_port` | multi-node: every byte that leaves a rank is moved by its proxy (IPC copies, TCP, InfiniBand); built only when forced |
+//! | name | collective | kernel | serves |
+//! |---|---|---|---|
+//! | `oneshot_ll` | allreduce | `allreduce_oneshot_ll` | small messages (latency): every rank writes its input as LL16 packets into every peer's scratch, then reduces all ranks' packets locally; one kernel, no barrier |
+//! | `oneshot_ll128` | allreduce | `allreduce_oneshot_ll128` | the one-shot with 128-byte lines (7 data units + a flag) instead of 16-byte packets: 1.75x less NVLink traffic, CUDA only |
+//! | `twoshot` | allreduce | `allreduce_twoshot` | medium and large on unregistered buffers: reduce-scatter then all-gather through the staging buffers, per-block barriers between the phases |
+//! | `twoshot_zc` | allreduce | `allreduce_twoshot_zc` | medium and large on registered buffers ([`crate::Communicator::register`]): reduce-scatter reads the peers' inputs, all-gather stores into the peers' outputs; no staging copy, one pass |
+//! | `twoshot_push` | allreduce | `allreduce_twoshot_push` | medium and large, registered or not: the two-shot with peer stores only (inputs pushed into the owner's staging, results pushed into the peers' outputs or staging) |
+//! | `nvls` | allreduce | (not built) | NVLink SHARP multicast reduce; gated by `OXCCL_NVLS` and never run on the lent machines |
+//! | `port_channel` | allreduce | `allreduce_port` | multi-node: every byte that leaves a rank is moved by its proxy (IPC copies, TCP, InfiniBand); set up only when forced |
 
 pub mod nvls;
 pub mod one_shot;
 pub mod one_shot_ll128;
 pub mod port_channel;
+pub mod scratch_kernel;
 pub mod two_shot;
 pub mod two_shot_push;
 pub mod two_shot_zc;
 
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
 
-use oxccl_hal::{Capabilities, DataType, Error, LaunchConfig, Result};
+use oxccl_backend::{AnyDevice, AnyKernel, AnyModule, AnyStream};
+use oxccl_channels::bootstrap::Bootstrap;
+use oxccl_hal::{
+    AccumType, BackendKind, Capabilities, DataType, Device, DevicePtr, Error, HostKernelTable,
+    LaunchConfig, Module, ModuleImage, ReduceOp, Result,
+};
+use oxccl_kernels::abi::OXCCL_ALLREDUCE_MAX_RANKS;
 
-/// One allreduce algorithm.
+use crate::scratch::SharedScratch;
+
+/// Every algorithm of every collective, in the selector's order of preference for small
+/// messages. The one list to extend when an algorithm is added.
+pub const ALGORITHMS: &[Algorithm] = &[
+    one_shot::ONESHOT_LL,
+    one_shot_ll128::ONESHOT_LL128,
+    two_shot::TWOSHOT,
+    two_shot_zc::TWOSHOT_ZC,
+    two_shot_push::TWOSHOT_PUSH,
+    nvls::NVLS,
+    port_channel::PORT_CHANNEL,
+];
+
+/// The collective operations algorithms serve.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Algorithm {
-    /// One-shot all-pairs LL16 packets.
-    OneShotLl,
-    /// One-shot all-pairs LL128 lines.
-    OneShotLl128,
-    /// Two-shot reduce-scatter + all-gather through staging buffers.
-    TwoShot,
-    /// Zero-copy two-shot on registered buffers.
-    TwoShotZc,
-    /// Two-shot with peer stores only.
-    TwoShotPush,
-    /// NVLS multicast (gated; not built).
-    Nvls,
-    /// PortChannel (multi-node, through the proxy).
-    PortChannel,
+pub enum Collective {
+    /// Every rank gets the reduction of every rank's input.
+    AllReduce,
+}
+
+impl fmt::Display for Collective {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Collective::AllReduce => "all_reduce",
+        })
+    }
+}
+
+/// How an algorithm uses buffers registered on every rank ([`crate::Communicator::register`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Buffers {
+    /// Only its own buffers and the communicator's scratch.
+    Own,
+    /// Writes the peers' outputs directly when they are registered, else goes through
+    /// staging.
+    PeerOutputsIfRegistered,
+    /// Reads the peers' inputs and writes their outputs: needs both registered.
+    Registered,
+}
+
+/// The launches the tuner tries for an algorithm.
+#[derive(Debug, Clone, Copy)]
+pub struct Tuning {
+    /// Threads per block tried (never more than one pass of the work needs).
+    pub threads: &'static [u32],
+    /// Work items (16-byte units, or lanes of lines) one launch spreads over its threads.
+    pub work: fn(&CallShape<'_>) -> usize,
+    /// Also try one block that covers the whole work in one pass (no count across blocks).
+    pub one_block: bool,
+    /// Competes for calls on registered buffers too (the staging two-shot does not: the
+    /// zero-copy one is never slower there).
+    pub on_registered: bool,
+}
+
+/// An algorithm's setup: its state in a communicator, or `None` where it is not set up
+/// there (see [`Descriptor::setup`]).
+pub type SetupFn = fn(&SetupContext<'_>, Algorithm) -> Result<Option<Box<dyn Instance>>>;
+
+/// Everything about one algorithm. See the module docs.
+pub struct Descriptor {
+    /// The collective it serves.
+    pub collective: Collective,
+    /// Name as `OXCCL_ALGO` takes it.
+    pub name: &'static str,
+    /// Other names `OXCCL_ALGO` accepts.
+    pub aliases: &'static [&'static str],
+    /// Stable code, unique across collectives (exchanged between ranks to detect
+    /// mismatched calls; stored in tune tables by name).
+    pub code: u32,
+    /// Where it wins and what it needs.
+    pub serves: &'static str,
+    /// Kernel symbol in the device image (and in [`Descriptor::host`]).
+    pub kernel: &'static str,
+    /// The host stand-in: the kernel as a host function, same name and argument block.
+    pub host: HostKernelTable,
+    /// The launch for a call, or why the algorithm cannot serve it.
+    pub plan: fn(&CallShape<'_>) -> Result<Plan>,
+    /// How it uses registered buffers.
+    pub buffers: Buffers,
+    /// What the tuner tries; `None`: never tuned.
+    pub tuning: Option<Tuning>,
+    /// Makes its per-communicator state at setup (collective: every rank calls it in the
+    /// same order); `None` when it is not set up in this communicator.
+    pub setup: SetupFn,
+}
+
+impl fmt::Debug for Descriptor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Descriptor")
+            .field("collective", &self.collective)
+            .field("name", &self.name)
+            .field("code", &self.code)
+            .field("kernel", &self.kernel)
+            .field("buffers", &self.buffers)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One algorithm: a handle on its [`Descriptor`]. Equal when the codes are.
+#[derive(Clone, Copy)]
+pub struct Algorithm(&'static Descriptor);
+
+impl Algorithm {
+    /// The handle of a descriptor.
+    pub const fn new(descriptor: &'static Descriptor) -> Algorithm {
+        Algorithm(descriptor)
+    }
+
+    /// Its descriptor.
+    pub fn descriptor(self) -> &'static Descriptor {
+        self.0
+    }
+
+    /// The algorithm's name (as `OXCCL_ALGO` takes it).
+    pub fn name(self) -> &'static str {
+        self.0.name
+    }
+
+    /// Stable code (exchanged between ranks to detect mismatched calls).
+    pub fn code(self) -> u32 {
+        self.0.code
+    }
+
+    /// The collective it serves.
+    pub fn collective(self) -> Collective {
+        self.0.collective
+    }
+
+    /// The launch of this algorithm for a call, or why it cannot serve it.
+    pub fn plan(self, shape: &CallShape<'_>) -> Result<Plan> {
+        (self.0.plan)(shape)
+    }
+
+    /// Whether calls pass it every rank's view of registered buffers.
+    pub fn uses_registered(self) -> bool {
+        self.0.buffers != Buffers::Own
+    }
+
+    /// The algorithm of a stable code.
+    pub fn from_code(code: u32) -> Option<Algorithm> {
+        ALGORITHMS.iter().copied().find(|a| a.code() == code)
+    }
+
+    /// Every algorithm of one collective, in [`ALGORITHMS`] order.
+    pub fn of(collective: Collective) -> impl Iterator<Item = Algorithm> {
+        ALGORITHMS
+            .iter()
+            .copied()
+            .filter(move |a| a.collective() == collective)
+    }
+}
+
+impl PartialEq for Algorithm {
+    fn eq(&self, other: &Self) -> bool {
+        self.code() == other.code()
+    }
+}
+
+impl Eq for Algorithm {}
+
+impl Hash for Algorithm {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.code().hash(state);
+    }
+}
+
+impl fmt::Debug for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = Error;
+
+    /// By name or alias, case-insensitive.
+    fn from_str(s: &str) -> Result<Self> {
+        let s = s.trim().to_ascii_lowercase();
+        ALGORITHMS
+            .iter()
+            .copied()
+            .find(|a| a.name() == s || a.0.aliases.contains(&s.as_str()))
+            .ok_or_else(|| {
+                let names: Vec<&str> = ALGORITHMS.iter().map(|a| a.name()).collect();
+                Error::InvalidArgument(format!(
+                    "unknown algorithm '{s}'; known: {}",
+                    names.join(", ")
+                ))
+            })
+    }
 }
 
 /// What an algorithm needs to know to decide whether it can serve a call and how to
@@ -79,136 +273,132 @@ pub struct Plan {
     pub config: LaunchConfig,
 }
 
-/// An entry of the collection.
+/// Every rank's input and output of one call on registered buffers (index = rank).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerBuffers {
+    /// Every rank's input as mapped here.
+    pub inputs: [DevicePtr; OXCCL_ALLREDUCE_MAX_RANKS as usize],
+    /// Every rank's output as mapped here.
+    pub outputs: [DevicePtr; OXCCL_ALLREDUCE_MAX_RANKS as usize],
+    /// Offsets of input and output in their registered buffers (the same on every rank).
+    pub offsets: (u64, u64),
+}
+
+/// One call as an algorithm's launch receives it, checked by the communicator.
 #[derive(Debug, Clone, Copy)]
-pub struct AlgorithmInfo {
-    /// The algorithm.
-    pub algorithm: Algorithm,
-    /// Name as `OXCCL_ALGO` takes it.
-    pub name: &'static str,
-    /// Where it wins and what it needs.
-    pub serves: &'static str,
+pub struct Call {
+    /// This rank's input.
+    pub input: DevicePtr,
+    /// This rank's output (`== input`: in place).
+    pub output: DevicePtr,
+    /// Elements.
+    pub count: usize,
+    /// Element type.
+    pub dtype: DataType,
+    /// Reduction.
+    pub op: ReduceOp,
+    /// Accumulation type.
+    pub accum: AccumType,
+    /// Every rank's buffers, when registered and the algorithm uses them.
+    pub peers: Option<PeerBuffers>,
 }
 
-/// Every algorithm, in the selector's order of preference for small messages.
-pub const ALGORITHMS: [AlgorithmInfo; 7] = [
-    AlgorithmInfo {
-        algorithm: Algorithm::OneShotLl,
-        name: "oneshot_ll",
-        serves: "small messages (up to the one-shot threshold), any world size 1..=8; needs \
-                 world_size * 2 * bytes of packet scratch",
-    },
-    AlgorithmInfo {
-        algorithm: Algorithm::TwoShot,
-        name: "twoshot",
-        serves: "medium and large messages, world size 1..=8; any size (processed in rounds \
-                 of the staging buffer)",
-    },
-    AlgorithmInfo {
-        algorithm: Algorithm::TwoShotZc,
-        name: "twoshot_zc",
-        serves: "medium and large messages on registered buffers (Communicator::register), \
-                 world size 1..=8, any size; input and output 16-byte aligned at the same \
-                 offset of every rank's registered buffer",
-    },
-    AlgorithmInfo {
-        algorithm: Algorithm::TwoShotPush,
-        name: "twoshot_push",
-        serves: "medium and large messages, registered or not, world size 1..=8, any size; \
-                 every NVLink transfer is a store (registered outputs are written directly)",
-    },
-    AlgorithmInfo {
-        algorithm: Algorithm::Nvls,
-        name: "nvls",
-        serves: "NVSwitch multicast reduce (hardware multicast, OXCCL_NVLS=1); not built",
-    },
-    AlgorithmInfo {
-        algorithm: Algorithm::PortChannel,
-        name: "port_channel",
-        serves: "multi-node (proxy: IPC copies, TCP or InfiniBand), any world size 1..=8; \
-                 slower than the NVLink algorithms within a node, so only when forced \
-                 (OXCCL_ALGO=port_channel)",
-    },
-    AlgorithmInfo {
-        algorithm: Algorithm::OneShotLl128,
-        name: "oneshot_ll128",
-        serves: "small and medium messages (up to the one-shot capacity), any world size \
-                 1..=8, CUDA only; needs world_size * 128/112 * bytes of line scratch",
-    },
-];
+/// An algorithm's state in one communicator: its kernel and whatever resources of its own
+/// it made at setup.
+pub trait Instance: fmt::Debug + Send + Sync {
+    /// Queues one call on `stream`: one kernel launch, no host synchronization.
+    ///
+    /// # Safety
+    /// `call`'s buffers must be device memory of the communicator's device holding `count`
+    /// elements, live until the work queued on `stream` completes, written by nothing
+    /// else meanwhile; `plan` came from this algorithm's plan for this call, and every
+    /// rank launches the same algorithm and plan in the same order.
+    unsafe fn launch(&self, call: &Call, plan: &Plan, stream: &AnyStream) -> Result<()>;
 
-impl Algorithm {
-    /// The algorithm's name (as `OXCCL_ALGO` takes it).
-    pub fn name(self) -> &'static str {
-        match self {
-            Algorithm::OneShotLl => "oneshot_ll",
-            Algorithm::OneShotLl128 => "oneshot_ll128",
-            Algorithm::TwoShot => "twoshot",
-            Algorithm::TwoShotZc => "twoshot_zc",
-            Algorithm::TwoShotPush => "twoshot_push",
-            Algorithm::Nvls => "nvls",
-            Algorithm::PortChannel => "port_channel",
+    /// The failure its own device state records, if any (the communicator's shared
+    /// scratch is checked by the communicator). `stream` is synchronized already.
+    fn check_error(&self, _stream: &AnyStream) -> Result<()> {
+        Ok(())
+    }
+
+    /// The instance as [`std::any::Any`], for callers that know its type (tests and tools
+    /// reading what an algorithm reports about itself).
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// What an algorithm's setup gets from the communicator being built.
+#[derive(Debug)]
+pub struct SetupContext<'a> {
+    /// The job's bootstrap (setup exchanges are collective).
+    pub bootstrap: &'a Bootstrap,
+    /// This rank's device.
+    pub device: &'a AnyDevice,
+    /// The algorithm every call must use, if one is forced.
+    pub forced: Option<Algorithm>,
+    /// Bound of every wait inside a kernel.
+    pub timeout: Duration,
+    /// Launch kernels early where the device can ([`oxccl_hal::LaunchConfig::early_launch`]).
+    pub early_launch: bool,
+    /// The communicator's scratch, mapped on every rank.
+    pub scratch: &'a Arc<SharedScratch>,
+    /// Settings of the PortChannel algorithms.
+    pub port: &'a port_channel::PortAllreduceConfig,
+    /// The device image, loaded once for every algorithm (GPU backends).
+    image: &'a Option<AnyModule>,
+    /// Host stand-in modules loaded so far (kept alive by the communicator).
+    host_modules: std::cell::RefCell<Vec<AnyModule>>,
+}
+
+impl<'a> SetupContext<'a> {
+    /// A context over the communicator's pieces. On GPU backends, `image` is the loaded
+    /// device image of [`oxccl_kernels::module_image`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        bootstrap: &'a Bootstrap,
+        device: &'a AnyDevice,
+        forced: Option<Algorithm>,
+        timeout: Duration,
+        early_launch: bool,
+        scratch: &'a Arc<SharedScratch>,
+        port: &'a port_channel::PortAllreduceConfig,
+        image: &'a Option<AnyModule>,
+    ) -> SetupContext<'a> {
+        SetupContext {
+            bootstrap,
+            device,
+            forced,
+            timeout,
+            early_launch,
+            scratch,
+            port,
+            image,
+            host_modules: std::cell::RefCell::new(Vec::new()),
         }
     }
 
-    /// Stable code (exchanged between ranks to detect mismatched calls).
-    pub fn code(self) -> u32 {
-        match self {
-            Algorithm::OneShotLl => 1,
-            Algorithm::TwoShot => 2,
-            Algorithm::Nvls => 3,
-            Algorithm::PortChannel => 4,
-            Algorithm::TwoShotZc => 5,
-            Algorithm::TwoShotPush => 6,
-            Algorithm::OneShotLl128 => 7,
+    /// The kernel of `algorithm`: from the device image, or its host stand-in on the
+    /// host backend.
+    pub fn kernel(&self, algorithm: Algorithm) -> Result<AnyKernel> {
+        let d = algorithm.descriptor();
+        match self.image {
+            Some(module) => module.kernel(d.kernel),
+            None => {
+                let module = self.device.load_module(&ModuleImage::Host(&d.host))?;
+                let kernel = module.kernel(d.kernel)?;
+                self.host_modules.borrow_mut().push(module);
+                Ok(kernel)
+            }
         }
     }
 
-    /// The launch of this algorithm for a call, or why it cannot serve it.
-    pub fn plan(self, shape: &CallShape<'_>) -> Result<Plan> {
-        match self {
-            Algorithm::OneShotLl => one_shot::plan(shape),
-            Algorithm::OneShotLl128 => one_shot_ll128::plan(shape),
-            Algorithm::TwoShot => two_shot::plan(shape),
-            Algorithm::TwoShotZc => two_shot_zc::plan(shape),
-            Algorithm::TwoShotPush => two_shot_push::plan(shape),
-            Algorithm::Nvls => nvls::plan(shape),
-            Algorithm::PortChannel => port_channel::plan(shape),
-        }
+    /// Whether the device runs kernels as host functions.
+    pub fn host(&self) -> bool {
+        Device::backend(self.device) == BackendKind::Host
     }
-}
 
-impl fmt::Display for Algorithm {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Algorithm {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        let s = s.trim().to_ascii_lowercase();
-        let alias = match s.as_str() {
-            "oneshot" | "one_shot" | "allpairs" => "oneshot_ll",
-            "ll128" | "oneshot_ll128" | "one_shot_ll128" => "oneshot_ll128",
-            "two_shot" => "twoshot",
-            "zc" | "zerocopy" | "zero_copy" | "twoshot_zero_copy" => "twoshot_zc",
-            "push" | "two_shot_push" => "twoshot_push",
-            "port" | "portchannel" => "port_channel",
-            other => other,
-        };
-        ALGORITHMS
-            .iter()
-            .find(|a| a.name == alias)
-            .map(|a| a.algorithm)
-            .ok_or_else(|| {
-                let names: Vec<&str> = ALGORITHMS.iter().map(|a| a.name).collect();
-                Error::InvalidArgument(format!(
-                    "unknown allreduce algorithm '{s}'; known: {}",
-                    names.join(", ")
-                ))
-            })
+    /// The host modules loaded (the communicator keeps them as long as the kernels).
+    pub(crate) fn into_host_modules(self) -> Vec<AnyModule> {
+        self.host_modules.into_inner()
     }
 }
 
@@ -227,19 +417,53 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names_round_trip() {
-        for a in ALGORITHMS {
-            assert_eq!(a.algorithm.name(), a.name);
-            assert_eq!(a.name.parse::<Algorithm>().ok(), Some(a.algorithm));
+    fn names_codes_and_aliases_are_unique_and_round_trip() {
+        for (i, a) in ALGORITHMS.iter().enumerate() {
+            assert_eq!(a.name().parse::<Algorithm>().ok(), Some(*a));
+            assert_eq!(Algorithm::from_code(a.code()), Some(*a));
+            for alias in a.descriptor().aliases {
+                assert_eq!(alias.parse::<Algorithm>().ok(), Some(*a), "{alias}");
+            }
+            for b in &ALGORITHMS[..i] {
+                assert_ne!(a.code(), b.code(), "{a} and {b} share a code");
+                assert_ne!(a.name(), b.name());
+                assert!(!b.descriptor().aliases.contains(&a.name()));
+            }
+            // NVLS has no kernel yet: its plan always refuses, and it is never set up.
+            if *a != nvls::NVLS {
+                let d = a.descriptor();
+                assert!(d.host.kernels.iter().any(|(n, _)| *n == d.kernel), "{a}");
+            }
         }
         assert_eq!(
             "ONESHOT".parse::<Algorithm>().ok(),
-            Some(Algorithm::OneShotLl)
+            Some(one_shot::ONESHOT_LL)
         );
         let e = "ring".parse::<Algorithm>().unwrap_err().to_string();
         assert!(
-            e.contains("oneshot_ll, twoshot, twoshot_zc, twoshot_push"),
+            e.contains("oneshot_ll, oneshot_ll128, twoshot, twoshot_zc, twoshot_push"),
             "{e}"
         );
+        assert_eq!(
+            Algorithm::of(Collective::AllReduce).count(),
+            ALGORITHMS.len()
+        );
+    }
+
+    #[test]
+    fn kernels_are_in_the_device_source() {
+        let cu = concat!(
+            include_str!("../../../kernels/src/device/allreduce.cu"),
+            include_str!("../../../kernels/src/device/allreduce_port.cu")
+        );
+        for a in ALGORITHMS {
+            let k = a.descriptor().kernel;
+            if *a != nvls::NVLS {
+                assert!(
+                    cu.contains(&format!(" void {k}(")),
+                    "{k} not in the .cu files"
+                );
+            }
+        }
     }
 }

@@ -3,9 +3,28 @@
 //! objects, so this entry refuses unless `OXCCL_NVLS=1` (and `NCCL_NVLS_ENABLE` is not 0),
 //! and even then it reports that the kernel is not built.
 
-use oxccl_hal::{Error, MulticastSupport, Result};
+use oxccl_hal::{Error, HostKernelTable, MulticastSupport, Result};
 
-use super::{CallShape, Plan};
+use super::{Algorithm, Buffers, CallShape, Collective, Descriptor, Plan};
+
+/// The NVLS allreduce: gated, and without a kernel yet (its plan always refuses, so it is
+/// never set up).
+pub const NVLS: Algorithm = Algorithm::new(&Descriptor {
+    collective: Collective::AllReduce,
+    name: "nvls",
+    aliases: &[],
+    code: 3,
+    serves: "NVSwitch multicast reduce (hardware multicast, OXCCL_NVLS=1); not built",
+    kernel: "allreduce_nvls",
+    host: HostKernelTable {
+        name: "nvls (no kernel)",
+        kernels: &[],
+    },
+    plan,
+    buffers: Buffers::Own,
+    tuning: None,
+    setup: |_, _| Ok(None),
+});
 
 /// Always an error: the gate's refusal, no hardware multicast, or "not built".
 pub fn plan(s: &CallShape<'_>) -> Result<Plan> {

@@ -8,10 +8,41 @@
 //! a slow peer still reads (to be two calls ahead it needs that peer's packets of the
 //! call in between, which the peer writes only after finishing the older call).
 
-use oxccl_hal::{Error, LaunchConfig, Result};
+use oxccl_hal::{Error, HostKernelTable, LaunchConfig, Result};
 
-use super::{max_blocks, CallShape, Plan, THREADS};
-use crate::host_kernels::ONESHOT_LL;
+use super::scratch_kernel::ScratchKernel;
+use super::{
+    max_blocks, Algorithm, Buffers, CallShape, Collective, Descriptor, Plan, Tuning, THREADS,
+};
+use crate::host_kernels::{backoff, ll16_try_read, ll16_write, packet, unwords, words, Call};
+use crate::scratch::FlagRegion;
+
+/// Kernel symbol (device image and host stand-in).
+const KERNEL: &str = "allreduce_oneshot_ll";
+
+/// The one-shot LL16 allreduce.
+pub const ONESHOT_LL: Algorithm = Algorithm::new(&Descriptor {
+    collective: Collective::AllReduce,
+    name: "oneshot_ll",
+    aliases: &["oneshot", "one_shot", "allpairs"],
+    code: 1,
+    serves: "small messages (up to the one-shot threshold), any world size 1..=8; needs \
+             world_size * 2 * bytes of packet scratch",
+    kernel: KERNEL,
+    host: HostKernelTable {
+        name: "oneshot_ll (host)",
+        kernels: &[(KERNEL, host_kernel)],
+    },
+    plan,
+    buffers: Buffers::Own,
+    tuning: Some(Tuning {
+        threads: &[64, 128, 256, 512],
+        work: |s| s.bytes.div_ceil(16).max(1),
+        one_block: true,
+        on_registered: true,
+    }),
+    setup: |ctx, me| ScratchKernel::setup(ctx, me, FlagRegion::Packets),
+});
 
 /// Packet bytes one rank's input of `bytes` takes in each peer: 32 per 16-byte unit.
 pub fn slot_bytes(bytes: usize) -> usize {
@@ -32,7 +63,7 @@ pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
     // wider blocks).
     let units = s.bytes.div_ceil(16).max(1);
     let per_block = units.div_ceil(max_blocks(s.caps) as usize);
-    Ok(spread(ONESHOT_LL, units, per_block, s))
+    Ok(spread(KERNEL, units, per_block, s))
 }
 
 /// A one-shot's capacity: `world` slots of `slot` bytes must fit one parity half of
@@ -78,4 +109,65 @@ pub(crate) fn spread(
         kernel,
         config: LaunchConfig::linear(blocks, threads),
     }
+}
+
+/// The kernel on the host backend: the device kernel's steps on one thread.
+fn host_kernel(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
+    let c = Call::new(bytes, KERNEL)?;
+    let units = c.total.div_ceil(16);
+    let slot = units * 32;
+    let (flag, half) = c.flagged_half(slot)?;
+    for u in 0..units {
+        let w = words(&c.load_input(u * 16));
+        for k in 1..c.world {
+            let p = (c.me + k) % c.world;
+            let off = half + c.me * slot + u * 32;
+            // SAFETY: `off` addresses packets 2u, 2u+1 of slot `me` of the current half of
+            // peer p's packet region, which fits (checked above); scratch bases are live.
+            let (p0, p1) = unsafe { (packet(c.scratch(p), off), packet(c.scratch(p), off + 16)) };
+            ll16_write(p0, w[0], w[1], flag);
+            ll16_write(p1, w[2], w[3], flag);
+        }
+    }
+    let mut inputs = vec![[0u8; 16]; c.world];
+    for u in 0..units {
+        for (r, input) in inputs.iter_mut().enumerate() {
+            if r == c.me {
+                *input = c.load_input(u * 16);
+                continue;
+            }
+            let off = half + r * slot + u * 32;
+            // SAFETY: as above, in this rank's own packet region.
+            let (p0, p1) = unsafe {
+                (
+                    packet(c.scratch(c.me), off),
+                    packet(c.scratch(c.me), off + 16),
+                )
+            };
+            let mut polls = 0u32;
+            let (a, b) = loop {
+                if let Some(v) = ll16_try_read(p0, flag) {
+                    break v;
+                }
+                if c.timed_out() {
+                    return Err(c.fail(r, "one-shot packets"));
+                }
+                backoff(&mut polls);
+            };
+            let (d, e) = loop {
+                if let Some(v) = ll16_try_read(p1, flag) {
+                    break v;
+                }
+                if c.timed_out() {
+                    return Err(c.fail(r, "one-shot packets"));
+                }
+                backoff(&mut polls);
+            };
+            *input = unwords([a, b, d, e]);
+        }
+        let valid = c.total.saturating_sub(u * 16).min(16);
+        c.store_output(u * 16, &c.reduce_unit(&inputs, valid)?);
+    }
+    c.finish();
+    Ok(())
 }

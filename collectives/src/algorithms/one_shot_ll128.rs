@@ -12,11 +12,42 @@
 //! CUDA (and the host stand-in) only: on ROCm the line atomicity is not established, so
 //! the plan refuses it there.
 
-use oxccl_hal::{BackendKind, Error, Result};
+use std::sync::atomic::Ordering;
+
+use oxccl_hal::{BackendKind, Error, HostKernelTable, LaunchConfig, Result};
 
 use super::one_shot::{check_capacity, spread};
-use super::{max_blocks, CallShape, Plan};
-use crate::host_kernels::ONESHOT_LL128;
+use super::scratch_kernel::ScratchKernel;
+use super::{max_blocks, Algorithm, Buffers, CallShape, Collective, Descriptor, Plan, Tuning};
+use crate::host_kernels::{backoff, packet, unwords, words, Call};
+use crate::scratch::FlagRegion;
+
+/// Kernel symbol (device image and host stand-in).
+const KERNEL: &str = "allreduce_oneshot_ll128";
+
+/// The one-shot LL128 allreduce.
+pub const ONESHOT_LL128: Algorithm = Algorithm::new(&Descriptor {
+    collective: Collective::AllReduce,
+    name: "oneshot_ll128",
+    aliases: &["ll128", "one_shot_ll128"],
+    code: 7,
+    serves: "small and medium messages (up to the one-shot capacity), any world size \
+             1..=8, CUDA only; needs world_size * 128/112 * bytes of line scratch",
+    kernel: KERNEL,
+    host: HostKernelTable {
+        name: "oneshot_ll128 (host)",
+        kernels: &[(KERNEL, host_kernel)],
+    },
+    plan,
+    buffers: Buffers::Own,
+    tuning: Some(Tuning {
+        threads: &[64, 128, 256, 512],
+        work: lanes,
+        one_block: true,
+        on_registered: true,
+    }),
+    setup: |ctx, me| ScratchKernel::setup(ctx, me, FlagRegion::Lines),
+});
 
 /// Data units (16 bytes) per 128-byte line.
 pub const UNITS_PER_LINE: usize = 7;
@@ -24,6 +55,12 @@ pub const UNITS_PER_LINE: usize = 7;
 /// Line bytes one rank's input of `bytes` takes in each peer.
 pub fn slot_bytes(bytes: usize) -> usize {
     bytes.div_ceil(16).div_ceil(UNITS_PER_LINE) * 128
+}
+
+/// Lanes a call's lines take: 8 per line of seven units (a line is one warp store of 8
+/// lanes).
+fn lanes(s: &CallShape<'_>) -> usize {
+    s.bytes.div_ceil(16).div_ceil(UNITS_PER_LINE).max(1) * 8
 }
 
 /// The launch for a call, or why LL128 cannot serve it (backend, line capacity).
@@ -54,7 +91,7 @@ pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
     // most 320 threads per block; beyond, 256-thread blocks (about 2.25 lines per 8 lanes
     // at 1 MB: 132 x 256 at 7.7 us, tuned 128 x 512 at 7.9; 2 MB 132 x 256 at 12.9 us,
     // tuned 132 x 512 at 12.5).
-    let lanes = s.bytes.div_ceil(16).div_ceil(UNITS_PER_LINE).max(1) * 8;
+    let lanes = lanes(s);
     let max = max_blocks(s.caps) as usize;
     let per_block = if lanes <= 160 {
         lanes
@@ -66,7 +103,73 @@ pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
     } else {
         per_block
     };
-    Ok(spread(ONESHOT_LL128, lanes, per_block, s))
+    Ok(spread(KERNEL, lanes, per_block, s))
+}
+
+/// One-shot LL128: lines of seven 16-byte units and a 16-byte flag. On the device a warp
+/// stores and loads a line in one instruction; here the flag words are stored after the
+/// data (release) and loaded before it (acquire), which gives the same guarantee.
+fn host_kernel(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
+    const UNITS: usize = UNITS_PER_LINE;
+    let c = Call::new(bytes, KERNEL)?;
+    let units = c.total.div_ceil(16);
+    let lines = units.div_ceil(UNITS);
+    let slot = lines * 128;
+    let (flag, half) = c.flagged_half(slot)?;
+    for line in 0..lines {
+        for k in 1..c.world {
+            let p = (c.me + k) % c.world;
+            let off = half + c.me * slot + line * 128;
+            for t in 0..UNITS {
+                let w = words(&c.load_input((line * UNITS + t) * 16));
+                // SAFETY: `off + 16 t` addresses 16 bytes of line `line` in slot `me` of the
+                // current half of peer p's line region, which fits (checked above).
+                let d = unsafe { packet(c.scratch(p), off + t * 16) };
+                for (word, x) in d.iter().zip(w) {
+                    word.store(x, Ordering::Relaxed);
+                }
+            }
+            // SAFETY: the line's flag words, as above.
+            let f = unsafe { packet(c.scratch(p), off + UNITS * 16) };
+            for word in f {
+                word.store(flag, Ordering::Release);
+            }
+        }
+    }
+    let mut inputs = vec![[0u8; 16]; c.world];
+    for line in 0..lines {
+        let mut lanes = vec![[[0u8; 16]; UNITS]; c.world];
+        for (r, lane) in lanes.iter_mut().enumerate().filter(|(r, _)| *r != c.me) {
+            let off = half + r * slot + line * 128;
+            // SAFETY: line `line` of slot r in this rank's own line region.
+            let f = unsafe { packet(c.scratch(c.me), off + UNITS * 16) };
+            let mut polls = 0u32;
+            while !f.iter().all(|w| w.load(Ordering::Acquire) == flag) {
+                if c.timed_out() {
+                    return Err(c.fail(r, "one-shot LL128 lines"));
+                }
+                backoff(&mut polls);
+            }
+            for (t, unit) in lane.iter_mut().enumerate() {
+                // SAFETY: as above; written before the flag this thread acquired.
+                let d = unsafe { packet(c.scratch(c.me), off + t * 16) };
+                *unit = unwords([0, 1, 2, 3].map(|i| d[i].load(Ordering::Relaxed)));
+            }
+        }
+        for (t, u) in (line * UNITS..units.min((line + 1) * UNITS)).enumerate() {
+            for (r, input) in inputs.iter_mut().enumerate() {
+                *input = if r == c.me {
+                    c.load_input(u * 16)
+                } else {
+                    lanes[r][t]
+                };
+            }
+            let valid = c.total.saturating_sub(u * 16).min(16);
+            c.store_output(u * 16, &c.reduce_unit(&inputs, valid)?);
+        }
+    }
+    c.finish();
+    Ok(())
 }
 
 #[cfg(test)]

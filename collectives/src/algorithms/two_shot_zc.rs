@@ -7,10 +7,43 @@
 //! per-block barrier (every peer stored its chunk into this rank's output and no longer
 //! reads its input). Each input byte is read once, each output byte written once.
 
-use oxccl_hal::{Error, LaunchConfig, Result};
+use oxccl_hal::{Error, HostKernelTable, LaunchConfig, Result};
 
-use super::{max_blocks, CallShape, Plan, THREADS};
-use crate::host_kernels::TWOSHOT_ZC;
+use super::scratch_kernel::ScratchKernel;
+use super::two_shot::chunk_units;
+use super::{
+    max_blocks, Algorithm, Buffers, CallShape, Collective, Descriptor, Plan, Tuning, THREADS,
+};
+use crate::host_kernels::{barrier, barrier_blocks, Call};
+use crate::scratch::FlagRegion;
+
+/// Kernel symbol (device image and host stand-in).
+const KERNEL: &str = "allreduce_twoshot_zc";
+
+/// The zero-copy two-shot allreduce.
+pub const TWOSHOT_ZC: Algorithm = Algorithm::new(&Descriptor {
+    collective: Collective::AllReduce,
+    name: "twoshot_zc",
+    aliases: &["zc", "zerocopy", "zero_copy", "twoshot_zero_copy"],
+    code: 5,
+    serves: "medium and large messages on registered buffers (Communicator::register), \
+             world size 1..=8, any size; input and output 16-byte aligned at the same \
+             offset of every rank's registered buffer",
+    kernel: KERNEL,
+    host: HostKernelTable {
+        name: "twoshot_zc (host)",
+        kernels: &[(KERNEL, host_kernel)],
+    },
+    plan,
+    buffers: Buffers::Registered,
+    tuning: Some(Tuning {
+        threads: &[128, 256, 512],
+        work: chunk_units,
+        one_block: false,
+        on_registered: true,
+    }),
+    setup: |ctx, me| ScratchKernel::setup(ctx, me, FlagRegion::Packets),
+});
 
 /// 16-byte units each device thread loads per rank and pass (`kZcUnits` in allreduce.cu).
 pub const UNITS_PER_THREAD: usize = 2;
@@ -28,7 +61,7 @@ pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
     }
     if s.host {
         return Ok(Plan {
-            kernel: TWOSHOT_ZC,
+            kernel: KERNEL,
             config: LaunchConfig::linear(1, 32),
         });
     }
@@ -44,9 +77,59 @@ pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
     let threads = (share.div_ceil(UNITS_PER_THREAD).next_multiple_of(32) as u32)
         .clamp(64.max(s.world_size), THREADS);
     Ok(Plan {
-        kernel: TWOSHOT_ZC,
+        kernel: KERNEL,
         config: LaunchConfig::linear(blocks as u32, threads),
     })
+}
+
+/// Zero-copy two-shot: barrier; reduce my chunk straight from every rank's registered
+/// input and store it into every rank's registered output; barrier.
+fn host_kernel(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
+    let c = Call::new(bytes, KERNEL)?;
+    let blocks = barrier_blocks(config);
+    let (ins, outs) = (c.a.peer_input, c.a.peer_output);
+    if ins[..c.world].iter().any(|p| p.is_null())
+        || outs[..c.world].iter().any(|p| p.is_null())
+        || ins[c.me] != c.a.input
+        || outs[c.me] != c.a.output
+    {
+        return Err(Error::InvalidArgument(format!(
+            "{KERNEL}: missing registered peer buffers"
+        )));
+    }
+    barrier(&c, blocks)?;
+    let units = c.total.div_ceil(16);
+    let chunk = units.div_ceil(c.world);
+    let mut inputs = vec![[0u8; 16]; c.world];
+    for u in (c.me * chunk).min(units)..((c.me + 1) * chunk).min(units) {
+        let off = u * 16;
+        let valid = c.total.saturating_sub(off).min(16);
+        for (r, input) in inputs.iter_mut().enumerate() {
+            *input = [0u8; 16];
+            // SAFETY: launch contract: every rank's registered input holds `total` bytes,
+            // mapped at `ins[r]`; [off, off + valid) is inside. The peers' inputs are not
+            // written during the call (their kernels passed the first barrier).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    ins[r].cast::<u8>().add(off),
+                    input.as_mut_ptr(),
+                    valid,
+                )
+            };
+        }
+        let v = c.reduce_unit(&inputs, valid)?;
+        for k in 1..=c.world {
+            let q = (c.me + k) % c.world;
+            // SAFETY: every rank's registered output holds `total` bytes at `outs[q]`; only
+            // this rank writes chunk `me` of it during the call.
+            unsafe {
+                std::ptr::copy_nonoverlapping(v.as_ptr(), outs[q].cast::<u8>().add(off), valid)
+            };
+        }
+    }
+    barrier(&c, blocks)?;
+    c.finish();
+    Ok(())
 }
 
 #[cfg(test)]

@@ -113,3 +113,27 @@ pub fn run_child_ranks(world: u32, env: &[(&str, &str)], what: &str) {
         assert!(status.success(), "{what}: a rank failed ({status})");
     }
 }
+
+/// The signature bytes a rank's first call of `count` elements of `dtype` (sum, auto
+/// accumulation) with `algorithm` sends to the others: a test rank that must take part in
+/// that check without launching anything sends the same.
+#[allow(dead_code)]
+pub fn first_call_signature(count: u64, dtype: DataType, algorithm: u32) -> Vec<u8> {
+    // count, then the zero-copy offsets (none), then the collective (allreduce: 0), dtype,
+    // op, accum, algorithm, and the launch (the host backend's fixed 1 x 32).
+    let mut v = count.to_le_bytes().to_vec();
+    v.extend_from_slice(&u64::MAX.to_le_bytes());
+    v.extend_from_slice(&u64::MAX.to_le_bytes());
+    for x in [
+        0u32,
+        dtype.code(),
+        ReduceOp::Sum.code(),
+        AccumType::Auto.code(),
+        algorithm,
+        1,
+        32,
+    ] {
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v
+}

@@ -1,0 +1,101 @@
+//! The launch shared by the algorithms whose kernels work through the communicator's
+//! scratch ([`crate::scratch`]): one-shots (in their flag region) and two-shots. Their
+//! kernels take one argument block, [`OxcclAllreduceArgs`], filled here from the call,
+//! the plan and every rank's scratch; their device state (epoch, counters, error word)
+//! lives in the shared scratch, which the communicator checks.
+
+use std::sync::Arc;
+
+use oxccl_backend::{AnyKernel, AnyStream};
+use oxccl_hal::{Error, Result, Stream};
+use oxccl_kernels::abi::{self, KernelArgs, OxcclAllreduceArgs, OXCCL_ALLREDUCE_MAX_RANKS};
+
+use super::{Algorithm, Buffers, Call, Instance, Plan, SetupContext};
+use crate::scratch::{FlagRegion, SharedScratch};
+
+/// A scratch-protocol algorithm set up in one communicator: its kernel and where it finds
+/// everything else.
+#[derive(Debug)]
+pub struct ScratchKernel {
+    algorithm: Algorithm,
+    kernel: AnyKernel,
+    region: FlagRegion,
+    scratch: Arc<SharedScratch>,
+    timeout_ns: u64,
+    early_launch: bool,
+}
+
+impl ScratchKernel {
+    /// The setup of every scratch-protocol algorithm: load its kernel. `region` is the
+    /// flag region its one-shot packets or lines use (two-shots ignore it).
+    pub fn setup(
+        ctx: &SetupContext<'_>,
+        algorithm: Algorithm,
+        region: FlagRegion,
+    ) -> Result<Option<Box<dyn Instance>>> {
+        Ok(Some(Box::new(ScratchKernel {
+            algorithm,
+            kernel: ctx.kernel(algorithm)?,
+            region,
+            scratch: Arc::clone(ctx.scratch),
+            timeout_ns: u64::try_from(ctx.timeout.as_nanos()).unwrap_or(u64::MAX),
+            early_launch: ctx.early_launch,
+        })))
+    }
+}
+
+impl Instance for ScratchKernel {
+    unsafe fn launch(&self, call: &Call, plan: &Plan, stream: &AnyStream) -> Result<()> {
+        let peers = match (self.algorithm.descriptor().buffers, call.peers) {
+            (Buffers::Registered, None) => {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: needs buffers registered on every rank",
+                    self.algorithm
+                )))
+            }
+            (Buffers::Own, _) => None,
+            (_, peers) => peers,
+        };
+        let s = &*self.scratch;
+        let mut peer_input = [std::ptr::null(); OXCCL_ALLREDUCE_MAX_RANKS as usize];
+        let mut peer_output = [std::ptr::null_mut(); OXCCL_ALLREDUCE_MAX_RANKS as usize];
+        if let Some(p) = peers {
+            for r in 0..s.world as usize {
+                peer_input[r] = abi::ptr::<std::ffi::c_void>(p.inputs[r]).cast_const();
+                peer_output[r] = abi::ptr(p.outputs[r]);
+            }
+        }
+        let (flag_offset, flag_half) = s.layout.flag_region(self.region);
+        let args = OxcclAllreduceArgs {
+            input: abi::ptr::<std::ffi::c_void>(call.input).cast_const(),
+            output: abi::ptr(call.output),
+            scratch: s.bases.map(abi::ptr),
+            count: call.count as u64,
+            packet_offset: flag_offset as u64,
+            packet_half_bytes: flag_half as u64,
+            data_offset: s.layout.data_offset as u64,
+            data_bytes: s.layout.staging as u64,
+            timeout_ns: self.timeout_ns,
+            rank: s.rank,
+            world_size: s.world,
+            dtype: call.dtype.code(),
+            op: call.op.code(),
+            accum: call.accum.code(),
+            _pad0: 0,
+            peer_input,
+            peer_output,
+        };
+        // Asked for as configured: the backend launches as usual where the device cannot.
+        let config = plan.config.with_early_launch(self.early_launch);
+        // SAFETY: the argument block matches the kernel (abi_allreduce.h); the scratch
+        // pointers are the communicator's live mappings (kept until it drops, after this
+        // instance); input, output and the plan are the caller's obligation (this trait
+        // method's contract). Every scratch kernel waits for the previous grid before it
+        // touches memory (`run_allreduce` in allreduce.cu), which an early launch requires.
+        unsafe { stream.launch(&self.kernel, &config, args.as_bytes()) }
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}

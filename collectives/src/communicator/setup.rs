@@ -1,0 +1,190 @@
+//! Creating a communicator (collective: every rank calls it): load the device image, make
+//! the shared scratch and map every peer's, agree on the links, and set up every algorithm
+//! by iterating [`crate::algorithms::ALGORITHMS`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use oxccl_backend::AnyDevice;
+use oxccl_channels::bootstrap::{Bootstrap, BootstrapConfig, UniqueId};
+use oxccl_hal::{
+    BackendKind, Device, DeviceId, DevicePtr, Error, IpcHandle, Memory, MemoryKind, Result, Stream,
+};
+use oxccl_kernels::abi::OXCCL_ALLREDUCE_MAX_RANKS;
+
+use super::check::Signatures;
+use super::config::{CommConfig, MIN_ONESHOT_CAPACITY, STAGING_VAR};
+use super::registry::Registry;
+use super::Communicator;
+use crate::algorithms::{SetupContext, ALGORITHMS};
+use crate::scratch::{ScratchLayout, SharedScratch};
+use crate::selector::{default_oneshot_max, default_zc_threshold, Selector, ONESHOT_MAX_VAR};
+use crate::tuner::TuneMode;
+
+impl Communicator {
+    /// Joins the job described by the launcher environment (torchrun, mpirun, srun, or
+    /// `oxccl-perf -N`): rank and world size from `RANK`/`WORLD_SIZE`, the device from
+    /// `LOCAL_RANK`, the backend from `OXCCL_BACKEND` (else the first GPU backend built).
+    pub fn from_env() -> Result<Communicator> {
+        let (bootstrap, info) = Bootstrap::from_env(&BootstrapConfig::from_env()?)?;
+        let kind = oxccl_backend::chosen()?;
+        let device = AnyDevice::open_with(kind, DeviceId(info.local_rank))?;
+        Communicator::new(bootstrap, device, CommConfig::from_env()?)
+    }
+
+    /// Joins the job named by a unique id (made by one rank with [`UniqueId::create`] and
+    /// handed to the others), on `device`.
+    pub fn with_unique_id(
+        id: &UniqueId,
+        rank: u32,
+        world_size: u32,
+        device: AnyDevice,
+        config: CommConfig,
+    ) -> Result<Communicator> {
+        let bootstrap = Bootstrap::new(id, rank, world_size, &BootstrapConfig::from_env()?)?;
+        Communicator::new(bootstrap, device, config)
+    }
+
+    /// Builds the communicator over an existing bootstrap (collective).
+    pub fn new(
+        bootstrap: Bootstrap,
+        device: AnyDevice,
+        config: CommConfig,
+    ) -> Result<Communicator> {
+        let rank = bootstrap.rank();
+        let world = bootstrap.world_size();
+        let at = |e: Error| e.at_rank(rank);
+        let _span = tracing::info_span!("communicator", rank, world).entered();
+        if world > OXCCL_ALLREDUCE_MAX_RANKS {
+            return Err(at(Error::Unsupported(format!(
+                "world size {world}: oxccl serves 1..={OXCCL_ALLREDUCE_MAX_RANKS} ranks (one \
+                 node)"
+            ))));
+        }
+        let backend = Device::backend(&device);
+        // GPU backends: one image holds every algorithm's kernel. The host backend loads
+        // each algorithm's host stand-in instead.
+        let image = match backend {
+            BackendKind::Host => None,
+            other => Some(
+                device
+                    .load_module(&oxccl_kernels::module_image(other).map_err(at)?)
+                    .map_err(at)?,
+            ),
+        };
+        let oneshot_max = config
+            .oneshot_max_bytes
+            .unwrap_or_else(|| default_oneshot_max(world));
+        let layout = ScratchLayout::new(
+            world,
+            oneshot_max.max(MIN_ONESHOT_CAPACITY),
+            config.staging_bytes,
+        )
+        .map_err(at)?;
+        let scratch = device
+            .alloc(layout.total, MemoryKind::Coherent)
+            .map_err(at)?;
+        // Host-backend memory is zero-filled already.
+        if backend != BackendKind::Host {
+            let stream = device.create_stream().map_err(at)?;
+            // SAFETY: the range is inside the allocation just made, which outlives the
+            // fill (synchronized right below).
+            unsafe { stream.fill(scratch.ptr(), 0, layout.zeroed_prefix()) }.map_err(at)?;
+            stream.synchronize().map_err(at)?;
+        }
+        let handle = device.export_memory(&scratch).map_err(at)?;
+        let all = bootstrap.all_gather(&handle.to_bytes()).map_err(at)?;
+        let mut peers = Vec::with_capacity(world as usize);
+        let mut bases = [DevicePtr::NULL; OXCCL_ALLREDUCE_MAX_RANKS as usize];
+        for (r, bytes) in all.iter().enumerate() {
+            if r == rank as usize {
+                peers.push(None);
+                bases[r] = scratch.ptr();
+                continue;
+            }
+            let h = IpcHandle::from_bytes(bytes).map_err(at)?;
+            if h.len < layout.total as u64 {
+                return Err(at(Error::InvalidArgument(format!(
+                    "rank {r}'s scratch is {} bytes, this rank's layout needs {}: the ranks \
+                     were configured differently ({STAGING_VAR}, {ONESHOT_MAX_VAR})",
+                    h.len, layout.total
+                ))));
+            }
+            let imported = device.import_memory(&h).map_err(at)?;
+            bases[r] = imported.ptr();
+            peers.push(Some(imported));
+        }
+        // Every rank's view of its links, gathered: LL128 needs NVLink between every pair.
+        // The gather is also the barrier that keeps anybody from writing into a peer's
+        // scratch before every peer has zeroed its own.
+        let links = bootstrap
+            .all_gather(&[u8::from(device.capabilities().peers_over_nvlink)])
+            .map_err(at)?;
+        let nvlink = links.iter().all(|l| l.as_slice() == [1]);
+        let shared = Arc::new(SharedScratch {
+            layout,
+            bases,
+            rank,
+            world,
+        });
+        let ctx = SetupContext::new(
+            &bootstrap,
+            &device,
+            config.forced,
+            config.timeout,
+            config.early_launch,
+            &shared,
+            &config.port,
+            &image,
+        );
+        let mut instances = Vec::new();
+        for &algorithm in ALGORITHMS {
+            if let Some(i) = (algorithm.descriptor().setup)(&ctx, algorithm).map_err(at)? {
+                instances.push((algorithm, i));
+            }
+        }
+        let mut modules = ctx.into_host_modules();
+        modules.extend(image);
+        tracing::info!(
+            rank,
+            world,
+            backend = %backend,
+            scratch_bytes = layout.total,
+            nvlink,
+            algorithms = ?instances.iter().map(|(a, _)| a.name()).collect::<Vec<_>>(),
+            "communicator ready"
+        );
+        let comm = Communicator {
+            rank,
+            world,
+            selector: Selector {
+                forced: config.forced,
+                oneshot_max_bytes: oneshot_max,
+                zc_threshold_bytes: config
+                    .zc_threshold_bytes
+                    .unwrap_or_else(|| default_zc_threshold(world)),
+            },
+            config,
+            nvlink,
+            scratch: shared,
+            instances,
+            signatures: Signatures::default(),
+            registry: Registry::default(),
+            tuned: Mutex::new(HashMap::new()),
+            peers,
+            scratch_memory: scratch,
+            _modules: modules,
+            bootstrap,
+            device,
+        };
+        if comm.config.tune != TuneMode::Off {
+            let dtypes = comm.config.tune_dtypes.clone();
+            comm.tune(
+                &dtypes,
+                comm.config.tune_max_bytes,
+                comm.config.tune == TuneMode::Force,
+            )?;
+        }
+        Ok(comm)
+    }
+}

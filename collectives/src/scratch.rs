@@ -1,0 +1,134 @@
+//! The communicator's scratch: one allocation per rank with the same layout on every rank
+//! (`kernels/include/oxccl/abi_allreduce.h`), mapped by every peer. [`ScratchLayout`] says
+//! where each region lies; [`SharedScratch`] is every rank's base as mapped here, which
+//! the scratch-protocol kernels receive in their argument block.
+
+use oxccl_hal::{DevicePtr, Error, Result};
+use oxccl_kernels::abi::{OXCCL_ALLREDUCE_MAX_RANKS, OXCCL_ALLREDUCE_SYNC_BYTES};
+
+use crate::algorithms::{one_shot, one_shot_ll128};
+
+/// The flag-protocol region a one-shot kernel writes its packets or lines into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlagRegion {
+    /// LL16 packets (8 data bytes and the flag twice in 16 bytes).
+    Packets,
+    /// LL128 lines (112 data bytes and a 16-byte flag). A region of their own, so an LL16
+    /// reader never meets user data where it expects a flag.
+    Lines,
+}
+
+/// Byte offsets of the scratch layout (the same on every rank).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScratchLayout {
+    /// Start of the LL16 packet region (two parity halves).
+    pub packet_offset: usize,
+    /// Bytes of one packet half.
+    pub packet_half: usize,
+    /// Start of the LL128 line region (two parity halves).
+    pub ll128_offset: usize,
+    /// Bytes of one line half.
+    pub ll128_half: usize,
+    /// Start of the two-shot staging ("in", then "out").
+    pub data_offset: usize,
+    /// Bytes of each staging buffer.
+    pub staging: usize,
+    /// Bytes of the whole allocation.
+    pub total: usize,
+}
+
+impl ScratchLayout {
+    /// The layout for `world` ranks, one-shots of up to `oneshot_capacity` bytes per rank
+    /// and staging buffers of `staging` bytes (each region rounded up to 4 KiB).
+    pub fn new(world: u32, oneshot_capacity: usize, staging: usize) -> Result<ScratchLayout> {
+        let page = 4096usize;
+        let overflow = || Error::InvalidArgument("scratch size overflows".into());
+        let half = |slot: usize| {
+            slot.checked_mul(world.max(1) as usize)
+                .map(|b| b.next_multiple_of(page))
+                .ok_or_else(overflow)
+        };
+        let packet_half = half(one_shot::slot_bytes(oneshot_capacity))?;
+        let ll128_half = half(one_shot_ll128::slot_bytes(oneshot_capacity))?;
+        let staging = staging.max(page).next_multiple_of(page);
+        let packet_offset = OXCCL_ALLREDUCE_SYNC_BYTES as usize;
+        let ll128_offset = packet_half
+            .checked_mul(2)
+            .and_then(|b| b.checked_add(packet_offset))
+            .ok_or_else(overflow)?;
+        let data_offset = ll128_half
+            .checked_mul(2)
+            .and_then(|b| b.checked_add(ll128_offset))
+            .ok_or_else(overflow)?;
+        let total = staging
+            .checked_mul(2)
+            .and_then(|s| s.checked_add(data_offset))
+            .ok_or_else(overflow)?;
+        Ok(ScratchLayout {
+            packet_offset,
+            packet_half,
+            ll128_offset,
+            ll128_half,
+            data_offset,
+            staging,
+            total,
+        })
+    }
+
+    /// Bytes that must start at zero: the sync words and both flag regions (flag 0 never
+    /// matches). The staging buffers need no initial value.
+    pub fn zeroed_prefix(&self) -> usize {
+        self.data_offset
+    }
+
+    /// Offset and half size of a flag region.
+    pub fn flag_region(&self, region: FlagRegion) -> (usize, usize) {
+        match region {
+            FlagRegion::Packets => (self.packet_offset, self.packet_half),
+            FlagRegion::Lines => (self.ll128_offset, self.ll128_half),
+        }
+    }
+}
+
+/// Every rank's scratch as mapped on this rank, with its layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedScratch {
+    /// The layout (the same on every rank).
+    pub layout: ScratchLayout,
+    /// Every rank's base as mapped here (index = rank; this rank's own at `rank`).
+    pub bases: [DevicePtr; OXCCL_ALLREDUCE_MAX_RANKS as usize],
+    /// This rank.
+    pub rank: u32,
+    /// Ranks.
+    pub world: u32,
+}
+
+impl SharedScratch {
+    /// This rank's own base.
+    pub fn own(&self) -> DevicePtr {
+        self.bases[self.rank as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_aligned_and_sized() {
+        let l = ScratchLayout::new(4, 1 << 20, 64 << 20).unwrap();
+        assert_eq!(l.packet_offset, 65536);
+        assert_eq!(l.packet_half % 4096, 0);
+        assert!(l.packet_half >= 4 * 2 * (1 << 20));
+        assert_eq!(l.ll128_offset, l.packet_offset + 2 * l.packet_half);
+        assert!(l.ll128_half >= 4 * one_shot_ll128::slot_bytes(1 << 20));
+        assert_eq!(l.data_offset, l.ll128_offset + 2 * l.ll128_half);
+        assert_eq!(l.total, l.data_offset + 2 * l.staging);
+        assert_eq!(l.zeroed_prefix(), l.data_offset);
+        assert_eq!(
+            l.flag_region(FlagRegion::Lines),
+            (l.ll128_offset, l.ll128_half)
+        );
+        assert!(ScratchLayout::new(8, usize::MAX / 4, 1).is_err());
+    }
+}
