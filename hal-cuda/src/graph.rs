@@ -15,7 +15,7 @@
 use cudarc::driver::sys;
 use oxccl_hal::{Result, Stream};
 
-use crate::result::check;
+use crate::result;
 use crate::stream::CudaStream;
 
 /// Makes the stream's context current on this thread (`is_capturing` binds it first).
@@ -29,23 +29,15 @@ impl CudaStream {
     /// recorded, not run.
     pub fn begin_capture(&self) -> Result<()> {
         bind(self)?;
-        // SAFETY: the stream is live; the mode is a valid enum value.
-        check("cuStreamBeginCapture", unsafe {
-            sys::cuStreamBeginCapture_v2(
-                self.raw(),
-                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-            )
-        })
+        // SAFETY: the stream is live and its context is bound (above).
+        unsafe { result::stream_begin_capture(self.raw()) }
     }
 
     /// Ends the capture started by [`CudaStream::begin_capture`] and returns the graph.
     pub fn end_capture(&self) -> Result<CudaGraph> {
         bind(self)?;
-        let mut graph: sys::CUgraph = std::ptr::null_mut();
-        // SAFETY: the stream is live and capturing; `graph` receives the new graph.
-        check("cuStreamEndCapture", unsafe {
-            sys::cuStreamEndCapture(self.raw(), &mut graph)
-        })?;
+        // SAFETY: the stream is live; a stream that is not capturing is the driver's error.
+        let graph = unsafe { result::stream_end_capture(self.raw()) }?;
         Ok(CudaGraph { graph })
     }
 }
@@ -66,11 +58,8 @@ impl CudaGraph {
     /// Instantiates the graph for launching on `stream`'s device.
     pub fn instantiate(&self, stream: &CudaStream) -> Result<CudaGraphExec> {
         bind(stream)?;
-        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
-        // SAFETY: the graph is live; `exec` receives the executable graph.
-        check("cuGraphInstantiateWithFlags", unsafe {
-            sys::cuGraphInstantiateWithFlags(&mut exec, self.graph, 0)
-        })?;
+        // SAFETY: the graph is live (owned by `self`).
+        let exec = unsafe { result::graph_instantiate(self.graph) }?;
         Ok(CudaGraphExec { exec })
     }
 }
@@ -78,7 +67,7 @@ impl CudaGraph {
 impl Drop for CudaGraph {
     fn drop(&mut self) {
         // SAFETY: the graph is ours and not used after this (no current context needed).
-        if let Err(e) = check("cuGraphDestroy", unsafe { sys::cuGraphDestroy(self.graph) }) {
+        if let Err(e) = unsafe { result::graph_destroy(self.graph) } {
             tracing::warn!(error = %e, "destroying a graph failed");
         }
     }
@@ -99,19 +88,15 @@ impl CudaGraphExec {
     /// Queues one replay of the graph on `stream`.
     pub fn launch(&self, stream: &CudaStream) -> Result<()> {
         bind(stream)?;
-        // SAFETY: the executable graph and the stream are live.
-        check("cuGraphLaunch", unsafe {
-            sys::cuGraphLaunch(self.exec, stream.raw())
-        })
+        // SAFETY: the executable graph and the stream are live, the context bound.
+        unsafe { result::graph_launch(self.exec, stream.raw()) }
     }
 }
 
 impl Drop for CudaGraphExec {
     fn drop(&mut self) {
         // SAFETY: the executable graph is ours and not used after this.
-        if let Err(e) = check("cuGraphExecDestroy", unsafe {
-            sys::cuGraphExecDestroy(self.exec)
-        }) {
+        if let Err(e) = unsafe { result::graph_exec_destroy(self.exec) } {
             tracing::warn!(error = %e, "destroying a graph exec failed");
         }
     }

@@ -32,6 +32,7 @@ mod module;
 mod multicast;
 mod result;
 mod stream;
+mod unowned;
 
 pub use device::{CudaBackend, CudaDevice};
 pub use graph::{CudaGraph, CudaGraphExec};
@@ -40,3 +41,4 @@ pub use memory::{CudaHostMemory, CudaMemory};
 pub use module::{CudaKernel, CudaModule};
 pub use multicast::CudaMulticast;
 pub use stream::{validate_launch, CudaEvent, CudaStream, MAX_THREADS_PER_BLOCK};
+pub use unowned::{alloc_unowned, current_device, free_unowned};

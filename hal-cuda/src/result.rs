@@ -203,6 +203,17 @@ pub(crate) unsafe fn ctx_enable_peer_access(peer: sys::CUcontext) -> Result<()> 
     })
 }
 
+/// The device of the current context; `None` when no context is current.
+pub(crate) fn ctx_get_device() -> Result<Option<sys::CUdevice>> {
+    if ctx_get_current()?.is_null() {
+        return Ok(None);
+    }
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: writes one device ordinal of the current context (checked non-null above).
+    check("cuCtxGetDevice", unsafe { sys::cuCtxGetDevice(&mut dev) })?;
+    Ok(Some(dev))
+}
+
 // ---------------------------------------------------------------- plain and host memory
 
 pub(crate) fn mem_alloc(bytes: usize) -> Result<sys::CUdeviceptr> {
@@ -847,6 +858,63 @@ pub(crate) unsafe fn occupancy_max_active_blocks(
         sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, f, block, dynamic_smem)
     })?;
     Ok(u32::try_from(n).unwrap_or(0))
+}
+
+// ---------------------------------------------------------------- graphs
+
+/// # Safety
+/// `s` must be a live stream of the current context.
+pub(crate) unsafe fn stream_begin_capture(s: sys::CUstream) -> Result<()> {
+    // SAFETY: the caller guarantees `s` is live; the mode is a valid enum value (relaxed:
+    // other threads may keep using the driver during the capture).
+    check("cuStreamBeginCapture", unsafe {
+        sys::cuStreamBeginCapture_v2(s, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+    })
+}
+
+/// # Safety
+/// `s` must be a live stream that is capturing.
+pub(crate) unsafe fn stream_end_capture(s: sys::CUstream) -> Result<sys::CUgraph> {
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: the caller guarantees `s` is live; writes one graph handle.
+    check("cuStreamEndCapture", unsafe {
+        sys::cuStreamEndCapture(s, &mut graph)
+    })?;
+    Ok(graph)
+}
+
+/// # Safety
+/// `graph` must be a live graph.
+pub(crate) unsafe fn graph_instantiate(graph: sys::CUgraph) -> Result<sys::CUgraphExec> {
+    let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+    // SAFETY: the caller guarantees `graph` is live; writes one executable-graph handle.
+    check("cuGraphInstantiateWithFlags", unsafe {
+        sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0)
+    })?;
+    Ok(exec)
+}
+
+/// # Safety
+/// `graph` must be a live graph that nothing uses afterwards.
+pub(crate) unsafe fn graph_destroy(graph: sys::CUgraph) -> Result<()> {
+    // SAFETY: the caller's obligation.
+    check("cuGraphDestroy", unsafe { sys::cuGraphDestroy(graph) })
+}
+
+/// # Safety
+/// `exec` and `s` must be live, of the current context.
+pub(crate) unsafe fn graph_launch(exec: sys::CUgraphExec, s: sys::CUstream) -> Result<()> {
+    // SAFETY: the caller's obligation.
+    check("cuGraphLaunch", unsafe { sys::cuGraphLaunch(exec, s) })
+}
+
+/// # Safety
+/// `exec` must be a live executable graph that nothing uses afterwards.
+pub(crate) unsafe fn graph_exec_destroy(exec: sys::CUgraphExec) -> Result<()> {
+    // SAFETY: the caller's obligation.
+    check("cuGraphExecDestroy", unsafe {
+        sys::cuGraphExecDestroy(exec)
+    })
 }
 
 #[cfg(test)]

@@ -199,16 +199,10 @@ pub(crate) fn check_real(
 /// communicator lives on the current device); 0 when no context is current.
 #[cfg(feature = "cuda")]
 fn current_cuda_device() -> u32 {
-    use cudarc::driver::sys;
-    let mut dev: sys::CUdevice = 0;
-    // SAFETY: `dev` is a valid out-pointer; libcuda is loaded (the CUDA backend was chosen,
-    // which probed it).
-    let rc = unsafe { sys::cuCtxGetDevice(&mut dev) };
-    if rc == sys::CUresult::CUDA_SUCCESS {
-        u32::try_from(dev).unwrap_or(0)
-    } else {
-        0
-    }
+    oxccl_collectives::backend::hal_cuda::current_device()
+        .ok()
+        .flatten()
+        .unwrap_or(0)
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -522,31 +522,23 @@ fn own_free(ptr: *mut c_void) -> ApiResult<()> {
 
 #[cfg(feature = "cuda")]
 fn cuda_alloc(size: usize) -> ApiResult<*mut c_void> {
-    use cudarc::driver::sys;
-    let mut p: sys::CUdeviceptr = 0;
-    // SAFETY: valid out-pointer; libcuda is loaded (the CUDA backend was chosen).
-    let rc = unsafe { sys::cuMemAlloc_v2(&mut p, size.max(1)) };
-    if rc != sys::CUresult::CUDA_SUCCESS {
-        return Err(ApiError {
+    oxccl_collectives::backend::hal_cuda::alloc_unowned(size)
+        .map(|p| p.0 as usize as *mut c_void)
+        .map_err(|e| ApiError {
             code: NCCL_UNHANDLED_CUDA_ERROR,
-            message: format!("cuMemAlloc of {size} bytes failed: {rc:?}"),
-        });
-    }
-    Ok(p as usize as *mut c_void)
+            message: format!("ncclMemAlloc of {size} bytes: {e}"),
+        })
 }
 
 #[cfg(feature = "cuda")]
 fn cuda_free(ptr: *mut c_void) -> ApiResult<()> {
-    use cudarc::driver::sys;
-    // SAFETY: NCCL's contract: `ptr` came from ncclMemAlloc (cuMemAlloc here).
-    let rc = unsafe { sys::cuMemFree_v2(ptr as usize as sys::CUdeviceptr) };
-    if rc != sys::CUresult::CUDA_SUCCESS {
-        return Err(ApiError {
-            code: NCCL_UNHANDLED_CUDA_ERROR,
-            message: format!("cuMemFree failed: {rc:?}"),
-        });
-    }
-    Ok(())
+    let p = oxccl_collectives::hal::DevicePtr(ptr as usize as u64);
+    // SAFETY: NCCL's contract: `ptr` came from ncclMemAlloc (alloc_unowned here), is freed
+    // once, and no queued work uses it any more.
+    unsafe { oxccl_collectives::backend::hal_cuda::free_unowned(p) }.map_err(|e| ApiError {
+        code: NCCL_UNHANDLED_CUDA_ERROR,
+        message: format!("ncclMemFree: {e}"),
+    })
 }
 
 #[cfg(not(feature = "cuda"))]
