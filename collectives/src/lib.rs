@@ -36,3 +36,8 @@ pub use oxccl_backend as backend;
 pub use oxccl_channels as channels;
 pub use oxccl_hal as hal;
 pub use oxccl_kernels as kernels;
+
+/// The README's Rust example, compiled (not run: it needs a launcher) as a doc test.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

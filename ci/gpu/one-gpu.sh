@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One GPU (e.g. the lent nvidia-h100-x1 / nvidia-h200 kinds): what a single rank can check
+# on real hardware. Loads the device image through the communicator's setup (every
+# algorithm's kernel looked up by its descriptor), runs the kernels' self-test, and runs
+# oxccl-perf on one rank for the default selection and each algorithm forced, at sizes that
+# are not powers of two, every size checked bit for bit against the host reference with the
+# output poisoned first; then the tuner, and compute-sanitizer memcheck over a short sweep.
+#
+# Binaries come from .gpu/bin (built here with `cargo build -p oxccl-perf -p oxccl-gpu-suite
+# --features cuda`, stripped, carried with the call). Writes logs to $OUT (or ./one-gpu-out).
+# NVLS stays off: nothing here creates a multicast object.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+BIN=${BIN:-.gpu/bin}
+OUT=${OUT:-$PWD/one-gpu-out}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 OXCCL_NVLS=0 OXCCL_TIMEOUT_MS=20000 OXCCL_TUNE_DIR="$OUT/tune"
+FAILED=0
+step() {
+    local name=$1
+    shift
+    echo "=== $name: $*"
+    if "$@" >"$OUT/$name.log" 2>&1; then
+        echo "PASS $name"
+    else
+        echo "FAIL $name (exit $?)"
+        tail -20 "$OUT/$name.log"
+        FAILED=1
+    fi
+    grep -E '^#|PASS|FAIL' "$OUT/$name.log" | tail -3
+}
+nvidia-smi -L
+step selftest "$BIN/oxccl-gpu-suite" selftest
+step default-bf16-graph "$BIN/oxccl-perf" -b 1000 -e 64M -f 7 -d bf16 --graph
+step default-f32-inplace "$BIN/oxccl-perf" -b 999 -e 8M -f 9 -d f32 --in-place
+step default-e4m3b15-unregistered "$BIN/oxccl-perf" -b 1001 -e 8M -f 9 -d fp8_e4m3b15 --accum f32 --no-register
+for algo in oneshot_ll twoshot twoshot_push twoshot_zc port_channel; do
+    step "forced-$algo" env OXCCL_ALGO=$algo "$BIN/oxccl-perf" -b 1000 -e 4M -f 7 -d bf16
+done
+# One GPU has no NVLink peer, so LL128 must be refused with a clear error, not run.
+step forced-oneshot_ll128-refused bash -c "! OXCCL_ALGO=oneshot_ll128 $BIN/oxccl-perf -b 1K -e 1K 2>&1 | tee /dev/stderr | grep -q PASS"
+step tune "$BIN/oxccl-perf" -b 1000 -e 1M -f 7 --tune force
+step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/oxccl-perf" -b 1000 -e 300000 -f 7 -w 1 --iters 2
+echo "one-gpu: $([ $FAILED = 0 ] && echo all passed || echo FAILURES)"
+exit $FAILED
