@@ -47,6 +47,9 @@ for entry in "${MATRIX[@]}"; do
     run "test [$label]" cargo test --no-fail-fast "${args[@]}"
 done
 
+# Doc tests (--all-targets leaves them out): the README's Rust example among them.
+run "doc tests [host]" cargo test --workspace --doc
+
 # liboxccl_nccl.so (the NCCL C API) from C: a test program built against its nccl.h with
 # gcc, run on the host backend across forked processes (no GPU needed).
 run "nccl-api C test" bash ci/nccl-api-test.sh
