@@ -65,9 +65,11 @@ pub fn parse_args<T: KernelArgs>(bytes: &[u8], kernel: &str) -> oxccl_hal::Resul
 /// Implements [`KernelArgs`] for structs of the headers that have no implicit padding.
 macro_rules! kernel_args {
     ($($t:ty),* $(,)?) => {$(
-        // SAFETY: a repr(C) struct of abi.h / abi_channels.h / abi_allreduce.h whose size
-        // is the sum of its fields (explicit `_pad` fields where C would pad; asserted in
-        // the headers and by `no_padding` below), so every byte is initialised.
+        // SAFETY: a repr(C) struct of abi.h / abi_channels.h / abi_allreduce.h without
+        // implicit padding (explicit `_pad` fields where C would pad; src/abi_check.c is
+        // compiled with -Wpadded as an error, and the layout test checks Rust lays it out
+        // as C does), so every byte is initialised; its fields are integers, pointers and
+        // such structs, for which every bit pattern is valid.
         unsafe impl KernelArgs for $t {}
     )*};
 }
@@ -99,7 +101,8 @@ macro_rules! layouts {
 }
 
 /// Every struct of `abi.h`, `abi_channels.h` and `abi_allreduce.h` with its Rust size and
-/// alignment; the tests compare each with the C compiler's (`src/abi_check.c`, by name).
+/// alignment; the tests compare each with the C compiler's (`src/abi_check.c`, by name) and
+/// the list with the structs the headers define.
 pub const OXCCL_ABI_STRUCTS: [(&str, usize, usize); 21] = layouts!(
     OxcclLL16Packet,
     OxcclLL8Packet,
@@ -160,6 +163,33 @@ mod tests {
         assert_eq!(size("OxcclPortChannel"), Some(80));
         assert_eq!(size("OxcclMemoryChannelArgs"), Some(144));
         assert_eq!(size("OxcclPortChannelArgs"), Some(144));
+    }
+
+    /// The struct names the headers define, in order: the identifier before `{` on each
+    /// `typedef struct ... Name {` line (every struct of the headers is declared so).
+    fn header_structs() -> Vec<String> {
+        [
+            include_str!("../include/oxccl/abi.h"),
+            include_str!("../include/oxccl/abi_channels.h"),
+            include_str!("../include/oxccl/abi_allreduce.h"),
+        ]
+        .iter()
+        .flat_map(|h| h.lines())
+        .filter_map(|l| l.trim_start().strip_prefix("typedef struct "))
+        .filter_map(|rest| rest.split('{').next()?.split_whitespace().last())
+        .map(str::to_owned)
+        .collect()
+    }
+
+    #[test]
+    fn every_struct_of_the_headers_is_listed() {
+        // OXCCL_ABI_STRUCTS and abi_check.c's list are written by hand; this catches a
+        // header struct added to neither, which the C/Rust comparison cannot see.
+        let mut listed: Vec<&str> = OXCCL_ABI_STRUCTS.iter().map(|s| s.0).collect();
+        listed.sort_unstable();
+        let mut in_headers = header_structs();
+        in_headers.sort();
+        assert_eq!(in_headers, listed, "headers vs OXCCL_ABI_STRUCTS");
     }
 
     #[test]

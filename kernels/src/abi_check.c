@@ -1,11 +1,19 @@
-/* Compiled by build.rs with the host C compiler: runs the headers' static asserts as C, and
- * reports the C compiler's size and alignment of every struct of abi.h, abi_channels.h and
- * abi_allreduce.h, by name, so a Rust test can compare them with the bindgen structs (see
- * abi.rs). */
+/* Compiled by build.rs with the host C compiler: runs the headers' static asserts as C,
+ * rejects implicit padding in their structs, and reports the C compiler's size and alignment
+ * of every struct of abi.h, abi_channels.h and abi_allreduce.h, by name, so a Rust test can
+ * compare them with the bindgen structs (see abi.rs). */
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
+/* Rust's KernelArgs views these structs as bytes, which is sound only if no byte is
+ * padding: a header struct that the compiler pads (inside or at the end) fails the build
+ * here, and wants an explicit `_pad` field. GCC and clang both honour this pragma; clang
+ * reports a struct once its layout is computed, which the sizeof()s below force for all. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic error "-Wpadded"
 #include "oxccl/abi.h"
+#pragma GCC diagnostic pop
 
 typedef struct OxcclAbiLayout {
   const char* name;
@@ -15,8 +23,8 @@ typedef struct OxcclAbiLayout {
 
 #define OXCCL_LAYOUT(t) {#t, sizeof(t), _Alignof(t)}
 
-/* Every struct of the three headers: a new struct gets a line here (the Rust test also
- * checks that both sides list as many). */
+/* Every struct of the three headers: a new struct gets a line here and in abi.rs's
+ * OXCCL_ABI_STRUCTS (the Rust tests check both lists against each other and the headers). */
 static const OxcclAbiLayout kLayouts[] = {
     OXCCL_LAYOUT(OxcclLL16Packet),
     OXCCL_LAYOUT(OxcclLL8Packet),
