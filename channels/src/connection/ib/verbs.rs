@@ -210,7 +210,7 @@ impl IbRegion {
         let mr = unsafe {
             ffi::ibv_reg_mr(
                 ctx.pd,
-                ptr.0 as usize as *mut std::ffi::c_void,
+                oxccl_kernels::abi::ptr::<std::ffi::c_void>(ptr),
                 len,
                 access.0 as i32,
             )
