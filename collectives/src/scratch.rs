@@ -1,10 +1,20 @@
-//! The communicator's scratch: one allocation per rank with the same layout on every rank
-//! (`kernels/include/oxccl/abi_allreduce.h`), mapped by every peer. [`ScratchLayout`] says
-//! where each region lies; [`SharedScratch`] is every rank's base as mapped here, which
-//! the scratch-protocol kernels receive in their argument block.
+//! The communicator's shared scratch: one allocation per rank with the same layout on
+//! every rank (`kernels/include/oxccl/abi_allreduce.h`), mapped by every peer through IPC.
+//! [`ScratchLayout`] says where each region lies; [`SharedScratch`] owns this rank's
+//! allocation and its mappings of the peers', and gives every rank's base as mapped here,
+//! which the scratch-protocol kernels receive in their argument block. It is made when the
+//! first algorithm's setup asks for it ([`crate::algorithms::SetupContext::shared_scratch`]),
+//! so a communicator whose algorithms need none (the PortChannel one, forced) maps no peer
+//! memory at all.
 
-use oxccl_hal::{DevicePtr, Error, Result};
-use oxccl_kernels::abi::{OXCCL_ALLREDUCE_MAX_RANKS, OXCCL_ALLREDUCE_SYNC_BYTES};
+use oxccl_backend::{AnyDevice, AnyImported, AnyMemory};
+use oxccl_channels::bootstrap::Bootstrap;
+use oxccl_hal::{
+    BackendKind, Device, DevicePtr, Error, IpcHandle, Memory, MemoryKind, Result, Stream,
+};
+use oxccl_kernels::abi::{
+    OXCCL_ALLREDUCE_MAX_RANKS, OXCCL_ALLREDUCE_SYNC_BYTES, OXCCL_ALLREDUCE_SYNC_ERROR,
+};
 
 use crate::algorithms::{one_shot, one_shot_ll128};
 
@@ -91,7 +101,7 @@ impl ScratchLayout {
 }
 
 /// Every rank's scratch as mapped on this rank, with its layout.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct SharedScratch {
     /// The layout (the same on every rank).
     pub layout: ScratchLayout,
@@ -101,12 +111,81 @@ pub struct SharedScratch {
     pub rank: u32,
     /// Ranks.
     pub world: u32,
+    // Drop order: the peers' mappings before this rank's allocation.
+    peers: Vec<AnyImported>,
+    memory: AnyMemory,
 }
 
 impl SharedScratch {
+    /// Makes the shared scratch (collective: every rank calls it with the same layout):
+    /// allocate, zero what must start at zero, export, exchange the handles, import every
+    /// peer's (through the IPC handle cache), and barrier so no rank writes into a peer's
+    /// scratch before the peer zeroed it. `names` says which settings size the layout, for
+    /// the error when ranks disagree.
+    pub fn create(
+        bootstrap: &Bootstrap,
+        device: &AnyDevice,
+        layout: ScratchLayout,
+        names: &str,
+    ) -> Result<SharedScratch> {
+        let (rank, world) = (bootstrap.rank(), bootstrap.world_size());
+        let memory = device.alloc(layout.total, MemoryKind::Coherent)?;
+        // Host-backend memory is zero-filled already.
+        if Device::backend(device) != BackendKind::Host {
+            let stream = device.create_stream()?;
+            // SAFETY: the range is inside the allocation just made, which outlives the
+            // fill (synchronized right below).
+            unsafe { stream.fill(memory.ptr(), 0, layout.zeroed_prefix()) }?;
+            stream.synchronize()?;
+        }
+        let handle = device.export_memory(&memory)?;
+        let all = bootstrap.all_gather(&handle.to_bytes())?;
+        let mut peers = Vec::with_capacity(world as usize);
+        let mut bases = [DevicePtr::NULL; OXCCL_ALLREDUCE_MAX_RANKS as usize];
+        for (r, bytes) in all.iter().enumerate() {
+            if r == rank as usize {
+                bases[r] = memory.ptr();
+                continue;
+            }
+            let h = IpcHandle::from_bytes(bytes)?;
+            if h.len < layout.total as u64 {
+                return Err(Error::InvalidArgument(format!(
+                    "rank {r}'s scratch is {} bytes, this rank's layout needs {}: the ranks \
+                     were configured differently ({names})",
+                    h.len, layout.total
+                )));
+            }
+            let imported = device.import_memory(&h)?;
+            bases[r] = imported.ptr();
+            peers.push(imported);
+        }
+        bootstrap.barrier()?;
+        tracing::debug!(rank, world, bytes = layout.total, "shared scratch mapped");
+        Ok(SharedScratch {
+            layout,
+            bases,
+            rank,
+            world,
+            peers,
+            memory,
+        })
+    }
+
     /// This rank's own base.
     pub fn own(&self) -> DevicePtr {
         self.bases[self.rank as usize]
+    }
+
+    /// The peers' scratch regions mapped here.
+    pub fn peer_mappings(&self) -> usize {
+        self.peers.len()
+    }
+
+    /// Where the kernels record their first failure in this rank's scratch.
+    pub fn error_word(&self) -> Result<DevicePtr> {
+        self.memory
+            .ptr()
+            .offset(OXCCL_ALLREDUCE_SYNC_ERROR as usize)
     }
 }
 

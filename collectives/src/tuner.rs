@@ -530,6 +530,8 @@ pub trait TuneTarget {
         call: &Call,
         stream: &AnyStream,
     ) -> Result<()>;
+    /// Whether `algorithm` is set up here (a candidate that is not cannot be launched).
+    fn is_set_up(&self, algorithm: Algorithm) -> bool;
     /// The failure the kernels recorded, if any (synchronizes `stream`).
     fn check_error(&self, stream: &AnyStream) -> Result<()>;
     /// The key a table of `dtype` measured here is stored under.
@@ -566,7 +568,8 @@ pub fn measure(
         let bytes = dtype.bytes(count)?;
         for registered in [false, true] {
             let shape = target.call_shape(count, dtype, registered)?;
-            let list = candidates(collective, &shape);
+            let mut list = candidates(collective, &shape);
+            list.retain(|(a, _)| target.is_set_up(*a));
             if list.is_empty() {
                 continue;
             }

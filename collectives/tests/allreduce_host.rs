@@ -639,3 +639,29 @@ fn across_processes() {
         );
     }
 }
+
+#[test]
+fn setup_makes_what_the_algorithms_need() {
+    // Nothing forced: every scratch-protocol algorithm, one shared scratch mapped from
+    // every peer, no PortChannel state.
+    threads(3, None, |r| {
+        assert_eq!(r.comm.peer_mappings(), 2);
+        for a in [ONESHOT_LL, ONESHOT_LL128, TWOSHOT, TWOSHOT_ZC, TWOSHOT_PUSH] {
+            assert!(r.comm.instance(a).is_some(), "{a}");
+        }
+        assert!(r.comm.instance(PORT_CHANNEL).is_none());
+        assert!(r.comm.instance(NVLS).is_none());
+    });
+    // Forced: only that one.
+    threads(2, Some(TWOSHOT), |r| {
+        let set_up: Vec<Algorithm> = oxccl_collectives::ALGORITHMS
+            .iter()
+            .copied()
+            .filter(|a| r.comm.instance(*a).is_some())
+            .collect();
+        assert_eq!(set_up, [TWOSHOT]);
+        assert_eq!(r.comm.peer_mappings(), 1);
+        r.check(DataType::F32, ReduceOp::Sum, AccumType::Auto, 1001, false, 3)
+            .unwrap();
+    });
+}

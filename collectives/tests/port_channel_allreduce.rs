@@ -157,6 +157,12 @@ fn every_type_op_and_accumulation_over_tcp_and_ipc() {
     for transport in [Transport::Tcp, Transport::Ipc] {
         // 1000-byte rounds: the larger counts take several rounds.
         threads(3, config(transport, 1000), move |r| {
+            // Only the forced algorithm is set up, and it maps no peer memory through
+            // IPC: ranks on different hosts can use it.
+            assert_eq!(r.comm.peer_mappings(), 0);
+            for a in oxccl_collectives::ALGORITHMS {
+                assert_eq!(r.comm.instance(*a).is_some(), *a == PORT_CHANNEL, "{a}");
+            }
             assert!(r
                 .port()
                 .transports()

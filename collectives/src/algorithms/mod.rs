@@ -38,7 +38,7 @@ use oxccl_hal::{
 };
 use oxccl_kernels::abi::OXCCL_ALLREDUCE_MAX_RANKS;
 
-use crate::scratch::SharedScratch;
+use crate::scratch::{ScratchLayout, SharedScratch};
 
 /// Every algorithm of every collective, in the selector's order of preference for small
 /// messages. The one list to extend when an algorithm is added.
@@ -339,8 +339,10 @@ pub struct SetupContext<'a> {
     pub timeout: Duration,
     /// Launch kernels early where the device can ([`oxccl_hal::LaunchConfig::early_launch`]).
     pub early_launch: bool,
-    /// The communicator's scratch, mapped on every rank.
-    pub scratch: &'a Arc<SharedScratch>,
+    /// The layout of the shared scratch, made on the first [`SetupContext::shared_scratch`].
+    layout: ScratchLayout,
+    /// The shared scratch, once some setup asked for it.
+    scratch: std::cell::RefCell<Option<Arc<SharedScratch>>>,
     /// Settings of the PortChannel algorithms.
     pub port: &'a port_channel::PortAllreduceConfig,
     /// The device image, loaded once for every algorithm (GPU backends).
@@ -359,7 +361,7 @@ impl<'a> SetupContext<'a> {
         forced: Option<Algorithm>,
         timeout: Duration,
         early_launch: bool,
-        scratch: &'a Arc<SharedScratch>,
+        layout: ScratchLayout,
         port: &'a port_channel::PortAllreduceConfig,
         image: &'a Option<AnyModule>,
     ) -> SetupContext<'a> {
@@ -369,7 +371,8 @@ impl<'a> SetupContext<'a> {
             forced,
             timeout,
             early_launch,
-            scratch,
+            layout,
+            scratch: std::cell::RefCell::new(None),
             port,
             image,
             host_modules: std::cell::RefCell::new(Vec::new()),
@@ -391,14 +394,38 @@ impl<'a> SetupContext<'a> {
         }
     }
 
+    /// Whether `algorithm` should be set up: nothing is forced, or it is the one forced
+    /// (a forced algorithm serves every call, so the others would only take memory).
+    pub fn wanted(&self, algorithm: Algorithm) -> bool {
+        self.forced.is_none_or(|f| f == algorithm)
+    }
+
+    /// The communicator's shared scratch, made on the first request (collective: every
+    /// rank's setups ask in the same order, as they run in [`ALGORITHMS`] order with the
+    /// same configuration).
+    pub fn shared_scratch(&self) -> Result<Arc<SharedScratch>> {
+        if let Some(s) = self.scratch.borrow().as_ref() {
+            return Ok(Arc::clone(s));
+        }
+        let s = Arc::new(SharedScratch::create(
+            self.bootstrap,
+            self.device,
+            self.layout,
+            "OXCCL_STAGING_MB, OXCCL_ONESHOT_MAX_BYTES",
+        )?);
+        *self.scratch.borrow_mut() = Some(Arc::clone(&s));
+        Ok(s)
+    }
+
     /// Whether the device runs kernels as host functions.
     pub fn host(&self) -> bool {
         Device::backend(self.device) == BackendKind::Host
     }
 
-    /// The host modules loaded (the communicator keeps them as long as the kernels).
-    pub(crate) fn into_host_modules(self) -> Vec<AnyModule> {
-        self.host_modules.into_inner()
+    /// What setup made that the communicator keeps: the host modules loaded (as long as
+    /// the kernels) and the shared scratch, if some algorithm asked for it.
+    pub(crate) fn into_parts(self) -> (Vec<AnyModule>, Option<Arc<SharedScratch>>) {
+        (self.host_modules.into_inner(), self.scratch.into_inner())
     }
 }
 

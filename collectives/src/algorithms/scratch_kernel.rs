@@ -26,18 +26,22 @@ pub struct ScratchKernel {
 }
 
 impl ScratchKernel {
-    /// The setup of every scratch-protocol algorithm: load its kernel. `region` is the
-    /// flag region its one-shot packets or lines use (two-shots ignore it).
+    /// The setup of every scratch-protocol algorithm, unless another one is forced: load
+    /// its kernel and take the shared scratch. `region` is the flag region its one-shot
+    /// packets or lines use (two-shots ignore it).
     pub fn setup(
         ctx: &SetupContext<'_>,
         algorithm: Algorithm,
         region: FlagRegion,
     ) -> Result<Option<Box<dyn Instance>>> {
+        if !ctx.wanted(algorithm) {
+            return Ok(None);
+        }
         Ok(Some(Box::new(ScratchKernel {
             algorithm,
             kernel: ctx.kernel(algorithm)?,
             region,
-            scratch: Arc::clone(ctx.scratch),
+            scratch: ctx.shared_scratch()?,
             timeout_ns: u64::try_from(ctx.timeout.as_nanos()).unwrap_or(u64::MAX),
             early_launch: ctx.early_launch,
         })))

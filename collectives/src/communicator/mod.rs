@@ -32,16 +32,16 @@ pub mod tune;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use oxccl_backend::{AnyBackend, AnyDevice, AnyImported, AnyMemory, AnyModule, AnyStream};
+use oxccl_backend::{AnyBackend, AnyDevice, AnyMemory, AnyModule, AnyStream};
 use oxccl_channels::bootstrap::Bootstrap;
 use oxccl_hal::{
     AccumType, Backend, BackendKind, DataType, Device, DevicePtr, Error, IpcHandle, Memory,
     ReduceOp, Result, Stream,
 };
-use oxccl_kernels::abi::{OXCCL_ALLREDUCE_MAX_RANKS, OXCCL_ALLREDUCE_SYNC_ERROR};
+use oxccl_kernels::abi::OXCCL_ALLREDUCE_MAX_RANKS;
 
 use crate::algorithms::{Algorithm, Call, CallShape, Collective, Instance, Plan};
-use crate::scratch::SharedScratch;
+use crate::scratch::{ScratchLayout, SharedScratch};
 use crate::selector::{Choice, Selector};
 use crate::tuner::TuneTable;
 use check::{check_call, Signature, Signatures};
@@ -72,12 +72,13 @@ pub struct Communicator {
     selector: Selector,
     /// Every rank's device reaches its peers over NVLink (agreed at setup).
     nvlink: bool,
-    /// Every rank's scratch as mapped here.
-    scratch: Arc<SharedScratch>,
+    /// The shared scratch's layout (plans size one-shots by it).
+    layout: ScratchLayout,
     /// The algorithms set up here (in [`crate::algorithms::ALGORITHMS`] order).
     // Drop order matters: instances first (a PortChannel proxy thread stops before
-    // anything it uses goes), then the peers' mappings (registered buffers, scratch),
-    // then our scratch, then the modules and the device.
+    // anything it uses goes), then the peers' mappings of registered buffers, then the
+    // shared scratch (the last Arc: the communicator's field is declared after the
+    // instances), then the modules and the device.
     instances: Vec<(Algorithm, Box<dyn Instance>)>,
     /// Signatures already checked across ranks.
     signatures: Signatures,
@@ -85,8 +86,8 @@ pub struct Communicator {
     registry: Registry,
     /// Tuned tables by data type ([`Communicator::tune`]).
     tuned: Mutex<HashMap<DataType, Arc<TuneTable>>>,
-    peers: Vec<Option<AnyImported>>,
-    scratch_memory: AnyMemory,
+    /// Every rank's shared scratch as mapped here, when an algorithm set up here uses it.
+    scratch: Option<Arc<SharedScratch>>,
     _modules: Vec<AnyModule>,
     bootstrap: Bootstrap,
     device: AnyDevice,
@@ -250,8 +251,8 @@ impl Communicator {
             bytes,
             world_size: self.world,
             caps: self.device.capabilities(),
-            packet_half_bytes: self.scratch.layout.packet_half,
-            ll128_half_bytes: self.scratch.layout.ll128_half,
+            packet_half_bytes: self.layout.packet_half,
+            ll128_half_bytes: self.layout.ll128_half,
             nvlink: self.nvlink,
             host: Device::backend(&self.device) == BackendKind::Host,
             zero_copy,
@@ -353,13 +354,11 @@ impl Communicator {
     pub fn check_error(&self, stream: &AnyStream) -> Result<()> {
         let at = |e: Error| e.at_rank(self.rank);
         stream.synchronize().map_err(at)?;
-        let word = self
-            .scratch_memory
-            .ptr()
-            .offset(OXCCL_ALLREDUCE_SYNC_ERROR as usize)
-            .map_err(at)?;
-        crate::device_error::read(stream, word, "the allreduce kernels", self.config.timeout)
-            .map_err(at)?;
+        if let Some(scratch) = &self.scratch {
+            let word = scratch.error_word().map_err(at)?;
+            crate::device_error::read(stream, word, "the allreduce kernels", self.config.timeout)
+                .map_err(at)?;
+        }
         for (_, instance) in &self.instances {
             instance.check_error(stream).map_err(at)?;
         }
@@ -378,7 +377,7 @@ impl Communicator {
 
     /// Imported peer scratch regions (for tests: how many live mappings this rank holds).
     pub fn peer_mappings(&self) -> usize {
-        self.peers.iter().flatten().count()
+        self.scratch.as_ref().map_or(0, |s| s.peer_mappings())
     }
 }
 

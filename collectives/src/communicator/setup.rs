@@ -1,24 +1,23 @@
-//! Creating a communicator (collective: every rank calls it): load the device image, make
-//! the shared scratch and map every peer's, agree on the links, and set up every algorithm
-//! by iterating [`crate::algorithms::ALGORITHMS`].
+//! Creating a communicator (collective: every rank calls it): load the device image, agree
+//! on the links, and set up every algorithm by iterating
+//! [`crate::algorithms::ALGORITHMS`]; the shared scratch is made when the first setup asks
+//! for it.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use oxccl_backend::AnyDevice;
 use oxccl_channels::bootstrap::{Bootstrap, BootstrapConfig, UniqueId};
-use oxccl_hal::{
-    BackendKind, Device, DeviceId, DevicePtr, Error, IpcHandle, Memory, MemoryKind, Result, Stream,
-};
+use oxccl_hal::{BackendKind, Device, DeviceId, Error, Result};
 use oxccl_kernels::abi::OXCCL_ALLREDUCE_MAX_RANKS;
 
 use super::check::Signatures;
-use super::config::{CommConfig, MIN_ONESHOT_CAPACITY, STAGING_VAR};
+use super::config::{CommConfig, MIN_ONESHOT_CAPACITY};
 use super::registry::Registry;
 use super::Communicator;
 use crate::algorithms::{SetupContext, ALGORITHMS};
-use crate::scratch::{ScratchLayout, SharedScratch};
-use crate::selector::{default_oneshot_max, default_zc_threshold, Selector, ONESHOT_MAX_VAR};
+use crate::scratch::ScratchLayout;
+use crate::selector::{default_oneshot_max, default_zc_threshold, Selector};
 use crate::tuner::TuneMode;
 
 impl Communicator {
@@ -81,59 +80,20 @@ impl Communicator {
             config.staging_bytes,
         )
         .map_err(at)?;
-        let scratch = device
-            .alloc(layout.total, MemoryKind::Coherent)
-            .map_err(at)?;
-        // Host-backend memory is zero-filled already.
-        if backend != BackendKind::Host {
-            let stream = device.create_stream().map_err(at)?;
-            // SAFETY: the range is inside the allocation just made, which outlives the
-            // fill (synchronized right below).
-            unsafe { stream.fill(scratch.ptr(), 0, layout.zeroed_prefix()) }.map_err(at)?;
-            stream.synchronize().map_err(at)?;
-        }
-        let handle = device.export_memory(&scratch).map_err(at)?;
-        let all = bootstrap.all_gather(&handle.to_bytes()).map_err(at)?;
-        let mut peers = Vec::with_capacity(world as usize);
-        let mut bases = [DevicePtr::NULL; OXCCL_ALLREDUCE_MAX_RANKS as usize];
-        for (r, bytes) in all.iter().enumerate() {
-            if r == rank as usize {
-                peers.push(None);
-                bases[r] = scratch.ptr();
-                continue;
-            }
-            let h = IpcHandle::from_bytes(bytes).map_err(at)?;
-            if h.len < layout.total as u64 {
-                return Err(at(Error::InvalidArgument(format!(
-                    "rank {r}'s scratch is {} bytes, this rank's layout needs {}: the ranks \
-                     were configured differently ({STAGING_VAR}, {ONESHOT_MAX_VAR})",
-                    h.len, layout.total
-                ))));
-            }
-            let imported = device.import_memory(&h).map_err(at)?;
-            bases[r] = imported.ptr();
-            peers.push(Some(imported));
-        }
         // Every rank's view of its links, gathered: LL128 needs NVLink between every pair.
-        // The gather is also the barrier that keeps anybody from writing into a peer's
-        // scratch before every peer has zeroed its own.
         let links = bootstrap
             .all_gather(&[u8::from(device.capabilities().peers_over_nvlink)])
             .map_err(at)?;
         let nvlink = links.iter().all(|l| l.as_slice() == [1]);
-        let shared = Arc::new(SharedScratch {
-            layout,
-            bases,
-            rank,
-            world,
-        });
+        // Each algorithm's setup takes what it needs: the scratch-protocol ones the shared
+        // scratch (made on the first request), the PortChannel one its own channels.
         let ctx = SetupContext::new(
             &bootstrap,
             &device,
             config.forced,
             config.timeout,
             config.early_launch,
-            &shared,
+            layout,
             &config.port,
             &image,
         );
@@ -143,13 +103,13 @@ impl Communicator {
                 instances.push((algorithm, i));
             }
         }
-        let mut modules = ctx.into_host_modules();
+        let (mut modules, scratch) = ctx.into_parts();
         modules.extend(image);
         tracing::info!(
             rank,
             world,
             backend = %backend,
-            scratch_bytes = layout.total,
+            scratch_bytes = scratch.as_ref().map_or(0, |_| layout.total),
             nvlink,
             algorithms = ?instances.iter().map(|(a, _)| a.name()).collect::<Vec<_>>(),
             "communicator ready"
@@ -166,13 +126,12 @@ impl Communicator {
             },
             config,
             nvlink,
-            scratch: shared,
+            layout,
+            scratch,
             instances,
             signatures: Signatures::default(),
             registry: Registry::default(),
             tuned: Mutex::new(HashMap::new()),
-            peers,
-            scratch_memory: scratch,
             _modules: modules,
             bootstrap,
             device,

@@ -148,6 +148,10 @@ impl TuneTarget for Communicator {
         unsafe { Communicator::launch(self, algorithm, plan, call, stream) }
     }
 
+    fn is_set_up(&self, algorithm: Algorithm) -> bool {
+        self.instance(algorithm).is_some()
+    }
+
     fn check_error(&self, stream: &AnyStream) -> Result<()> {
         Communicator::check_error(self, stream)
     }
