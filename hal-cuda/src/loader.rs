@@ -26,8 +26,8 @@ enum Init {
     NoDevice,
     /// The driver library could not be loaded (message for [`Error::RuntimeMissing`]).
     Missing(String),
-    /// `cuInit` returned an error other than "no device".
-    Failed(sys::CUresult),
+    /// `cuInit` returned an error other than "no device" (always an [`Error::Backend`]).
+    Failed(Error),
 }
 
 static PROBED: OnceLock<std::result::Result<libloading::Library, String>> = OnceLock::new();
@@ -112,12 +112,10 @@ fn first_init() -> Init {
     if let Err(msg) = probed() {
         return Init::Missing(msg);
     }
-    // SAFETY: cuInit(0) has no preconditions; the library is known to be loadable.
-    let outcome = panic::catch_unwind(AssertUnwindSafe(|| unsafe { sys::cuInit(0) }));
-    match outcome {
-        Ok(sys::CUresult::CUDA_SUCCESS) => Init::Ready,
-        Ok(sys::CUresult::CUDA_ERROR_NO_DEVICE) => Init::NoDevice,
-        Ok(code) => Init::Failed(code),
+    match panic::catch_unwind(AssertUnwindSafe(result::init)) {
+        Ok(Ok(())) => Init::Ready,
+        Ok(Err(e)) if result::is_code(&e, sys::CUresult::CUDA_ERROR_NO_DEVICE) => Init::NoDevice,
+        Ok(Err(e)) => Init::Failed(e),
         Err(payload) => Init::Missing(format!(
             "no CUDA driver found ({PRIMARY_NAME} could not be loaded by cudarc): {}",
             panic_text(payload.as_ref())
@@ -132,7 +130,28 @@ pub(crate) fn init() -> Result<bool> {
         Init::Ready => Ok(true),
         Init::NoDevice => Ok(false),
         Init::Missing(msg) => Err(Error::RuntimeMissing(msg.clone())),
-        Init::Failed(code) => Err(result::error("cuInit", *code)),
+        Init::Failed(e) => Err(replay(e)),
+    }
+}
+
+/// A copy of the remembered `cuInit` failure for each caller ([`Error`] is not `Clone`).
+fn replay(e: &Error) -> Error {
+    match e {
+        Error::Backend {
+            backend,
+            call,
+            code,
+            name,
+            message,
+        } => Error::Backend {
+            backend: *backend,
+            call,
+            code: *code,
+            name: name.clone(),
+            message: message.clone(),
+        },
+        // `result::init` only makes `Backend` errors; anything else keeps its text.
+        other => Error::RuntimeMissing(other.to_string()),
     }
 }
 
@@ -195,6 +214,17 @@ mod tests {
             Some(Error::RuntimeMissing(msg)) => assert!(msg.contains("cuInit"), "{msg}"),
             other => panic!("expected RuntimeMissing, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn replayed_failure_keeps_the_drivers_code_and_text() {
+        let first = result::error("cuInit", sys::CUresult::CUDA_ERROR_INVALID_DEVICE);
+        let again = replay(&first);
+        assert_eq!(again.to_string(), first.to_string());
+        assert!(result::is_code(
+            &again,
+            sys::CUresult::CUDA_ERROR_INVALID_DEVICE
+        ));
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //!
 //! Functions that only take plain values are safe; those that take driver handles are
 //! `unsafe fn` whose "Valid usage" is that the handles are live and owned by the caller.
-//! Every function here assumes the driver was initialized ([`crate::loader::init`]) and,
-//! where the call acts on "the current context", that the caller bound it.
+//! Every function here but [`init`] assumes the driver was initialized
+//! ([`crate::loader::init`]) and, where the call acts on "the current context", that the
+//! caller bound it.
 
 use std::ffi::{c_void, CStr};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
@@ -19,7 +20,13 @@ use crate::loader;
 /// The name and description come from `cuGetErrorName` / `cuGetErrorString` when the driver
 /// is loaded, else from the code's symbolic name.
 pub(crate) fn error(call: &'static str, code: sys::CUresult) -> Error {
-    let (name, message) = describe(code);
+    backend_error(call, code, loader::driver_loaded())
+}
+
+/// [`error`], told whether the driver can be asked to describe `code` (cudarc panics on a
+/// call into a library it could not load).
+fn backend_error(call: &'static str, code: sys::CUresult, driver_loaded: bool) -> Error {
+    let (name, message) = describe(code, driver_loaded);
     Error::Backend {
         backend: BackendKind::Cuda,
         call,
@@ -29,9 +36,9 @@ pub(crate) fn error(call: &'static str, code: sys::CUresult) -> Error {
     }
 }
 
-fn describe(code: sys::CUresult) -> (String, String) {
+fn describe(code: sys::CUresult, driver_loaded: bool) -> (String, String) {
     let fallback_name = format!("{code:?}");
-    if !loader::driver_loaded() {
+    if !driver_loaded {
         return (
             fallback_name,
             "(no description: the CUDA driver is not loaded)".into(),
@@ -76,6 +83,21 @@ fn c_int(value: usize, what: &str) -> Result<i32> {
 }
 
 // ---------------------------------------------------------------- devices and contexts
+
+/// `cuInit(0)`, the first driver call; only [`crate::loader`] makes it.
+///
+/// cudarc resolves `libcuda` on this call and panics when it cannot; the loader runs it
+/// under `catch_unwind`.
+pub(crate) fn init() -> Result<()> {
+    // SAFETY: cuInit has no preconditions; 0 is its only valid flags value.
+    let code = unsafe { sys::cuInit(0) };
+    if code == sys::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    // cuInit returned, so the library is loaded and can describe its code, although the
+    // loader does not count it as loaded until it has recorded this outcome.
+    Err(backend_error("cuInit", code, true))
+}
 
 pub(crate) fn device_count() -> Result<u32> {
     let mut n = 0;
