@@ -15,13 +15,26 @@ fn nccl_error(call: &'static str, e: nccl::NcclError) -> Error {
     }
 }
 
-fn raw_stream(stream: &AnyStream) -> Result<cudarc::driver::sys::CUstream> {
+fn raw_stream(stream: &AnyStream) -> Result<nccl_sys::cudaStream_t> {
     match stream {
-        AnyStream::Cuda(s) => Ok(s.raw()),
+        // The runtime's cudaStream_t and the driver's CUstream are the same handle.
+        AnyStream::Cuda(s) => Ok(s.raw() as nccl_sys::cudaStream_t),
         _ => Err(Error::Unsupported(
             "NCCL and graphs need a CUDA stream".into(),
         )),
     }
+}
+
+/// Whether libnccl loads under one of the names cudarc's loader tries. cudarc panics on
+/// its first NCCL call when none does, so this is asked first; it is done here rather than
+/// through cudarc's `nccl::sys::is_culib_present` because only the HAL calls functions of
+/// cudarc's `sys` modules.
+fn nccl_present() -> bool {
+    cudarc::get_lib_name_candidates("nccl").iter().any(|name| {
+        // SAFETY: loading libnccl runs its initializers, as cudarc's first NCCL call would;
+        // the handle is dropped at once, leaving the loading to cudarc.
+        unsafe { libloading::Library::new(name) }.is_ok()
+    })
 }
 
 /// An NCCL communicator over the same ranks, initialised through the oxccl bootstrap.
@@ -33,9 +46,7 @@ pub struct Nccl {
 impl Nccl {
     /// Loads libnccl.so.2 and joins every rank (collective).
     pub fn new(comm: &Communicator, _stream: &AnyStream) -> Result<Nccl> {
-        // cudarc's loader panics on a missing library: probe first.
-        // SAFETY: only tries to open the library.
-        if !unsafe { nccl_sys::is_culib_present() } {
+        if !nccl_present() {
             return Err(Error::RuntimeMissing(
                 "--compare nccl: libnccl.so.2 not found (set LD_LIBRARY_PATH)".into(),
             ));
@@ -118,7 +129,7 @@ impl Nccl {
                 t,
                 o,
                 self.comm,
-                s as nccl_sys::cudaStream_t,
+                s,
             )
         }
         .map(|_| ())
