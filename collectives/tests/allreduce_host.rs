@@ -661,7 +661,14 @@ fn setup_makes_what_the_algorithms_need() {
             .collect();
         assert_eq!(set_up, [TWOSHOT]);
         assert_eq!(r.comm.peer_mappings(), 1);
-        r.check(DataType::F32, ReduceOp::Sum, AccumType::Auto, 1001, false, 3)
-            .unwrap();
+        r.check(
+            DataType::F32,
+            ReduceOp::Sum,
+            AccumType::Auto,
+            1001,
+            false,
+            3,
+        )
+        .unwrap();
     });
 }
