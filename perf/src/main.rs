@@ -15,6 +15,7 @@
 mod check;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod json;
 mod options;
 mod plot;
 mod report;

@@ -11,8 +11,9 @@ use oxccl_collectives::Communicator;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
+use crate::json;
 use crate::options::Options;
-use crate::report::{Json, Row};
+use crate::report::Row;
 
 /// DejaVu Sans 2.37 (Bitstream Vera license: `assets/DejaVuSans-LICENSE.txt`).
 static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
@@ -131,54 +132,40 @@ impl Figure {
         }
     }
 
-    /// A file written by `--json`.
+    /// A file written by `--json` ([`json::Report`]).
     pub fn from_json(text: &str) -> Result<Figure> {
-        let doc = Json::parse(text)?;
-        let s = |k: &str| doc.get(k).and_then(Json::as_str).unwrap_or("").to_string();
-        let b = |k: &str| doc.get(k).and_then(Json::as_bool).unwrap_or(false);
-        let ranks = doc.get("ranks").and_then(Json::as_f64).unwrap_or(0.0);
-        let rows = doc
-            .get("rows")
-            .and_then(Json::as_array)
-            .ok_or_else(|| Error::InvalidArgument("JSON: no \"rows\" array".into()))?;
-        let world = ranks.max(1.0);
-        let measure = |bytes: f64, v: &Json| -> Option<Measure> {
-            let us = v.get("time_us").and_then(Json::as_f64)?;
-            let busbw = v
-                .get("busbw_gbps")
-                .and_then(Json::as_f64)
-                .unwrap_or(if us > 0.0 {
-                    bytes / us / 1e3 * 2.0 * (world - 1.0) / world
-                } else {
-                    0.0
-                });
-            Some(Measure { us, busbw })
+        let doc: json::Report = serde_json::from_str(text)
+            .map_err(|e| Error::InvalidArgument(format!("not an oxccl-perf --json file: {e}")))?;
+        let world = f64::from(doc.ranks.max(1));
+        // A bus bandwidth the file lacks is derived from the time with the allreduce factor
+        // 2(n-1)/n, the one collective perf times.
+        let measure = |bytes: f64, side: &json::Side| Measure {
+            us: side.time_us,
+            busbw: side.busbw_gbps.unwrap_or(if side.time_us > 0.0 {
+                bytes / side.time_us / 1e3 * 2.0 * (world - 1.0) / world
+            } else {
+                0.0
+            }),
         };
-        let mut points = Vec::with_capacity(rows.len());
-        for (i, r) in rows.iter().enumerate() {
-            let bad = || Error::InvalidArgument(format!("JSON: row {i} lacks bytes or oxccl"));
-            let bytes = r.get("bytes").and_then(Json::as_f64).ok_or_else(bad)?;
-            let oxccl = r
-                .get("oxccl")
-                .and_then(|v| measure(bytes, v))
-                .ok_or_else(bad)?;
-            let nccl = r.get("nccl").and_then(|v| measure(bytes, v));
-            points.push(Point {
-                bytes: bytes as u64,
-                oxccl,
-                nccl,
-            });
-        }
+        let points = doc
+            .rows
+            .iter()
+            .map(|r| Point {
+                bytes: r.bytes,
+                oxccl: measure(r.bytes as f64, &r.oxccl),
+                nccl: r.nccl.as_ref().map(|n| measure(r.bytes as f64, n)),
+            })
+            .collect();
         Ok(Figure {
             title: title(
-                &s("dtype"),
-                &s("op"),
-                &s("accum"),
-                ranks as u64,
-                &s("device"),
-                &s("backend"),
-                b("graph"),
-                b("in_place"),
+                &doc.dtype,
+                &doc.op,
+                &doc.accum,
+                u64::from(doc.ranks),
+                &doc.device,
+                &doc.backend,
+                doc.graph,
+                doc.in_place,
             ),
             points,
         })

@@ -73,7 +73,11 @@ fn plot_from_json_writes_a_png() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("rows"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not an oxccl-perf --json file") && err.contains("expected a sequence"),
+        "{err}"
+    );
     let _ = std::fs::remove_file(json);
     let _ = std::fs::remove_file(png);
 }
