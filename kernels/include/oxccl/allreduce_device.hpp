@@ -1,6 +1,7 @@
-// oxccl/allreduce_device.hpp: device helpers of the allreduce kernels (allreduce.cu):
-// tail-safe 16-byte units, bounded waits with a wall-clock deadline, the per-block
-// cross-rank barrier, and the epoch that advances once per call in device memory.
+// oxccl/allreduce_device.hpp: device helpers of the scratch kernels of every collective
+// (allreduce.cu, allgather.cu): tail-safe 16-byte units, bounded waits with a wall-clock
+// deadline, the per-block cross-rank barrier, the LL16 packet reader, the epoch that
+// advances once per call in device memory, and the prologue every kernel shares.
 //
 // The layout of the scratch and its sync area is in abi_allreduce.h.
 #ifndef OXCCL_ALLREDUCE_DEVICE_HPP_
@@ -186,6 +187,97 @@ OXCCL_DEVICE_INLINE void finish_call(void* own_scratch, bool counted) {
     atomic_store_relaxed(done, 0);
   }
   atomic_add_relaxed_device(sync_word(own_scratch, OXCCL_ALLREDUCE_SYNC_EPOCH), 1);
+}
+
+/// Bytes of one element of a data type code (0 for an unknown code).
+OXCCL_DEVICE_INLINE uint64_t dtype_bytes(uint32_t dtype) {
+  switch (dtype) {
+    case OXCCL_DTYPE_F32: return 4;
+    case OXCCL_DTYPE_F16:
+    case OXCCL_DTYPE_BF16: return 2;
+    default: return dtype < OXCCL_DTYPE_COUNT ? 1 : 0;  // the fp8 formats
+  }
+}
+
+/// The pending-packet mask of an LL16 read: two bits (a unit's two packets) per peer.
+OXCCL_DEVICE_INLINE uint32_t ll16_peer_bits(uint32_t w, uint32_t me) {
+  uint32_t bits = 0;
+  for (uint32_t r = 0; r < w; ++r) {
+    if (r != me) bits |= 3u << (2 * r);
+  }
+  return bits;
+}
+
+/// Unit `u` of every peer in `all_peers` (`ll16_peer_bits`) from this rank's packet half
+/// `mine` (one slot of `slot_bytes` per rank) into `in[peer]`. All pending packets of the
+/// unit are read before any is checked, so the reads of the peers' packets overlap instead
+/// of waiting for one another (one L2 round trip per poll, not 2(w-1)). Returns false,
+/// after reporting the first missing peer, when the wait timed out.
+OXCCL_DEVICE_INLINE bool ll16_read_peers(const char* mine, uint64_t u, uint64_t slot_bytes, uint32_t flag,
+                                         uint32_t all_peers, Vec16 (&in)[OXCCL_ALLREDUCE_MAX_RANKS],
+                                         const CallState call) {
+  constexpr uint32_t kPackets = 2 * OXCCL_ALLREDUCE_MAX_RANKS;
+  const OxcclLL16Packet* base = reinterpret_cast<const OxcclLL16Packet*>(mine) + 2 * u;
+  uint32_t pending = all_peers;
+  uint64_t since = 0;
+  for (uint64_t polls = 0; pending != 0; ++polls) {
+    Vec16 raw[kPackets];
+#pragma unroll
+    for (uint32_t i = 0; i < kPackets; ++i) {
+      if (pending >> i & 1) {
+        raw[i] = load16_volatile(reinterpret_cast<const char*>(base + (i & 1)) + (i >> 1) * slot_bytes);
+      }
+    }
+#pragma unroll
+    for (uint32_t i = 0; i < kPackets; ++i) {
+      if ((pending >> i & 1) && raw[i].w[1] == flag && raw[i].w[3] == flag) {
+        in[i >> 1].w[2 * (i & 1)] = raw[i].w[0];
+        in[i >> 1].w[2 * (i & 1) + 1] = raw[i].w[2];
+        pending &= ~(1u << i);
+      }
+    }
+    if (pending != 0 && call.deadline.expired(polls, since)) {
+      report(call.own, OXCCL_ALLREDUCE_ERR_TIMEOUT, static_cast<uint32_t>(__ffs(pending) - 1) / 2);
+      return false;
+    }
+  }
+  return true;
+}
+
+/// Whether an argument block is one the scratch kernels can run.
+OXCCL_DEVICE_INLINE bool args_ok(const OxcclAllreduceArgs& a) {
+  return a.world_size >= 1 && a.world_size <= OXCCL_ALLREDUCE_MAX_RANKS &&
+         a.rank < a.world_size && blockDim.x >= a.world_size &&
+         gridDim.x <= OXCCL_ALLREDUCE_MAX_BLOCKS && a.data_bytes % 16 == 0 &&
+         a.data_bytes >= 16ull * a.world_size &&
+         a.dtype < OXCCL_DTYPE_COUNT && a.op <= OXCCL_OP_AVG && a.accum <= OXCCL_ACCUM_F32;
+}
+
+/// This rank's scratch, also when the argument block is bad (for the error report).
+OXCCL_DEVICE_INLINE void* own_scratch(const OxcclAllreduceArgs& a) {
+  return a.scratch[a.rank < OXCCL_ALLREDUCE_MAX_RANKS ? a.rank : 0];
+}
+
+/// What every scratch kernel (any collective) does around its body: wait for the previous
+/// kernel on the stream (a no-op unless launched early) and let the next one be scheduled;
+/// refuse a bad argument block (`kernel_ok`: the kernel's own conditions on top of
+/// `args_ok`); run `body(call)`; advance the epoch. `kReadsEpoch`: the body reads the epoch
+/// (the one-shots' flags and halves) and counts its blocks (`CallState::count_block`); the
+/// barrier kernels synchronize through their barriers and need neither.
+template <bool kReadsEpoch, typename Body>
+__device__ __forceinline__ void run_call(const OxcclAllreduceArgs& a, bool kernel_ok, Body&& body) {
+  wait_prior_grid();
+  launch_dependents();
+  void* own = own_scratch(a);
+  if (!args_ok(a) || !kernel_ok) {
+    if (thread_index() == 0) report(own, OXCCL_ALLREDUCE_ERR_ARGS, a.rank);
+    return;
+  }
+  __shared__ int failed;
+  if (threadIdx.x == 0) failed = 0;
+  const CallState call{own, Deadline{a.timeout_ns}, &failed};
+  body(call);
+  finish_call(own, kReadsEpoch);
 }
 
 }  // namespace allreduce

@@ -133,44 +133,15 @@ OXCCL_DEVICE_INLINE void oneshot_body(const Reducer reduce, const OxcclAllreduce
   }
   call.count_block(epoch);
 
-  // Read and reduce: every rank's unit, in rank order, from my own scratch. All pending
-  // packets of a unit are read before any is checked, so the reads of the peers' packets
-  // overlap instead of waiting for one another (one L2 round trip per poll, not 2(w-1)).
+  // Read and reduce: every rank's unit, in rank order, from my own scratch.
   const char* mine = static_cast<const char*>(a.scratch[me]) + half;
-  constexpr uint32_t kPackets = 2 * OXCCL_ALLREDUCE_MAX_RANKS;
-  uint32_t all_peers = 0;
-  for (uint32_t r = 0; r < w; ++r) {
-    if (r != me) all_peers |= 3u << (2 * r);
-  }
+  const uint32_t all_peers = ll16_peer_bits(w, me);
   for (uint64_t u = first; u < units; u += stride) {
     const Vec16 own_unit = load_unit(a.input, u * 16, total);
     Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
 #pragma unroll
     for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) in[r] = own_unit;  // peers' replaced below
-    const OxcclLL16Packet* base = reinterpret_cast<const OxcclLL16Packet*>(mine) + 2 * u;
-    uint32_t pending = all_peers;
-    uint64_t since = 0;
-    for (uint64_t polls = 0; pending != 0; ++polls) {
-      Vec16 raw[kPackets];
-#pragma unroll
-      for (uint32_t i = 0; i < kPackets; ++i) {
-        if (pending >> i & 1) {
-          raw[i] = load16_volatile(reinterpret_cast<const char*>(base + (i & 1)) + (i >> 1) * slot_bytes);
-        }
-      }
-#pragma unroll
-      for (uint32_t i = 0; i < kPackets; ++i) {
-        if ((pending >> i & 1) && raw[i].w[1] == flag && raw[i].w[3] == flag) {
-          in[i >> 1].w[2 * (i & 1)] = raw[i].w[0];
-          in[i >> 1].w[2 * (i & 1) + 1] = raw[i].w[2];
-          pending &= ~(1u << i);
-        }
-      }
-      if (pending != 0 && call.deadline.expired(polls, since)) {
-        report(a.scratch[me], OXCCL_ALLREDUCE_ERR_TIMEOUT, static_cast<uint32_t>(__ffs(pending) - 1) / 2);
-        return;
-      }
-    }
+    if (!ll16_read_peers(mine, u, slot_bytes, flag, all_peers, in, call)) return;
     store_unit(a.output, u * 16, reduce_ranks(reduce, in, w), total);
   }
 }
@@ -527,40 +498,13 @@ __device__ void dispatch_all(const OxcclAllreduceArgs& a, Body&& body) {
   });
 }
 
-OXCCL_DEVICE_INLINE bool args_ok(const OxcclAllreduceArgs& a) {
-  return a.world_size >= 1 && a.world_size <= OXCCL_ALLREDUCE_MAX_RANKS &&
-         a.rank < a.world_size && blockDim.x >= a.world_size &&
-         gridDim.x <= OXCCL_ALLREDUCE_MAX_BLOCKS && a.data_bytes % 16 == 0 &&
-         a.data_bytes >= 16ull * a.world_size &&
-         a.dtype < OXCCL_DTYPE_COUNT && a.op <= OXCCL_OP_AVG && a.accum <= OXCCL_ACCUM_F32;
-}
-
-/// This rank's scratch, also when the argument block is bad (for the error report).
-OXCCL_DEVICE_INLINE void* own_scratch(const OxcclAllreduceArgs& a) {
-  return a.scratch[a.rank < OXCCL_ALLREDUCE_MAX_RANKS ? a.rank : 0];
-}
-
-/// What every allreduce kernel does around its body: wait for the previous kernel on the
-/// stream (a no-op unless launched early) and let the next one be scheduled; refuse a bad
-/// argument block (`kernel_ok`: the kernel's own conditions on top of `args_ok`); run
-/// `body.template operator()<Fmt>(reducer, call)` with the call's
-/// reducer; advance the epoch. `kReadsEpoch`: the body reads the epoch (the one-shots'
-/// flags and halves) and counts its blocks (`CallState::count_block`); the two-shots
-/// synchronize through their barriers and need neither.
+/// What every allreduce kernel does around its body ([`run_call`]), with the body run for
+/// the call's element format and reducer: `body.template operator()<Fmt>(reducer, call)`.
 template <bool kReadsEpoch, typename Body>
 __device__ __forceinline__ void run_allreduce(const OxcclAllreduceArgs& a, bool kernel_ok, Body&& body) {
-  wait_prior_grid();
-  launch_dependents();
-  void* own = own_scratch(a);
-  if (!args_ok(a) || !kernel_ok) {
-    if (thread_index() == 0) report(own, OXCCL_ALLREDUCE_ERR_ARGS, a.rank);
-    return;
-  }
-  __shared__ int failed;
-  if (threadIdx.x == 0) failed = 0;
-  const CallState call{own, Deadline{a.timeout_ns}, &failed};
-  dispatch_all(a, [&]<typename Fmt>(auto reducer) { body.template operator()<Fmt>(reducer, call); });
-  finish_call(own, kReadsEpoch);
+  run_call<kReadsEpoch>(a, kernel_ok, [&](const CallState call) {
+    dispatch_all(a, [&]<typename Fmt>(auto reducer) { body.template operator()<Fmt>(reducer, call); });
+  });
 }
 
 }  // namespace allreduce
