@@ -18,7 +18,7 @@
 
 use std::time::Instant;
 
-use oxccl_collectives::algorithms::port_channel::{PortAllreduce, PORT_CHANNEL};
+use oxccl_collectives::algorithms::all_reduce::port_channel::{PortAllreduce, PORT_CHANNEL};
 use oxccl_collectives::backend::{self, AnyDevice, AnyStream};
 use oxccl_collectives::channels::bootstrap::{Bootstrap, BootstrapConfig};
 use oxccl_collectives::hal::{
@@ -100,7 +100,7 @@ fn main() -> Result<()> {
     let (bootstrap, info) = Bootstrap::from_env(&BootstrapConfig::from_env()?)?;
     let device = AnyDevice::open_with(backend::chosen()?, DeviceId(info.local_rank))?;
     let config = CommConfig {
-        forced: Some(PORT_CHANNEL),
+        forced: PORT_CHANNEL.into(),
         ..CommConfig::from_env()?
     };
     let comm = Communicator::new(bootstrap, device, config)?;

@@ -251,6 +251,51 @@ pub(crate) fn ll16_try_read(p: [&AtomicU32; 4], flag: u32) -> Option<(u32, u32)>
     }
 }
 
+/// Writes unit `v` as its two LL16 packets at byte `off` of `to`'s scratch.
+///
+/// # Safety
+/// `off` must address two packets of `to`'s flag-protocol region, inside its scratch.
+pub(crate) unsafe fn ll16_write_unit(c: &Call, to: usize, off: usize, v: &[u8; 16], flag: u32) {
+    let w = words(v);
+    // SAFETY: the caller's obligation; scratch bases are live for the call.
+    let (p0, p1) = unsafe { (packet(c.scratch(to), off), packet(c.scratch(to), off + 16)) };
+    ll16_write(p0, w[0], w[1], flag);
+    ll16_write(p1, w[2], w[3], flag);
+}
+
+/// The unit rank `from` wrote as two LL16 packets at byte `off` of this rank's scratch,
+/// once both carry the call's flag; a timeout names `from`.
+///
+/// # Safety
+/// `off` must address two packets of this rank's flag-protocol region.
+pub(crate) unsafe fn ll16_read_unit(
+    c: &Call,
+    off: usize,
+    from: usize,
+    flag: u32,
+) -> Result<[u8; 16]> {
+    // SAFETY: the caller's obligation.
+    let (p0, p1) = unsafe {
+        (
+            packet(c.scratch(c.me), off),
+            packet(c.scratch(c.me), off + 16),
+        )
+    };
+    let mut polls = 0u32;
+    let mut wait = |p| loop {
+        if let Some(v) = ll16_try_read(p, flag) {
+            return Ok(v);
+        }
+        if c.timed_out() {
+            return Err(c.fail(from, "one-shot packets"));
+        }
+        backoff(&mut polls);
+    };
+    let (a, b) = wait(p0)?;
+    let (d, e) = wait(p1)?;
+    Ok(unwords([a, b, d, e]))
+}
+
 pub(crate) fn words(v: &[u8; 16]) -> [u32; 4] {
     let w = |i: usize| u32::from_le_bytes([v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]]);
     [w(0), w(1), w(2), w(3)]

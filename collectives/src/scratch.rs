@@ -16,7 +16,7 @@ use oxccl_kernels::abi::{
     OXCCL_ALLREDUCE_MAX_RANKS, OXCCL_ALLREDUCE_SYNC_BYTES, OXCCL_ALLREDUCE_SYNC_ERROR,
 };
 
-use crate::algorithms::{one_shot, one_shot_ll128};
+use crate::algorithms::all_reduce::{one_shot, one_shot_ll128};
 
 /// The flag-protocol region a one-shot kernel writes its packets or lines into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,16 +1,21 @@
-//! Picks the allreduce algorithm for a call: by size, world size and capability, unless
-//! `OXCCL_ALGO` forces one. Every decision is a `tracing::debug!` event with its reason.
+//! Picks the algorithm for a call: a tuned table's entry, else by collective, size, world
+//! size, registration and capability, unless `OXCCL_ALGO` forces one for the call's
+//! collective. Every decision is a `tracing::debug!` event with its reason.
 
 use oxccl_hal::Result;
 
-use crate::algorithms::one_shot::ONESHOT_LL;
-use crate::algorithms::one_shot_ll128::ONESHOT_LL128;
-use crate::algorithms::two_shot_push::TWOSHOT_PUSH;
-use crate::algorithms::two_shot_zc::TWOSHOT_ZC;
-use crate::algorithms::{Algorithm, CallShape, Plan};
+use crate::algorithms::all_gather::{
+    direct::ALLGATHER_DIRECT, one_shot::ALLGATHER_ONESHOT_LL, staged::ALLGATHER_STAGED,
+};
+use crate::algorithms::all_reduce::one_shot::ONESHOT_LL;
+use crate::algorithms::all_reduce::one_shot_ll128::ONESHOT_LL128;
+use crate::algorithms::all_reduce::two_shot_push::TWOSHOT_PUSH;
+use crate::algorithms::all_reduce::two_shot_zc::TWOSHOT_ZC;
+use crate::algorithms::{Algorithm, CallShape, Collective, Forced, Plan};
 use crate::tuner::{self, TuneTable};
 
-/// Environment variable that forces an algorithm by name (see [`crate::algorithms`]).
+/// Environment variable that forces algorithms by name, at most one per collective,
+/// comma-separated (see [`crate::algorithms`]).
 pub const ALGO_VAR: &str = "OXCCL_ALGO";
 /// Environment variable with the largest message (bytes per rank) one-shot serves.
 pub const ONESHOT_MAX_VAR: &str = "OXCCL_ONESHOT_MAX_BYTES";
@@ -70,14 +75,21 @@ fn one_shot(shape: &CallShape<'_>) -> Result<(Algorithm, Plan)> {
     Ok((ONESHOT_LL, ONESHOT_LL.plan(shape)?))
 }
 
+/// The largest all-gather input (bytes per rank) the one-shot takes by default. Not yet
+/// measured on GPUs (no multi-GPU machine since the all-gather kernels were written): the
+/// one-shot moves every byte twice (LL16 flags) but in one step without a barrier, the
+/// staged and direct kernels each byte once between two barriers, like the allreduce
+/// two-shots that the one-shot beat up to 256 KiB on 4 H200s.
+pub const ALLGATHER_ONESHOT_MAX_BYTES: usize = 256 << 10;
+
 /// On 2 ranks, the largest registered message (bytes per rank) the zero-copy two-shot takes.
 pub const ZC_MAX_BYTES_2_RANKS: usize = 2 << 20;
 
 /// The selector's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Selector {
-    /// An algorithm every call must use (`OXCCL_ALGO`).
-    pub forced: Option<Algorithm>,
+    /// The algorithm every call of a collective must use (`OXCCL_ALGO`).
+    pub forced: Forced,
     /// Largest message one-shot serves when nothing is forced.
     pub oneshot_max_bytes: usize,
     /// On registered buffers: largest message one-shot serves; above, `twoshot_zc`.
@@ -105,20 +117,43 @@ impl Selector {
     /// Chooses for a call, preferring a tuned table's entry (when one applies and its
     /// algorithm can serve the call) over the size thresholds; `OXCCL_ALGO` wins over both.
     pub fn choose_tuned(&self, shape: &CallShape<'_>, table: Option<&TuneTable>) -> Result<Choice> {
-        let tuned = if self.forced.is_none() && shape.world_size > 1 {
+        let forced = self.forced.of(shape.collective);
+        let tuned = if forced.is_none() && shape.world_size > 1 {
             table.and_then(|t| Self::from_table(shape, t))
         } else {
             None
         };
         let choice = if let Some(choice) = tuned {
             choice
-        } else if let Some(algorithm) = self.forced {
+        } else if let Some(algorithm) = forced {
             Choice {
                 algorithm,
                 plan: algorithm.plan(shape)?,
                 reason: format!("forced by {ALGO_VAR}"),
             }
-        } else if shape.world_size == 1 {
+        } else {
+            match shape.collective {
+                Collective::AllReduce => self.all_reduce(shape)?,
+                Collective::AllGather => Self::all_gather(shape)?,
+            }
+        };
+        tracing::debug!(
+            collective = %shape.collective,
+            algorithm = %choice.algorithm,
+            bytes = shape.bytes,
+            world_size = shape.world_size,
+            grid = choice.plan.config.grid[0],
+            block = choice.plan.config.block[0],
+            reason = %choice.reason,
+            "algorithm"
+        );
+        Ok(choice)
+    }
+
+    /// The allreduce policy: one-shot up to its threshold (LL128 where it can), the
+    /// registered two-shots above the zero-copy threshold, else the push two-shot.
+    fn all_reduce(&self, shape: &CallShape<'_>) -> Result<Choice> {
+        Ok(if shape.world_size == 1 {
             Choice {
                 algorithm: ONESHOT_LL,
                 plan: ONESHOT_LL.plan(shape)?,
@@ -173,23 +208,53 @@ impl Selector {
                     shape.bytes, self.oneshot_max_bytes
                 ),
             }
+        })
+    }
+
+    /// The all-gather policy: one-shot up to [`ALLGATHER_ONESHOT_MAX_BYTES`], above it the
+    /// direct kernel on registered outputs, else the staged one.
+    fn all_gather(shape: &CallShape<'_>) -> Result<Choice> {
+        let choose = |algorithm: Algorithm, reason: String| -> Result<Choice> {
+            Ok(Choice {
+                algorithm,
+                plan: algorithm.plan(shape)?,
+                reason,
+            })
         };
-        tracing::debug!(
-            algorithm = %choice.algorithm,
-            bytes = shape.bytes,
-            world_size = shape.world_size,
-            grid = choice.plan.config.grid[0],
-            block = choice.plan.config.block[0],
-            reason = %choice.reason,
-            "allreduce algorithm"
-        );
-        Ok(choice)
+        if shape.world_size == 1 {
+            return choose(ALLGATHER_ONESHOT_LL, "one rank: a local copy".into());
+        }
+        if shape.bytes <= ALLGATHER_ONESHOT_MAX_BYTES {
+            if let Ok(plan) = ALLGATHER_ONESHOT_LL.plan(shape) {
+                return Ok(Choice {
+                    algorithm: ALLGATHER_ONESHOT_LL,
+                    plan,
+                    reason: format!(
+                        "{} bytes <= all-gather one-shot threshold {ALLGATHER_ONESHOT_MAX_BYTES}",
+                        shape.bytes
+                    ),
+                });
+            }
+        }
+        if shape.zero_copy {
+            return choose(
+                ALLGATHER_DIRECT,
+                format!("registered output, {} bytes", shape.bytes),
+            );
+        }
+        choose(
+            ALLGATHER_STAGED,
+            format!("unregistered buffers, {} bytes", shape.bytes),
+        )
     }
 }
 
 impl Selector {
     fn from_table(shape: &CallShape<'_>, table: &TuneTable) -> Option<Choice> {
         let e = table.lookup(shape.bytes, shape.zero_copy)?;
+        if e.algorithm.collective() != shape.collective {
+            return None;
+        }
         let plan = e
             .algorithm
             .plan(shape)
@@ -217,6 +282,7 @@ mod tests {
 
     fn shape(bytes: usize, world: u32, caps: &Capabilities) -> CallShape<'_> {
         CallShape {
+            collective: Collective::AllReduce,
             count: bytes / 2,
             dtype: DataType::Bf16,
             bytes,
@@ -237,7 +303,7 @@ mod tests {
             ..Capabilities::default()
         };
         let s = Selector {
-            forced: None,
+            forced: Forced::NONE,
             oneshot_max_bytes: 256 << 10,
             zc_threshold_bytes: 64 << 10,
         };
@@ -256,7 +322,7 @@ mod tests {
         let c = s.choose(&shape(1 << 30, 8, &caps)).unwrap();
         assert_eq!(c.plan.config.grid[0], 132); // the whole chip
         let forced = Selector {
-            forced: Some(ONESHOT_LL),
+            forced: ONESHOT_LL.into(),
             ..s
         };
         let e = forced.choose(&shape(1 << 30, 8, &caps)).unwrap_err();
@@ -283,7 +349,8 @@ mod tests {
             ..s
         };
         let mut sh = shape(1 << 20, 2, &caps);
-        sh.ll128_half_bytes = 2 * crate::algorithms::one_shot_ll128::slot_bytes(2 << 20);
+        sh.ll128_half_bytes =
+            2 * crate::algorithms::all_reduce::one_shot_ll128::slot_bytes(2 << 20);
         assert_eq!(two.choose(&sh).unwrap().algorithm, ONESHOT_LL128);
         let rocm = Capabilities {
             backend: Some(oxccl_hal::BackendKind::Rocm),
@@ -295,7 +362,7 @@ mod tests {
         sh.nvlink = false; // PCIe peers: LL16
         assert_eq!(two.choose(&sh).unwrap().algorithm, ONESHOT_LL);
         let nvls = Selector {
-            forced: Some(crate::algorithms::nvls::NVLS),
+            forced: crate::algorithms::all_reduce::nvls::NVLS.into(),
             ..s
         };
         assert!(nvls.choose(&shape(1024, 4, &caps)).is_err());

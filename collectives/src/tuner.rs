@@ -646,11 +646,11 @@ pub fn measure(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithms::one_shot::ONESHOT_LL;
-    use crate::algorithms::one_shot_ll128::ONESHOT_LL128;
-    use crate::algorithms::two_shot::TWOSHOT;
-    use crate::algorithms::two_shot_push::TWOSHOT_PUSH;
-    use crate::algorithms::two_shot_zc::TWOSHOT_ZC;
+    use crate::algorithms::all_reduce::one_shot::ONESHOT_LL;
+    use crate::algorithms::all_reduce::one_shot_ll128::ONESHOT_LL128;
+    use crate::algorithms::all_reduce::two_shot::TWOSHOT;
+    use crate::algorithms::all_reduce::two_shot_push::TWOSHOT_PUSH;
+    use crate::algorithms::all_reduce::two_shot_zc::TWOSHOT_ZC;
 
     fn caps() -> Capabilities {
         Capabilities {
@@ -663,6 +663,7 @@ mod tests {
 
     fn shape(bytes: usize, world: u32, caps: &Capabilities, zero_copy: bool) -> CallShape<'_> {
         CallShape {
+            collective: Collective::AllReduce,
             count: bytes / 2,
             dtype: DataType::Bf16,
             bytes,

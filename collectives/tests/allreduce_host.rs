@@ -12,29 +12,24 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use oxccl_collectives::algorithms::nvls::NVLS;
-use oxccl_collectives::algorithms::one_shot::ONESHOT_LL;
-use oxccl_collectives::algorithms::one_shot_ll128::ONESHOT_LL128;
-use oxccl_collectives::algorithms::port_channel::PORT_CHANNEL;
-use oxccl_collectives::algorithms::two_shot::TWOSHOT;
-use oxccl_collectives::algorithms::two_shot_push::TWOSHOT_PUSH;
-use oxccl_collectives::algorithms::two_shot_zc::TWOSHOT_ZC;
-use oxccl_collectives::backend::{AnyDevice, AnyMemory, AnyStream};
+use oxccl_collectives::algorithms::all_reduce::nvls::NVLS;
+use oxccl_collectives::algorithms::all_reduce::one_shot::ONESHOT_LL;
+use oxccl_collectives::algorithms::all_reduce::one_shot_ll128::ONESHOT_LL128;
+use oxccl_collectives::algorithms::all_reduce::port_channel::PORT_CHANNEL;
+use oxccl_collectives::algorithms::all_reduce::two_shot::TWOSHOT;
+use oxccl_collectives::algorithms::all_reduce::two_shot_push::TWOSHOT_PUSH;
+use oxccl_collectives::algorithms::all_reduce::two_shot_zc::TWOSHOT_ZC;
+use oxccl_collectives::backend::{AnyDevice, AnyMemory};
 use oxccl_collectives::channels::bootstrap::{Bootstrap, BootstrapConfig, UniqueId};
 use oxccl_collectives::hal::{
     AccumType, BackendKind, DataType, Device, DeviceId, DevicePtr, Memory, MemoryKind, ReduceOp,
     Stream,
 };
 use oxccl_collectives::tuner::{TuneSource, TuneTable};
-use oxccl_collectives::{Algorithm, CommConfig, Communicator};
+use oxccl_collectives::{Algorithm, Collective, CommConfig, Communicator};
 
 mod common;
-use common::{check_buffers, expected, same_bits, stage};
-
-struct Rank {
-    comm: Communicator,
-    stream: AnyStream,
-}
+use common::{check_buffers, expected, same_bits, stage, threads_with, Rank};
 
 impl Rank {
     /// Runs one checked allreduce; returns a description of the first mismatch.
@@ -98,7 +93,7 @@ fn config(algo: Option<Algorithm>) -> CommConfig {
     CommConfig {
         timeout: Duration::from_secs(20),
         staging_bytes: 64 << 10, // small staging: large counts take several rounds
-        forced: algo,
+        forced: algo.into(),
         ..CommConfig::default()
     }
 }
@@ -106,36 +101,6 @@ fn config(algo: Option<Algorithm>) -> CommConfig {
 /// Runs `body` on `world` ranks as threads of this process (each its own host device).
 fn threads(world: u32, algo: Option<Algorithm>, body: impl Fn(&Rank) + Send + Sync + 'static) {
     threads_with(world, move |_| config(algo), body);
-}
-
-/// [`threads`] with a configuration per rank.
-fn threads_with(
-    world: u32,
-    config_of: impl Fn(u32) -> CommConfig + Send + Sync + 'static,
-    body: impl Fn(&Rank) + Send + Sync + 'static,
-) {
-    let id =
-        UniqueId::create_on(IpAddr::V4(Ipv4Addr::LOCALHOST), &BootstrapConfig::default()).unwrap();
-    let body = Arc::new(body);
-    let config_of = Arc::new(config_of);
-    let handles: Vec<_> = (0..world)
-        .map(|r| {
-            let body = Arc::clone(&body);
-            let config_of = Arc::clone(&config_of);
-            std::thread::spawn(move || {
-                let bs = Bootstrap::new(&id, r, world, &BootstrapConfig::default()).unwrap();
-                let dev = AnyDevice::open_with(BackendKind::Host, DeviceId(r)).unwrap();
-                let comm = Communicator::new(bs, dev, config_of(r)).unwrap();
-                let stream = comm.device().create_stream().unwrap();
-                let rank = Rank { comm, stream };
-                body(&rank);
-                rank.comm.destroy().unwrap();
-            })
-        })
-        .collect();
-    for h in handles {
-        h.join().expect("rank thread panicked");
-    }
 }
 
 const ALGOS: [Algorithm; 4] = [ONESHOT_LL, ONESHOT_LL128, TWOSHOT, TWOSHOT_PUSH];
@@ -654,12 +619,15 @@ fn setup_makes_what_the_algorithms_need() {
     });
     // Forced: only that one.
     threads(2, Some(TWOSHOT), |r| {
+        // Forced for allreduce: the other allreduce algorithms are not set up, all-gather's
+        // are (nothing forces theirs).
         let set_up: Vec<Algorithm> = oxccl_collectives::ALGORITHMS
             .iter()
             .copied()
             .filter(|a| r.comm.instance(*a).is_some())
             .collect();
-        assert_eq!(set_up, [TWOSHOT]);
+        let all_gather: Vec<Algorithm> = Algorithm::of(Collective::AllGather).collect();
+        assert_eq!(set_up, [&[TWOSHOT][..], &all_gather].concat());
         assert_eq!(r.comm.peer_mappings(), 1);
         r.check(
             DataType::F32,

@@ -14,7 +14,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oxccl_collectives::algorithms::port_channel::{
+use oxccl_collectives::algorithms::all_reduce::port_channel::{
     PortAllreduce, PortAllreduceConfig, PORT_CHANNEL,
 };
 use oxccl_collectives::backend::{AnyDevice, AnyStream};
@@ -103,7 +103,7 @@ fn port_of(comm: &Communicator) -> &PortAllreduce {
 /// A communicator that forces the PortChannel allreduce (its own scratch small: unused).
 fn config(transport: Transport, chunk: usize) -> CommConfig {
     CommConfig {
-        forced: Some(PORT_CHANNEL),
+        forced: PORT_CHANNEL.into(),
         timeout: Duration::from_secs(20),
         staging_bytes: 64 << 10,
         oneshot_max_bytes: Some(4096),
@@ -163,6 +163,17 @@ fn every_type_op_and_accumulation_over_tcp_and_ipc() {
             for a in oxccl_collectives::ALGORITHMS {
                 assert_eq!(r.comm.instance(*a).is_some(), *a == PORT_CHANNEL, "{a}");
             }
+            // No all-gather algorithm reaches peers on other hosts yet: refused, clearly.
+            let buf = r.comm.device().alloc(3 * 64, MemoryKind::Plain).unwrap();
+            let own_slot = buf.ptr().offset(r.rank() as usize * 16).unwrap();
+            // SAFETY: refused before any launch.
+            let e = unsafe {
+                r.comm
+                    .all_gather(own_slot, buf.ptr(), 4, DataType::F32, &r.stream)
+            }
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("not set up"), "{e}");
             assert!(r
                 .port()
                 .transports()

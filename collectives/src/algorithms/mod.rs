@@ -2,8 +2,9 @@
 //! everything about it (name, code, kernel, plan, buffers, tuning, host stand-in, setup).
 //! The communicator, the selector and the tuner only iterate [`ALGORITHMS`] and read
 //! descriptors; none of them matches on an algorithm. Adding an algorithm is one new file
-//! here (its descriptor and host stand-in), its device kernel, and one line in
-//! [`ALGORITHMS`].
+//! in its collective's module (its descriptor and host stand-in), its device kernel, and
+//! one line in [`ALGORITHMS`] (and, to be chosen without being forced, in its
+//! collective's policy in [`crate::selector`]).
 //!
 //! | name | collective | kernel | serves |
 //! |---|---|---|---|
@@ -14,15 +15,16 @@
 //! | `twoshot_push` | allreduce | `allreduce_twoshot_push` | medium and large, registered or not: the two-shot with peer stores only (inputs pushed into the owner's staging, results pushed into the peers' outputs or staging) |
 //! | `nvls` | allreduce | (not built) | NVLink SHARP multicast reduce; gated by `OXCCL_NVLS` and never run on the lent machines |
 //! | `port_channel` | allreduce | `allreduce_port` | multi-node: every byte that leaves a rank is moved by its proxy (IPC copies, TCP, InfiniBand); set up only when forced |
+//! | `allgather_oneshot_ll` | all-gather | `allgather_oneshot_ll` | small messages: LL16 packets into every peer's packet half, no barrier |
+//! | `allgather_staged` | all-gather | `allgather_staged` | any size on unregistered buffers: pushed into the peers' staging, copied out locally |
+//! | `allgather_direct` | all-gather | `allgather_direct` | registered outputs: stored straight into every peer's output between two barriers |
+//!
+//! Each collective's algorithms live in their own module ([`all_reduce`], [`all_gather`]);
+//! what several share (the scratch-protocol launch) lives here.
 
-pub mod nvls;
-pub mod one_shot;
-pub mod one_shot_ll128;
-pub mod port_channel;
+pub mod all_gather;
+pub mod all_reduce;
 pub mod scratch_kernel;
-pub mod two_shot;
-pub mod two_shot_push;
-pub mod two_shot_zc;
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
@@ -38,10 +40,17 @@ use oxccl_hal::{
 };
 use oxccl_kernels::abi::OXCCL_ALLREDUCE_MAX_RANKS;
 
+use all_gather::{
+    direct::ALLGATHER_DIRECT, one_shot::ALLGATHER_ONESHOT_LL, staged::ALLGATHER_STAGED,
+};
+use all_reduce::{
+    nvls, one_shot, one_shot_ll128, port_channel, two_shot, two_shot_push, two_shot_zc,
+};
+
 use crate::scratch::{ScratchLayout, SharedScratch};
 
-/// Every algorithm of every collective, in the selector's order of preference for small
-/// messages. The one list to extend when an algorithm is added.
+/// Every algorithm of every collective, each collective's in the selector's order of
+/// preference for small messages. The one list to extend when an algorithm is added.
 pub const ALGORITHMS: &[Algorithm] = &[
     one_shot::ONESHOT_LL,
     one_shot_ll128::ONESHOT_LL128,
@@ -50,20 +59,151 @@ pub const ALGORITHMS: &[Algorithm] = &[
     two_shot_push::TWOSHOT_PUSH,
     nvls::NVLS,
     port_channel::PORT_CHANNEL,
+    ALLGATHER_ONESHOT_LL,
+    ALLGATHER_STAGED,
+    ALLGATHER_DIRECT,
 ];
 
 /// The collective operations algorithms serve.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
 pub enum Collective {
     /// Every rank gets the reduction of every rank's input.
-    AllReduce,
+    AllReduce = 0,
+    /// Every rank gets every rank's input, in rank order.
+    AllGather = 1,
+}
+
+impl Collective {
+    /// Every collective, in declaration order (index = `as usize`).
+    pub const ALL: [Collective; 2] = [Collective::AllReduce, Collective::AllGather];
+
+    /// Bytes of one rank's input and output buffers for a call whose input is `bytes`
+    /// (`count` elements of the call's type).
+    pub fn buffer_bytes(self, bytes: usize, world: u32) -> Result<(usize, usize)> {
+        match self {
+            Collective::AllReduce => Ok((bytes, bytes)),
+            Collective::AllGather => bytes
+                .checked_mul(world as usize)
+                .map(|out| (bytes, out))
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "{self}: {bytes} bytes x {world} ranks overflow"
+                    ))
+                }),
+        }
+    }
+
+    /// Where the input lies in the output when the call is in place (NCCL's rules): the
+    /// output itself (allreduce), or this rank's slot of it (all-gather).
+    pub fn in_place_input(self, output: DevicePtr, bytes: usize, rank: u32) -> Option<DevicePtr> {
+        match self {
+            Collective::AllReduce => Some(output),
+            Collective::AllGather => bytes
+                .checked_mul(rank as usize)
+                .and_then(|off| output.offset(off).ok()),
+        }
+    }
+
+    /// Whether its zero-copy algorithms read the peers' inputs (so the input must be
+    /// registered too), or only write the peers' outputs.
+    pub fn reads_peer_inputs(self) -> bool {
+        match self {
+            Collective::AllReduce => true,
+            Collective::AllGather => false,
+        }
+    }
+
+    /// Whether calls reduce (take an op and an accumulation type).
+    pub fn reduces(self) -> bool {
+        match self {
+            Collective::AllReduce => true,
+            Collective::AllGather => false,
+        }
+    }
 }
 
 impl fmt::Display for Collective {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Collective::AllReduce => "all_reduce",
+            Collective::AllGather => "all_gather",
         })
+    }
+}
+
+/// The algorithms `OXCCL_ALGO` forces: at most one per collective, each serving every
+/// call of its collective; the collectives without one choose as usual.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Forced([Option<Algorithm>; Collective::ALL.len()]);
+
+impl Forced {
+    /// Nothing forced.
+    pub const NONE: Forced = Forced([None; Collective::ALL.len()]);
+
+    /// The algorithm forced for `collective`, if any.
+    pub fn of(&self, collective: Collective) -> Option<Algorithm> {
+        self.0[collective as usize]
+    }
+
+    /// Whether some algorithm is forced for `collective` and it is not `algorithm`.
+    pub fn excludes(&self, algorithm: Algorithm) -> bool {
+        self.of(algorithm.collective())
+            .is_some_and(|f| f != algorithm)
+    }
+
+    /// Whether `algorithm` is the one forced for its collective.
+    pub fn is(&self, algorithm: Algorithm) -> bool {
+        self.of(algorithm.collective()) == Some(algorithm)
+    }
+
+    /// Whether nothing is forced.
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(Option::is_none)
+    }
+
+    /// The forced algorithms.
+    pub fn iter(&self) -> impl Iterator<Item = Algorithm> + '_ {
+        self.0.iter().flatten().copied()
+    }
+}
+
+impl From<Algorithm> for Forced {
+    fn from(algorithm: Algorithm) -> Forced {
+        let mut f = Forced::NONE;
+        f.0[algorithm.collective() as usize] = Some(algorithm);
+        f
+    }
+}
+
+impl From<Option<Algorithm>> for Forced {
+    fn from(algorithm: Option<Algorithm>) -> Forced {
+        algorithm.map_or(Forced::NONE, Forced::from)
+    }
+}
+
+impl FromStr for Forced {
+    type Err = Error;
+
+    /// A comma-separated list of algorithm names, at most one per collective; empty or
+    /// `auto`: nothing forced.
+    fn from_str(s: &str) -> Result<Forced> {
+        let mut f = Forced::NONE;
+        for name in s.split(',').map(str::trim) {
+            if name.is_empty() || name.eq_ignore_ascii_case("auto") {
+                continue;
+            }
+            let a: Algorithm = name.parse()?;
+            if let Some(other) = f.of(a.collective()) {
+                return Err(Error::InvalidArgument(format!(
+                    "'{s}' forces two {} algorithms ({other} and {a}); at most one per \
+                     collective",
+                    a.collective()
+                )));
+            }
+            f.0[a.collective() as usize] = Some(a);
+        }
+        Ok(f)
     }
 }
 
@@ -118,6 +258,10 @@ pub struct Descriptor {
     pub plan: fn(&CallShape<'_>) -> Result<Plan>,
     /// How it uses registered buffers.
     pub buffers: Buffers,
+    /// Whether its setup maps the peers' memory (IPC: the shared scratch, or multicast),
+    /// which needs every rank on one host. The algorithms that do not (PortChannel) reach
+    /// peers through a proxy, also on other hosts.
+    pub maps_peers: bool,
     /// What the tuner tries; `None`: never tuned.
     pub tuning: Option<Tuning>,
     /// Makes its per-communicator state at setup (collective: every rank calls it in the
@@ -241,11 +385,13 @@ impl FromStr for Algorithm {
 /// launch it.
 #[derive(Debug, Clone, Copy)]
 pub struct CallShape<'a> {
-    /// Elements.
+    /// The collective.
+    pub collective: Collective,
+    /// Elements (of one rank's input).
     pub count: usize,
     /// Element type.
     pub dtype: DataType,
-    /// Bytes of one rank's input.
+    /// Bytes of one rank's input (an all-gather's output holds `world_size` times as many).
     pub bytes: usize,
     /// Ranks.
     pub world_size: u32,
@@ -259,8 +405,9 @@ pub struct CallShape<'a> {
     pub nvlink: bool,
     /// Whether the kernels run as host functions (host backend).
     pub host: bool,
-    /// Whether input and output are 16-byte aligned inside buffers registered on every
-    /// rank (the zero-copy two-shot can serve the call).
+    /// Whether the call's buffers are 16-byte aligned inside buffers registered on every
+    /// rank, at the same offsets (the zero-copy algorithms can serve the call): input and
+    /// output where the collective reads the peers' inputs, else the output.
     pub zero_copy: bool,
 }
 
@@ -333,8 +480,8 @@ pub struct SetupContext<'a> {
     pub bootstrap: &'a Bootstrap,
     /// This rank's device.
     pub device: &'a AnyDevice,
-    /// The algorithm every call must use, if one is forced.
-    pub forced: Option<Algorithm>,
+    /// The algorithms forced per collective.
+    pub forced: Forced,
     /// Bound of every wait inside a kernel.
     pub timeout: Duration,
     /// Launch kernels early where the device can ([`oxccl_hal::LaunchConfig::early_launch`]).
@@ -358,7 +505,7 @@ impl<'a> SetupContext<'a> {
     pub(crate) fn new(
         bootstrap: &'a Bootstrap,
         device: &'a AnyDevice,
-        forced: Option<Algorithm>,
+        forced: Forced,
         timeout: Duration,
         early_launch: bool,
         layout: ScratchLayout,
@@ -394,10 +541,19 @@ impl<'a> SetupContext<'a> {
         }
     }
 
-    /// Whether `algorithm` should be set up: nothing is forced, or it is the one forced
-    /// (a forced algorithm serves every call, so the others would only take memory).
+    /// Whether `algorithm` should be set up: it is the one forced for its collective, or
+    /// nothing is forced for its collective (a forced algorithm serves every call of its
+    /// collective, so the others would only take memory) and it can reach the peers.
+    /// Forcing an algorithm that maps no peer memory (`port_channel`) says the ranks may
+    /// be on different hosts: then no algorithm that maps peer memory is set up unless it
+    /// is forced too, and calls of a collective left without one are refused.
     pub fn wanted(&self, algorithm: Algorithm) -> bool {
-        self.forced.is_none_or(|f| f == algorithm)
+        if self.forced.is(algorithm) {
+            return true;
+        }
+        let across_hosts = self.forced.iter().any(|f| !f.descriptor().maps_peers);
+        let unreachable = across_hosts && algorithm.descriptor().maps_peers;
+        !self.forced.excludes(algorithm) && !unreachable
     }
 
     /// The communicator's shared scratch, made on the first request (collective: every
@@ -472,14 +628,40 @@ mod tests {
             "{e}"
         );
         assert_eq!(
-            Algorithm::of(Collective::AllReduce).count(),
+            Collective::ALL
+                .iter()
+                .map(|c| Algorithm::of(*c).count())
+                .sum::<usize>(),
             ALGORITHMS.len()
         );
+        for (i, c) in Collective::ALL.iter().enumerate() {
+            assert_eq!(*c as usize, i);
+        }
+    }
+
+    #[test]
+    fn forced_holds_one_algorithm_per_collective() {
+        let f: Forced = "twoshot, allgather_direct".parse().unwrap();
+        assert_eq!(f.of(Collective::AllReduce), Some(two_shot::TWOSHOT));
+        assert_eq!(f.of(Collective::AllGather), Some(ALLGATHER_DIRECT));
+        assert!(f.excludes(one_shot::ONESHOT_LL) && f.is(ALLGATHER_DIRECT));
+        let one: Forced = "oneshot_ll".parse().unwrap();
+        assert_eq!(one.of(Collective::AllGather), None);
+        assert!(!one.excludes(ALLGATHER_STAGED));
+        assert!("auto".parse::<Forced>().unwrap().is_empty());
+        assert!("".parse::<Forced>().unwrap().is_empty());
+        let e = "twoshot,oneshot_ll"
+            .parse::<Forced>()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("two all_reduce algorithms"), "{e}");
+        assert!("twoshot,ring".parse::<Forced>().is_err());
     }
 
     #[test]
     fn kernels_are_in_the_device_source() {
         let cu = concat!(
+            include_str!("../../../kernels/src/device/allgather.cu"),
             include_str!("../../../kernels/src/device/allreduce.cu"),
             include_str!("../../../kernels/src/device/allreduce_port.cu")
         );

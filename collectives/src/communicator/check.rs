@@ -94,10 +94,19 @@ impl Signatures {
     }
 }
 
-/// The checks of every collective call on this rank: the bytes of one rank's buffer, or
+/// Where a call runs: its collective and this rank's place in the world (the buffer
+/// sizes and NCCL's in-place rules depend on them).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CallSite {
+    pub(crate) collective: Collective,
+    pub(crate) rank: u32,
+    pub(crate) world: u32,
+}
+
+/// The checks of every collective call on this rank: the bytes of one rank's input, or
 /// why the call is refused.
 pub(crate) fn check_call(
-    collective: Collective,
+    site: CallSite,
     input: DevicePtr,
     output: DevicePtr,
     count: usize,
@@ -105,19 +114,23 @@ pub(crate) fn check_call(
     accum: AccumType,
 ) -> Result<usize> {
     let bytes = dtype.bytes(count)?;
-    check_buffers(collective, input, output, bytes, dtype)?;
-    check_types(collective, dtype, accum)?;
+    check_buffers(site, input, output, bytes, dtype)?;
+    check_types(site.collective, dtype, accum)?;
     Ok(bytes)
 }
 
-/// Null, misaligned, overflowing or partially overlapping buffers are refused.
+/// Null, misaligned, overflowing or partially overlapping buffers are refused. The input
+/// holds `bytes`, the output what the collective makes of them
+/// ([`Collective::buffer_bytes`]); they may overlap only as NCCL's in-place rule says
+/// ([`Collective::in_place_input`]).
 pub(crate) fn check_buffers(
-    collective: Collective,
+    site: CallSite,
     input: DevicePtr,
     output: DevicePtr,
     bytes: usize,
     dtype: DataType,
 ) -> Result<()> {
+    let collective = site.collective;
     if input.is_null() || output.is_null() {
         return Err(Error::InvalidArgument(format!(
             "{collective}: null input or output"
@@ -130,13 +143,17 @@ pub(crate) fn check_buffers(
              element"
         )));
     }
-    input.offset(bytes)?;
-    output.offset(bytes)?;
-    let (i, o, n) = (input.0, output.0, bytes as u64);
-    if i != o && i < o + n && o < i + n {
+    let (in_bytes, out_bytes) = collective.buffer_bytes(bytes, site.world)?;
+    input.offset(in_bytes)?;
+    output.offset(out_bytes)?;
+    let in_place = collective.in_place_input(output, bytes, site.rank);
+    let (i, o) = (input.0, output.0);
+    if in_place != Some(input) && i < o + out_bytes as u64 && o < i + in_bytes as u64 {
         return Err(Error::InvalidArgument(format!(
-            "{collective}: input {input} and output {output} overlap without being the same \
-             buffer ({bytes} bytes)"
+            "{collective}: input {input} ({in_bytes} bytes) and output {output} ({out_bytes} \
+             bytes) overlap, and the call is not in place (rank {} in place: input == {})",
+            site.rank,
+            in_place.map_or("-".to_string(), |p| p.to_string())
         )));
     }
     Ok(())
@@ -160,23 +177,50 @@ mod tests {
 
     const C: Collective = Collective::AllReduce;
 
+    fn site(collective: Collective, rank: u32) -> CallSite {
+        CallSite {
+            collective,
+            rank,
+            world: 3,
+        }
+    }
+
     #[test]
     fn buffers_and_types_are_checked() {
         let p = DevicePtr(0x1000);
-        assert!(check_buffers(C, p, p, 100, DataType::F32).is_ok());
-        assert!(check_buffers(C, DevicePtr::NULL, p, 4, DataType::F32).is_err());
-        assert!(check_buffers(C, DevicePtr(0x1002), p, 4, DataType::F32).is_err());
+        let s = site(C, 0);
+        assert!(check_buffers(s, p, p, 100, DataType::F32).is_ok());
+        assert!(check_buffers(s, DevicePtr::NULL, p, 4, DataType::F32).is_err());
+        assert!(check_buffers(s, DevicePtr(0x1002), p, 4, DataType::F32).is_err());
         assert!(check_buffers(
-            C,
+            s,
             DevicePtr(0x1001),
             DevicePtr(0x2001),
             4,
             DataType::Fp8E4m3
         )
         .is_ok());
-        assert!(check_buffers(C, p, DevicePtr(0x1004), 8, DataType::F32).is_err());
-        assert!(check_buffers(C, DevicePtr(u64::MAX - 4), p, 8, DataType::F32).is_err());
+        assert!(check_buffers(s, p, DevicePtr(0x1004), 8, DataType::F32).is_err());
+        assert!(check_buffers(s, DevicePtr(u64::MAX - 4), p, 8, DataType::F32).is_err());
         assert!(check_types(C, DataType::F32, AccumType::F16).is_err());
         assert!(check_types(C, DataType::Bf16, AccumType::F16).is_ok());
+    }
+
+    #[test]
+    fn all_gather_buffers_follow_nccl_in_place_rules() {
+        let out = DevicePtr(0x10000);
+        let g = |rank| site(Collective::AllGather, rank);
+        // In place: the input is this rank's slot of the output (100 bytes per rank).
+        assert!(check_buffers(g(0), out, out, 100, DataType::F32).is_ok());
+        assert!(check_buffers(g(2), DevicePtr(0x10000 + 200), out, 100, DataType::F32).is_ok());
+        // Another rank's slot, or an input straddling slots, overlaps without being in place.
+        let e = check_buffers(g(1), out, out, 100, DataType::F32).unwrap_err();
+        assert!(e.to_string().contains("not in place"), "{e}");
+        assert!(check_buffers(g(1), DevicePtr(0x10000 + 104), out, 100, DataType::F32).is_err());
+        // The output is world * bytes: an input right after 100 bytes still overlaps it.
+        assert!(check_buffers(g(0), DevicePtr(0x10000 + 100), out, 100, DataType::F32).is_err());
+        assert!(check_buffers(g(0), DevicePtr(0x10000 + 300), out, 100, DataType::F32).is_ok());
+        // The output's end must not overflow.
+        assert!(check_buffers(g(0), out, DevicePtr(u64::MAX - 200), 100, DataType::F32).is_err());
     }
 }

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use oxccl_hal::{DataType, Error, Result};
 
-use crate::algorithms::port_channel::PortAllreduceConfig;
-use crate::algorithms::Algorithm;
+use crate::algorithms::all_reduce::port_channel::PortAllreduceConfig;
+use crate::algorithms::Forced;
 use crate::selector::{ALGO_VAR, ONESHOT_MAX_VAR, ZC_THRESHOLD_VAR};
 use crate::tuner::{TuneMode, DEFAULT_TUNE_MAX, TUNE_DTYPES_VAR, TUNE_MAX_VAR, TUNE_VAR};
 
@@ -30,8 +30,9 @@ pub struct CommConfig {
     pub timeout: Duration,
     /// Bytes of each two-shot staging buffer (rounded up to a multiple of 4 KiB).
     pub staging_bytes: usize,
-    /// Algorithm every call must use.
-    pub forced: Option<Algorithm>,
+    /// The algorithm every call of a collective must use, per collective (`OXCCL_ALGO`:
+    /// a comma-separated list of names, at most one per collective).
+    pub forced: Forced,
     /// Largest message (bytes per rank) the selector sends through one-shot; `None`: the
     /// world-size default ([`default_oneshot_max`]).
     pub oneshot_max_bytes: Option<usize>,
@@ -60,7 +61,7 @@ impl Default for CommConfig {
         CommConfig {
             timeout: DEFAULT_TIMEOUT,
             staging_bytes: DEFAULT_STAGING,
-            forced: None,
+            forced: Forced::NONE,
             oneshot_max_bytes: None,
             zc_threshold_bytes: None,
             tune: TuneMode::Off,
@@ -101,10 +102,8 @@ impl CommConfig {
             port: PortAllreduceConfig::from_env()?,
             ..CommConfig::default()
         };
-        if let Ok(name) = std::env::var(ALGO_VAR) {
-            if !name.trim().is_empty() && name.trim() != "auto" {
-                c.forced = Some(name.parse()?);
-            }
+        if let Ok(names) = std::env::var(ALGO_VAR) {
+            c.forced = names.parse()?;
         }
         if let Some(ms) = env_number(TIMEOUT_VAR)? {
             c.timeout = Duration::from_millis(ms);

@@ -7,8 +7,9 @@
 //! writes into a peer's scratch before the peer zeroed it, then set up every algorithm of
 //! [`crate::algorithms::ALGORITHMS`] through its descriptor.
 //!
-//! Steady state ([`Communicator::all_reduce`], below): check the call ([`check`]), choose
-//! the algorithm ([`crate::selector`]), one launch through the algorithm's instance. No host
+//! Steady state ([`Communicator::all_reduce`], [`Communicator::all_gather`], below): check
+//! the call ([`check`]), choose the algorithm ([`crate::selector`]), one launch through the
+//! algorithm's instance; every collective takes the same path. No host
 //! synchronization, no host-side counter that advances per call (the epoch lives in device
 //! memory and the kernel advances it), so calls can be captured into a CUDA graph and
 //! replayed any number of times.
@@ -40,11 +41,11 @@ use oxccl_hal::{
 };
 use oxccl_kernels::abi::OXCCL_ALLREDUCE_MAX_RANKS;
 
-use crate::algorithms::{Algorithm, Call, CallShape, Collective, Instance, Plan};
+use crate::algorithms::{Algorithm, Call, CallShape, Collective, Instance, PeerBuffers, Plan};
 use crate::scratch::{ScratchLayout, SharedScratch};
 use crate::selector::{Choice, Selector};
 use crate::tuner::TuneTable;
-use check::{check_call, Signature, Signatures};
+use check::{check_call, CallSite, Signature, Signatures};
 pub use config::{CommConfig, EARLY_LAUNCH_VAR, STAGING_VAR, TIMEOUT_VAR};
 use registry::{Registered, Registry};
 
@@ -131,13 +132,24 @@ impl Communicator {
         &self.config
     }
 
-    /// The algorithm and launch a call on unregistered buffers would use (no launch).
+    /// The algorithm and launch an allreduce on unregistered buffers would use (no launch).
     pub fn choose(&self, count: usize, dtype: DataType) -> Result<Choice> {
-        let bytes = dtype.bytes(count)?;
-        self.select(&self.shape(count, dtype, bytes, false))
+        self.choose_collective(Collective::AllReduce, count, dtype)
     }
 
-    /// The algorithm and launch a call on these buffers would use (no launch).
+    /// The algorithm and launch a call of `collective` on unregistered buffers would use
+    /// (`count`: elements of one rank's input; no launch).
+    pub fn choose_collective(
+        &self,
+        collective: Collective,
+        count: usize,
+        dtype: DataType,
+    ) -> Result<Choice> {
+        let bytes = dtype.bytes(count)?;
+        self.select(&self.shape(collective, count, dtype, bytes, false))
+    }
+
+    /// The algorithm and launch an allreduce on these buffers would use (no launch).
     pub fn choose_for(
         &self,
         input: DevicePtr,
@@ -146,16 +158,31 @@ impl Communicator {
         dtype: DataType,
     ) -> Result<Choice> {
         let bytes = dtype.bytes(count)?;
+        let collective = Collective::AllReduce;
         let zc = self
-            .registry
-            .peer_buffers(input, output, bytes, self.world)
+            .registered_view(collective, input, output, bytes)
             .is_some();
-        self.select(&self.shape(count, dtype, bytes, zc))
+        self.select(&self.shape(collective, count, dtype, bytes, zc))
+    }
+
+    /// Every rank's view of this call's registered buffers: the output, and the input
+    /// where the collective reads the peers' inputs; `None` unless all are registered.
+    pub(crate) fn registered_view(
+        &self,
+        collective: Collective,
+        input: DevicePtr,
+        output: DevicePtr,
+        bytes: usize,
+    ) -> Option<PeerBuffers> {
+        let (in_bytes, out_bytes) = collective.buffer_bytes(bytes, self.world).ok()?;
+        let input = collective.reads_peer_inputs().then_some((input, in_bytes));
+        self.registry
+            .peer_buffers(input, (output, out_bytes), self.world)
     }
 
     /// The state of an algorithm set up in this communicator, if it is (for what it
     /// reports about itself; e.g. downcast to
-    /// [`crate::algorithms::port_channel::PortAllreduce`]).
+    /// [`crate::algorithms::all_reduce::port_channel::PortAllreduce`]).
     pub fn instance(&self, algorithm: Algorithm) -> Option<&dyn Instance> {
         self.instances
             .iter()
@@ -244,8 +271,16 @@ impl Communicator {
         self.registry.len()
     }
 
-    fn shape(&self, count: usize, dtype: DataType, bytes: usize, zero_copy: bool) -> CallShape<'_> {
+    fn shape(
+        &self,
+        collective: Collective,
+        count: usize,
+        dtype: DataType,
+        bytes: usize,
+        zero_copy: bool,
+    ) -> CallShape<'_> {
         CallShape {
+            collective,
             count,
             dtype,
             bytes,
@@ -285,15 +320,88 @@ impl Communicator {
         accum: AccumType,
         stream: &AnyStream,
     ) -> Result<()> {
+        // SAFETY: the caller's obligations (this function's contract).
+        unsafe {
+            self.run(
+                Collective::AllReduce,
+                input,
+                output,
+                count,
+                dtype,
+                op,
+                accum,
+                stream,
+            )
+        }
+    }
+
+    /// All-gather of `count` elements per rank: rank r's input lands at element
+    /// `r * count` of every rank's output, which holds `world_size * count` elements. In
+    /// place when `input` is this rank's slot of the output (`output + rank * count`
+    /// elements), as NCCL defines it. Data only moves, so every data type is served alike.
+    /// `count == 0` does nothing.
+    ///
+    /// Errors (before any launch): as [`Communicator::all_reduce`]; an input that overlaps
+    /// the output anywhere but at this rank's slot is refused.
+    ///
+    /// # Safety
+    /// `input` must be device memory of this communicator's device holding `count`
+    /// elements, `output` `world_size * count`, both live until the work queued on
+    /// `stream` completes; no other work may write them meanwhile. Every rank must make
+    /// the same sequence of calls, ordered on one stream per rank.
+    pub unsafe fn all_gather(
+        &self,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        stream: &AnyStream,
+    ) -> Result<()> {
+        // SAFETY: the caller's obligations (this function's contract).
+        unsafe {
+            self.run(
+                Collective::AllGather,
+                input,
+                output,
+                count,
+                dtype,
+                ReduceOp::Sum,
+                AccumType::Auto,
+                stream,
+            )
+        }
+    }
+
+    /// One call of any collective: check it, choose its algorithm, check the first call
+    /// of its signature across ranks, launch.
+    ///
+    /// # Safety
+    /// The collective's public function's contract.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn run(
+        &self,
+        collective: Collective,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        accum: AccumType,
+        stream: &AnyStream,
+    ) -> Result<()> {
         let at = |e: Error| e.at_rank(self.rank);
         if count == 0 {
             return Ok(());
         }
-        let collective = Collective::AllReduce;
-        let bytes = check_call(collective, input, output, count, dtype, accum).map_err(at)?;
-        let peers = self.registry.peer_buffers(input, output, bytes, self.world);
+        let site = CallSite {
+            collective,
+            rank: self.rank,
+            world: self.world,
+        };
+        let bytes = check_call(site, input, output, count, dtype, accum).map_err(at)?;
+        let peers = self.registered_view(collective, input, output, bytes);
         let choice = self
-            .select(&self.shape(count, dtype, bytes, peers.is_some()))
+            .select(&self.shape(collective, count, dtype, bytes, peers.is_some()))
             .map_err(at)?;
         // Registered buffers go to the algorithms that use them (reading the peers'
         // inputs, writing their outputs).

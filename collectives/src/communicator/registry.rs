@@ -55,35 +55,40 @@ impl Registry {
         self.lock().len()
     }
 
-    /// Every rank's input and output for a call of `bytes` on `world` ranks, when both
-    /// lie 16-byte aligned inside registered buffers that are long enough on every rank.
+    /// Every rank's output (`(pointer, bytes)`), and input when asked for, as mapped here,
+    /// when each lies 16-byte aligned inside a registered buffer that is long enough on
+    /// every rank. Without an input, the views' inputs are null and its offset `u64::MAX`.
     pub(crate) fn peer_buffers(
         &self,
-        input: DevicePtr,
-        output: DevicePtr,
-        bytes: usize,
+        input: Option<(DevicePtr, usize)>,
+        output: (DevicePtr, usize),
         world: u32,
     ) -> Option<PeerBuffers> {
-        if !input.is_aligned(16) || !output.is_aligned(16) {
-            return None;
-        }
         let reg = self.lock();
-        let find = |p: DevicePtr| {
+        let find = |(p, bytes): (DevicePtr, usize)| {
+            if !p.is_aligned(16) {
+                return None;
+            }
             let (base, r) = reg.range(..=p.0).next_back()?;
             let off = p.0 - base;
             let end = off.checked_add(bytes as u64)?;
             (end <= r.len as u64 && r.lens[..world as usize].iter().all(|l| end <= *l))
                 .then_some((r, off))
         };
-        let (ri, oi) = find(input)?;
         let (ro, oo) = find(output)?;
+        let inputs = match input {
+            Some(i) => Some(find(i)?),
+            None => None,
+        };
         let mut z = PeerBuffers {
             inputs: [DevicePtr::NULL; OXCCL_ALLREDUCE_MAX_RANKS as usize],
             outputs: [DevicePtr::NULL; OXCCL_ALLREDUCE_MAX_RANKS as usize],
-            offsets: (oi, oo),
+            offsets: (inputs.map_or(u64::MAX, |(_, oi)| oi), oo),
         };
         for r in 0..world as usize {
-            z.inputs[r] = DevicePtr(ri.bases[r].0.checked_add(oi)?);
+            if let Some((ri, oi)) = inputs {
+                z.inputs[r] = DevicePtr(ri.bases[r].0.checked_add(oi)?);
+            }
             z.outputs[r] = DevicePtr(ro.bases[r].0.checked_add(oo)?);
         }
         Some(z)
@@ -119,21 +124,38 @@ mod tests {
         assert!(reg.contains(DevicePtr(0x1000), 4096));
         assert!(!reg.contains(DevicePtr(0x1000), 100));
         let v = reg
-            .peer_buffers(DevicePtr(0x1010), DevicePtr(0x1100), 1024, 2)
+            .peer_buffers(
+                Some((DevicePtr(0x1010), 1024)),
+                (DevicePtr(0x1100), 1024),
+                2,
+            )
             .unwrap();
         assert_eq!(v.inputs[1], DevicePtr(0x9010));
         assert_eq!(v.outputs[1], DevicePtr(0x9100));
         assert_eq!(v.offsets, (0x10, 0x100));
         // Unaligned, past the peer's shorter buffer, or not registered: no view.
         assert!(reg
-            .peer_buffers(DevicePtr(0x1002), DevicePtr(0x1100), 16, 2)
+            .peer_buffers(Some((DevicePtr(0x1002), 16)), (DevicePtr(0x1100), 16), 2)
             .is_none());
         assert!(reg
-            .peer_buffers(DevicePtr(0x1000), DevicePtr(0x1000), 3000, 2)
+            .peer_buffers(
+                Some((DevicePtr(0x1000), 3000)),
+                (DevicePtr(0x1000), 3000),
+                2
+            )
             .is_none());
         assert!(reg
-            .peer_buffers(DevicePtr(0x100), DevicePtr(0x1000), 16, 2)
+            .peer_buffers(Some((DevicePtr(0x100), 16)), (DevicePtr(0x1000), 16), 2)
             .is_none());
+        // Output only (all-gather): no input view.
+        let v = reg
+            .peer_buffers(None, (DevicePtr(0x1100), 1024), 2)
+            .unwrap();
+        assert_eq!(
+            (v.inputs[1], v.outputs[1]),
+            (DevicePtr::NULL, DevicePtr(0x9100))
+        );
+        assert_eq!(v.offsets, (u64::MAX, 0x100));
         assert!(reg.remove(DevicePtr(0x1000)).is_some());
         assert_eq!(reg.len(), 0);
     }

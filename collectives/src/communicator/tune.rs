@@ -125,7 +125,13 @@ impl TuneTarget for Communicator {
     }
 
     fn call_shape(&self, count: usize, dtype: DataType, registered: bool) -> Result<CallShape<'_>> {
-        Ok(self.shape(count, dtype, dtype.bytes(count)?, registered))
+        Ok(self.shape(
+            Collective::AllReduce,
+            count,
+            dtype,
+            dtype.bytes(count)?,
+            registered,
+        ))
     }
 
     fn peer_buffers(
@@ -134,7 +140,7 @@ impl TuneTarget for Communicator {
         output: DevicePtr,
         bytes: usize,
     ) -> Option<PeerBuffers> {
-        self.registry.peer_buffers(input, output, bytes, self.world)
+        self.registered_view(Collective::AllReduce, input, output, bytes)
     }
 
     unsafe fn launch(

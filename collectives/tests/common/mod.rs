@@ -1,10 +1,55 @@
-//! Inputs and references shared by the allreduce integration tests.
+//! Ranks, inputs and references shared by the collectives' integration tests.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
 
 use oxccl_collectives::backend::{AnyDevice, AnyMemory, AnyStream};
+use oxccl_collectives::channels::bootstrap::{Bootstrap, BootstrapConfig, UniqueId};
 use oxccl_collectives::hal::{
-    AccumType, DataType, Device, DevicePtr, Memory, MemoryKind, ReduceOp, Stream,
+    AccumType, BackendKind, DataType, Device, DeviceId, DevicePtr, Memory, MemoryKind, ReduceOp,
+    Stream,
 };
 use oxccl_collectives::kernels::{formats, pattern, reduce};
+use oxccl_collectives::{CommConfig, Communicator};
+
+/// One rank of a test: its communicator and a stream.
+#[allow(dead_code)]
+pub struct Rank {
+    pub comm: Communicator,
+    pub stream: AnyStream,
+}
+
+/// Runs `body` on `world` ranks as threads of this process (each its own host device),
+/// with a configuration per rank; tears every communicator down collectively.
+#[allow(dead_code)]
+pub fn threads_with(
+    world: u32,
+    config_of: impl Fn(u32) -> CommConfig + Send + Sync + 'static,
+    body: impl Fn(&Rank) + Send + Sync + 'static,
+) {
+    let id =
+        UniqueId::create_on(IpAddr::V4(Ipv4Addr::LOCALHOST), &BootstrapConfig::default()).unwrap();
+    let body = Arc::new(body);
+    let config_of = Arc::new(config_of);
+    let handles: Vec<_> = (0..world)
+        .map(|r| {
+            let body = Arc::clone(&body);
+            let config_of = Arc::clone(&config_of);
+            std::thread::spawn(move || {
+                let bs = Bootstrap::new(&id, r, world, &BootstrapConfig::default()).unwrap();
+                let dev = AnyDevice::open_with(BackendKind::Host, DeviceId(r)).unwrap();
+                let comm = Communicator::new(bs, dev, config_of(r)).unwrap();
+                let stream = comm.device().create_stream().unwrap();
+                let rank = Rank { comm, stream };
+                body(&rank);
+                rank.comm.destroy().unwrap();
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("rank thread panicked");
+    }
+}
 
 /// Deterministic non-zero inputs of `rank` (`oxccl_kernels::pattern::allreduce_input`).
 pub fn input(dtype: DataType, rank: u32, count: usize, salt: u64) -> Vec<u8> {
@@ -31,6 +76,7 @@ pub fn expected(
 /// The buffers of one check on `device` (the caller keeps them alive) and its input and
 /// output: in place one buffer; out of place the input sits one element past 16-byte
 /// alignment, so the kernels' byte paths run too.
+#[allow(dead_code)]
 pub fn check_buffers(
     device: &AnyDevice,
     dtype: DataType,
@@ -47,6 +93,7 @@ pub fn check_buffers(
 }
 
 /// Writes `rank`'s [`input`] into `inp`, and poisons `out` when it is another buffer.
+#[allow(dead_code)]
 pub fn stage(
     stream: &AnyStream,
     (inp, out): (DevicePtr, DevicePtr),

@@ -5,7 +5,7 @@
 
 use oxccl_hal::{Error, HostKernelTable, MulticastSupport, Result};
 
-use super::{Algorithm, Buffers, CallShape, Collective, Descriptor, Plan};
+use crate::algorithms::{Algorithm, Buffers, CallShape, Collective, Descriptor, Plan};
 
 /// The NVLS allreduce: gated, and without a kernel yet (its plan always refuses, so it is
 /// never set up).
@@ -22,6 +22,7 @@ pub const NVLS: Algorithm = Algorithm::new(&Descriptor {
     },
     plan,
     buffers: Buffers::Own,
+    maps_peers: true,
     tuning: None,
     setup: |_, _| Ok(None),
 });
@@ -47,6 +48,7 @@ mod tests {
     fn refuses() {
         let caps = oxccl_hal::Capabilities::default();
         let s = CallShape {
+            collective: Collective::AllReduce,
             count: 1,
             dtype: oxccl_hal::DataType::F32,
             bytes: 4,

@@ -10,11 +10,11 @@
 
 use oxccl_hal::{Error, HostKernelTable, LaunchConfig, Result};
 
-use super::scratch_kernel::ScratchKernel;
-use super::{
+use crate::algorithms::scratch_kernel::ScratchKernel;
+use crate::algorithms::{
     max_blocks, Algorithm, Buffers, CallShape, Collective, Descriptor, Plan, Tuning, THREADS,
 };
-use crate::host_kernels::{backoff, ll16_try_read, ll16_write, packet, unwords, words, Call};
+use crate::host_kernels::{ll16_read_unit, ll16_write_unit, Call};
 use crate::scratch::FlagRegion;
 
 /// Kernel symbol (device image and host stand-in).
@@ -35,6 +35,7 @@ pub const ONESHOT_LL: Algorithm = Algorithm::new(&Descriptor {
     },
     plan,
     buffers: Buffers::Own,
+    maps_peers: true,
     tuning: Some(Tuning {
         threads: &[64, 128, 256, 512],
         work: |s| s.bytes.div_ceil(16).max(1),
@@ -118,52 +119,23 @@ fn host_kernel(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     let slot = units * 32;
     let (flag, half) = c.flagged_half(slot)?;
     for u in 0..units {
-        let w = words(&c.load_input(u * 16));
+        let v = c.load_input(u * 16);
         for k in 1..c.world {
             let p = (c.me + k) % c.world;
-            let off = half + c.me * slot + u * 32;
-            // SAFETY: `off` addresses packets 2u, 2u+1 of slot `me` of the current half of
-            // peer p's packet region, which fits (checked above); scratch bases are live.
-            let (p0, p1) = unsafe { (packet(c.scratch(p), off), packet(c.scratch(p), off + 16)) };
-            ll16_write(p0, w[0], w[1], flag);
-            ll16_write(p1, w[2], w[3], flag);
+            // SAFETY: packets 2u, 2u+1 of slot `me` of the current half of peer p's packet
+            // region, which fits (checked above).
+            unsafe { ll16_write_unit(&c, p, half + c.me * slot + u * 32, &v, flag) };
         }
     }
     let mut inputs = vec![[0u8; 16]; c.world];
     for u in 0..units {
         for (r, input) in inputs.iter_mut().enumerate() {
-            if r == c.me {
-                *input = c.load_input(u * 16);
-                continue;
-            }
-            let off = half + r * slot + u * 32;
-            // SAFETY: as above, in this rank's own packet region.
-            let (p0, p1) = unsafe {
-                (
-                    packet(c.scratch(c.me), off),
-                    packet(c.scratch(c.me), off + 16),
-                )
+            *input = if r == c.me {
+                c.load_input(u * 16)
+            } else {
+                // SAFETY: as above, slot r of this rank's own current half.
+                unsafe { ll16_read_unit(&c, half + r * slot + u * 32, r, flag)? }
             };
-            let mut polls = 0u32;
-            let (a, b) = loop {
-                if let Some(v) = ll16_try_read(p0, flag) {
-                    break v;
-                }
-                if c.timed_out() {
-                    return Err(c.fail(r, "one-shot packets"));
-                }
-                backoff(&mut polls);
-            };
-            let (d, e) = loop {
-                if let Some(v) = ll16_try_read(p1, flag) {
-                    break v;
-                }
-                if c.timed_out() {
-                    return Err(c.fail(r, "one-shot packets"));
-                }
-                backoff(&mut polls);
-            };
-            *input = unwords([a, b, d, e]);
         }
         let valid = c.total.saturating_sub(u * 16).min(16);
         c.store_output(u * 16, &c.reduce_unit(&inputs, valid)?);

@@ -17,8 +17,10 @@ use std::sync::atomic::Ordering;
 use oxccl_hal::{BackendKind, Error, HostKernelTable, LaunchConfig, Result};
 
 use super::one_shot::{check_capacity, spread};
-use super::scratch_kernel::ScratchKernel;
-use super::{max_blocks, Algorithm, Buffers, CallShape, Collective, Descriptor, Plan, Tuning};
+use crate::algorithms::scratch_kernel::ScratchKernel;
+use crate::algorithms::{
+    max_blocks, Algorithm, Buffers, CallShape, Collective, Descriptor, Plan, Tuning,
+};
 use crate::host_kernels::{backoff, packet, unwords, words, Call};
 use crate::scratch::FlagRegion;
 
@@ -40,6 +42,7 @@ pub const ONESHOT_LL128: Algorithm = Algorithm::new(&Descriptor {
     },
     plan,
     buffers: Buffers::Own,
+    maps_peers: true,
     tuning: Some(Tuning {
         threads: &[64, 128, 256, 512],
         work: lanes,
@@ -188,6 +191,7 @@ mod tests {
             ..Capabilities::default()
         };
         let mut s = CallShape {
+            collective: Collective::AllReduce,
             count: 1 << 19,
             dtype: DataType::Bf16,
             bytes: 1 << 20,

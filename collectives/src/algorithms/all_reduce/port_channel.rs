@@ -12,7 +12,7 @@ pub mod allreduce;
 
 use oxccl_hal::{Error, HostKernelTable, LaunchConfig, Result};
 
-use super::{Algorithm, Buffers, CallShape, Collective, Descriptor, Plan, THREADS};
+use crate::algorithms::{Algorithm, Buffers, CallShape, Collective, Descriptor, Plan, THREADS};
 pub use allreduce::{
     parse_transport, PortAllreduce, PortAllreduceConfig, CHUNK_VAR, DEFAULT_CHUNK, TRANSPORT_VAR,
 };
@@ -36,9 +36,10 @@ pub const PORT_CHANNEL: Algorithm = Algorithm::new(&Descriptor {
     },
     plan,
     buffers: Buffers::Own,
+    maps_peers: false,
     tuning: None,
     setup: |ctx, me| {
-        if ctx.forced != Some(me) {
+        if !ctx.forced.is(me) {
             return Ok(None);
         }
         Ok(Some(Box::new(PortAllreduce::new(ctx, me)?)))

@@ -10,8 +10,8 @@
 
 use oxccl_hal::{HostKernelTable, LaunchConfig, Result};
 
-use super::scratch_kernel::ScratchKernel;
-use super::{
+use crate::algorithms::scratch_kernel::ScratchKernel;
+use crate::algorithms::{
     max_blocks, Algorithm, Buffers, CallShape, Collective, Descriptor, Plan, Tuning, THREADS,
 };
 use crate::host_kernels::{barrier, barrier_blocks, copy16, rounds, Call};
@@ -35,6 +35,7 @@ pub const TWOSHOT: Algorithm = Algorithm::new(&Descriptor {
     },
     plan,
     buffers: Buffers::Own,
+    maps_peers: true,
     tuning: Some(Tuning {
         threads: &[128, 256, 512],
         work: chunk_units,

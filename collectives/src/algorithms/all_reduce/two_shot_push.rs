@@ -12,9 +12,9 @@
 
 use oxccl_hal::{HostKernelTable, LaunchConfig, Result};
 
-use super::scratch_kernel::ScratchKernel;
 use super::two_shot::{chunk_units, staging_plan};
-use super::{Algorithm, Buffers, CallShape, Collective, Descriptor, Plan, Tuning};
+use crate::algorithms::scratch_kernel::ScratchKernel;
+use crate::algorithms::{Algorithm, Buffers, CallShape, Collective, Descriptor, Plan, Tuning};
 use crate::host_kernels::{barrier, barrier_blocks, copy16, rounds, Call};
 use crate::scratch::FlagRegion;
 
@@ -36,6 +36,7 @@ pub const TWOSHOT_PUSH: Algorithm = Algorithm::new(&Descriptor {
     },
     plan,
     buffers: Buffers::PeerOutputsIfRegistered,
+    maps_peers: true,
     tuning: Some(Tuning {
         threads: &[128, 256, 512],
         work: chunk_units,

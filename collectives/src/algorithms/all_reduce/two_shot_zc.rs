@@ -9,9 +9,9 @@
 
 use oxccl_hal::{Error, HostKernelTable, LaunchConfig, Result};
 
-use super::scratch_kernel::ScratchKernel;
 use super::two_shot::chunk_units;
-use super::{
+use crate::algorithms::scratch_kernel::ScratchKernel;
+use crate::algorithms::{
     max_blocks, Algorithm, Buffers, CallShape, Collective, Descriptor, Plan, Tuning, THREADS,
 };
 use crate::host_kernels::{barrier, barrier_blocks, Call};
@@ -36,6 +36,7 @@ pub const TWOSHOT_ZC: Algorithm = Algorithm::new(&Descriptor {
     },
     plan,
     buffers: Buffers::Registered,
+    maps_peers: true,
     tuning: Some(Tuning {
         threads: &[128, 256, 512],
         work: chunk_units,
@@ -143,6 +144,7 @@ mod tests {
             ..oxccl_hal::Capabilities::default()
         };
         let mut s = CallShape {
+            collective: Collective::AllReduce,
             count: 1 << 29,
             dtype: oxccl_hal::DataType::Bf16,
             bytes: 1 << 30,

@@ -1,0 +1,116 @@
+//! Staged all-gather for buffers nobody registered: every rank pushes its input into its
+//! slot of every peer's staging (peer stores), a per-block barrier, then every rank copies
+//! the peers' slots from its own staging into its output (local loads), and a second
+//! barrier frees the staging for the next round. A message larger than the staging's
+//! `world` slots goes in equal rounds.
+
+use oxccl_hal::{Error, HostKernelTable, LaunchConfig, Result};
+
+use super::{copy_own_slot, store_slot};
+use crate::algorithms::scratch_kernel::ScratchKernel;
+use crate::algorithms::{
+    max_blocks, Algorithm, Buffers, CallShape, Collective, Descriptor, Plan, THREADS,
+};
+use crate::host_kernels::{barrier, barrier_blocks, copy16, Call};
+use crate::scratch::FlagRegion;
+
+/// Kernel symbol (device image and host stand-in).
+const KERNEL: &str = "allgather_staged";
+
+/// The staged all-gather.
+pub const ALLGATHER_STAGED: Algorithm = Algorithm::new(&Descriptor {
+    collective: Collective::AllGather,
+    name: "allgather_staged",
+    aliases: &["allgather_staging"],
+    code: 102,
+    serves: "all-gathers of any size on buffers nobody registered, world size 1..=8",
+    kernel: KERNEL,
+    host: HostKernelTable {
+        name: "allgather_staged (host)",
+        kernels: &[(KERNEL, host_kernel)],
+    },
+    plan,
+    buffers: Buffers::Own,
+    maps_peers: true,
+    tuning: None,
+    setup: |ctx, me| ScratchKernel::setup(ctx, me, FlagRegion::Packets),
+});
+
+/// The launch: one block of 512 threads per 512 units of a rank's input, up to the whole
+/// chip (every block copies its share of every slot); one host thread on the host backend.
+pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
+    if s.host {
+        return Ok(Plan {
+            kernel: KERNEL,
+            config: LaunchConfig::linear(1, 32),
+        });
+    }
+    let units = s.bytes.div_ceil(16).max(1);
+    let blocks = units
+        .div_ceil(THREADS as usize)
+        .clamp(1, max_blocks(s.caps) as usize) as u32;
+    Ok(Plan {
+        kernel: KERNEL,
+        config: LaunchConfig::linear(blocks, THREADS),
+    })
+}
+
+/// Units of every rank's input per round (`Rounds` in allgather.cu): `world` slots of at
+/// most the staging, in equal rounds.
+fn round_units(c: &Call, units: usize) -> Result<usize> {
+    let cap_max = c.a.data_bytes as usize / (16 * c.world);
+    if cap_max == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{KERNEL}: staging of {} bytes holds no unit per rank",
+            c.a.data_bytes
+        )));
+    }
+    let rounds = units.div_ceil(cap_max);
+    Ok(units.div_ceil(rounds.max(1)))
+}
+
+/// The kernel on the host backend: the device kernel's steps on one thread.
+fn host_kernel(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
+    let c = Call::new(bytes, KERNEL)?;
+    let blocks = barrier_blocks(config);
+    let units = c.total.div_ceil(16);
+    let cap = round_units(&c, units)?;
+    let staging = c.a.data_offset as usize;
+    copy_own_slot(&c);
+    let mut base = 0;
+    while base < units {
+        let n = (units - base).min(cap);
+        for k in 1..c.world {
+            let p = (c.me + k) % c.world;
+            for j in 0..n {
+                let v = c.load_input((base + j) * 16);
+                // SAFETY: peer p's staging holds world * cap units (round_units); me <
+                // world, j < cap.
+                unsafe {
+                    copy16(
+                        v.as_ptr(),
+                        c.scratch(p).add(staging + (c.me * cap + j) * 16),
+                    )
+                };
+            }
+        }
+        barrier(&c, blocks)?;
+        for r in (0..c.world).filter(|r| *r != c.me) {
+            for j in 0..n {
+                let mut v = [0u8; 16];
+                // SAFETY: slot r of this rank's staging, written by r before the barrier.
+                unsafe {
+                    copy16(
+                        c.scratch(c.me).add(staging + (r * cap + j) * 16),
+                        v.as_mut_ptr(),
+                    )
+                };
+                store_slot(&c, r, (base + j) * 16, &v);
+            }
+        }
+        barrier(&c, blocks)?;
+        base += n;
+    }
+    c.finish();
+    Ok(())
+}
