@@ -12,7 +12,7 @@ use oxccl_collectives::hal::{
     Stream,
 };
 use oxccl_collectives::kernels::abi::OXCCL_ALLREDUCE_MAX_RANKS;
-use oxccl_collectives::{CommConfig, Communicator};
+use oxccl_collectives::{Collective, CommConfig, Communicator};
 
 use crate::error::{log_info, ApiError, ApiResult};
 use crate::id::{self, PackedId};
@@ -478,9 +478,7 @@ impl Comm {
         ))
     }
 
-    /// The host backend's allreduce: the caller's host buffers are copied into a
-    /// host-backend (shared-memory) buffer, reduced across the processes by oxccl's host
-    /// kernels, and copied back; returns once done (the stream argument is not used).
+    /// The host backend's allreduce: see [`Comm::host_call`].
     #[allow(clippy::too_many_arguments)]
     fn host_all_reduce(
         &self,
@@ -492,42 +490,97 @@ impl Comm {
         dtype: DataType,
         op: ReduceOp,
     ) -> ApiResult<String> {
+        // The caller's buffers are checked here: the call itself runs on staging.
+        comm.check_buffers(Collective::AllReduce, send, recv, count, dtype)?;
         let bytes = dtype.bytes(count)?;
+        self.host_call(host, comm, (send, bytes, 0), (recv, bytes), |buf| {
+            // SAFETY: the staging buffer holds `count` elements and lives until the stream
+            // is synchronized (host_call); in place is allowed.
+            unsafe { comm.all_reduce(buf, buf, count, dtype, op, AccumType::Auto, &host.stream) }
+        })
+    }
+
+    /// All-gather of `count` elements of `dtype` per rank on the caller's stream (the
+    /// host backend: through host memory, see [`Comm::host_call`]); returns the algorithm
+    /// for the log when logging.
+    ///
+    /// # Safety
+    /// NCCL's contract for ncclAllGather: `send` holds `count` elements and `recv`
+    /// `nranks * count` on this communicator's device (host memory on the host backend),
+    /// `stream` is a live stream of that device, every rank makes the same calls.
+    pub unsafe fn all_gather(
+        &self,
+        comm: &Communicator,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        stream: CudaStreamT,
+    ) -> ApiResult<String> {
+        let algo = if crate::error::log_enabled() && self.host.is_none() {
+            comm.choose_collective(Collective::AllGather, count, dtype)
+                .map(|c| c.algorithm.to_string())
+                .unwrap_or_else(|e| format!("? ({e})"))
+        } else {
+            String::new()
+        };
+        if let Some(host) = &self.host {
+            // The caller's buffers are checked here: the call itself runs on staging.
+            comm.check_buffers(Collective::AllGather, send, recv, count, dtype)?;
+            let bytes = dtype.bytes(count)?;
+            let total = bytes
+                .checked_mul(self.nranks as usize)
+                .ok_or_else(|| ApiError::invalid_argument("all-gather size overflows"))?;
+            let slot = bytes * self.rank as usize;
+            return self.host_call(host, comm, (send, bytes, slot), (recv, total), |buf| {
+                let own = buf.offset(slot)?;
+                // SAFETY: the staging buffer holds `nranks * count` elements, the input is
+                // this rank's slot of it (in place), and it lives until the stream is
+                // synchronized (host_call).
+                unsafe { comm.all_gather(own, buf, count, dtype, &host.stream) }
+            });
+        }
+        let s = self.borrow_stream(comm, stream)?;
+        // SAFETY: this function's contract is all_gather's (buffers and stream).
+        unsafe { comm.all_gather(send, recv, count, dtype, &s) }?;
+        Ok(algo)
+    }
+
+    /// A call on the host backend: the caller's host input (`send`, its bytes, and where
+    /// it goes in the staging buffer) is copied into a host-backend (shared-memory)
+    /// staging buffer, `run` queues the collective on it, and the first `recv.1` bytes of
+    /// the staging buffer are copied to the caller's output; returns once done (the
+    /// caller's stream is not used). A failure is kept as the communicator's async error.
+    fn host_call(
+        &self,
+        host: &HostState,
+        comm: &Communicator,
+        (send, send_bytes, send_at): (DevicePtr, usize, usize),
+        (recv, recv_bytes): (DevicePtr, usize),
+        run: impl FnOnce(DevicePtr) -> oxccl_collectives::hal::Result<()>,
+    ) -> ApiResult<String> {
+        let need = recv_bytes.max(send_at.saturating_add(send_bytes));
         let mut staging = host.staging.lock().unwrap_or_else(|p| p.into_inner());
-        if staging.as_ref().is_none_or(|m| m.len() < bytes) {
+        if staging.as_ref().is_none_or(|m| m.len() < need) {
             *staging = None;
-            *staging = Some(comm.device().alloc(bytes.max(4096), MemoryKind::Plain)?);
+            *staging = Some(comm.device().alloc(need.max(4096), MemoryKind::Plain)?);
         }
         let mem = staging
             .as_ref()
             .ok_or_else(|| ApiError::internal("no staging buffer"))?;
-        // SAFETY: NCCL's contract: `send` holds `bytes` readable bytes of host memory here.
-        let input = unsafe { std::slice::from_raw_parts(send.0 as usize as *const u8, bytes) };
-        host.stream.write(mem.ptr(), input)?;
-        let run = || -> ApiResult<()> {
-            // SAFETY: the staging buffer holds `count` elements and lives until the stream
-            // is synchronized below; in place is allowed.
-            unsafe {
-                comm.all_reduce(
-                    mem.ptr(),
-                    mem.ptr(),
-                    count,
-                    dtype,
-                    op,
-                    AccumType::Auto,
-                    &host.stream,
-                )
-            }?;
-            host.stream.synchronize()?;
-            comm.check_error(&host.stream)?;
-            Ok(())
-        };
-        if let Err(e) = run() {
+        // SAFETY: NCCL's contract: `send` holds `send_bytes` readable bytes of host memory.
+        let input = unsafe { std::slice::from_raw_parts(send.0 as usize as *const u8, send_bytes) };
+        host.stream.write(mem.ptr().offset(send_at)?, input)?;
+        let result = run(mem.ptr())
+            .and_then(|()| host.stream.synchronize())
+            .and_then(|()| comm.check_error(&host.stream));
+        if let Err(e) = result {
+            let e = ApiError::from(e);
             self.async_error.store(e.code, Ordering::Relaxed);
             return Err(e);
         }
-        // SAFETY: NCCL's contract: `recv` holds `bytes` writable bytes of host memory.
-        let out = unsafe { std::slice::from_raw_parts_mut(recv.0 as usize as *mut u8, bytes) };
+        // SAFETY: NCCL's contract: `recv` holds `recv_bytes` writable bytes of host memory.
+        let out = unsafe { std::slice::from_raw_parts_mut(recv.0 as usize as *mut u8, recv_bytes) };
         host.stream.read(mem.ptr(), out)?;
         Ok("host".into())
     }
@@ -656,6 +709,18 @@ pub fn served_dtype(dtype: NcclDataType) -> Option<DataType> {
         NCCL_FLOAT8_E5M2 => Some(DataType::Fp8E5m2),
         _ => None,
     }
+}
+
+/// The oxccl type and count that move the same bytes as `count` elements of an NCCL type,
+/// for collectives that only move data (every NCCL type is served): a type of the same
+/// size, or f32 pairs for the 8-byte types. `None` for an unknown type.
+pub fn moved_as(dtype: NcclDataType, count: usize) -> Option<(DataType, usize)> {
+    Some(match crate::types::type_size(dtype)? {
+        1 => (DataType::Fp8E4m3, count),
+        2 => (DataType::Bf16, count),
+        4 => (DataType::F32, count),
+        _ => (DataType::F32, count.checked_mul(2)?),
+    })
 }
 
 /// oxccl's operator for an NCCL operator, when oxccl serves it.

@@ -17,8 +17,8 @@ use std::ffi::{c_char, c_int, c_void};
 use oxccl_collectives::hal::{BackendKind, DevicePtr};
 
 use crate::comm::{
-    backend, check_real, new_unique_id, real_comm_of, real_nccl, resolve, served_dtype, served_op,
-    Comm, Target,
+    backend, check_real, moved_as, new_unique_id, real_comm_of, real_nccl, resolve, served_dtype,
+    served_op, Comm, Target,
 };
 use crate::error::{
     error_string, guard, guard_value, last_error_ptr, log_enabled, log_info, set_last_error,
@@ -712,11 +712,78 @@ unsafe fn all_reduce(
     forward_why(why)
 }
 
+export! {
+    /// Served by oxccl for every data type (data only moves) on a communicator oxccl serves
+    /// (one node, up to 8 ranks), on the caller's stream, in place when `sendbuff` is this
+    /// rank's slot of `recvbuff`; every other call is forwarded to the real NCCL.
+    fn ncclAllGather / pncclAllGather(sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: NcclDataType, comm: Opaque, stream: CudaStreamT) -> NcclResult {
+        guard("ncclAllGather", || {
+            // SAFETY: NCCL's contract on every argument.
+            unsafe { all_gather(sendbuff, recvbuff, sendcount, datatype, comm, stream) }
+        })
+    }
+}
+
+/// # Safety
+/// NCCL's contract for ncclAllGather.
+unsafe fn all_gather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: NcclDataType,
+    comm: Opaque,
+    stream: CudaStreamT,
+) -> ApiResult<()> {
+    // SAFETY: NCCL's contract on comm.
+    let target = unsafe { resolve(comm) }?;
+    let detail = || format!(" sendcount={sendcount} dtype={}", type_name(datatype));
+    let forward_why = |why: String| {
+        let call = |real: &'static RealNccl, c: Opaque| {
+            let f = real.fns.all_gather?;
+            // SAFETY: the caller's arguments with the real communicator.
+            Some(unsafe { f(sendbuff, recvbuff, sendcount, datatype, c, stream) })
+        };
+        // SAFETY: NCCL's contract on comm.
+        unsafe { forward("ncclAllGather", comm, &why, detail, call) }
+    };
+    let c = match target {
+        Target::Foreign(_) => return forward_why(NOT_SERVED.into()),
+        Target::Ours(c) => c,
+    };
+    check_count(sendcount, datatype)?;
+    if sendcount > 0 && (sendbuff.is_null() || recvbuff.is_null()) {
+        return Err(ApiError::invalid_argument(format!(
+            "sendbuff {sendbuff:?} or recvbuff {recvbuff:?} is NULL with sendcount {sendcount}"
+        )));
+    }
+    let Some(ox) = c.serving() else {
+        return forward_why(format!(
+            "oxccl does not serve this communicator ({} ranks, {} backend; it serves up to \
+             8 ranks on CUDA or the host backend)",
+            c.nranks, c.kind
+        ));
+    };
+    if sendcount == 0 {
+        return Ok(());
+    }
+    let (dtype, count) = moved_as(datatype, sendcount)
+        .ok_or_else(|| ApiError::invalid_argument(format!("sendcount {sendcount} overflows")))?;
+    let send = DevicePtr(sendbuff as usize as u64);
+    let recv = DevicePtr(recvbuff as usize as u64);
+    // SAFETY: NCCL's contract on buffers and stream is oxccl's.
+    let algo = unsafe { c.all_gather(ox, send, recv, count, dtype, stream) }?;
+    log_info!(
+        "rank {} ncclAllGather{} -> oxccl ({algo})",
+        c.rank,
+        detail()
+    );
+    Ok(())
+}
+
 forwarded!(ncclReduce / pncclReduce, reduce, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, op: NcclRedOp, root: c_int, comm: Opaque, stream: CudaStreamT));
 forwarded!(ncclBcast / pncclBcast, bcast, comm, (buff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT));
 forwarded!(ncclBroadcast / pncclBroadcast, broadcast, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT));
 forwarded!(ncclReduceScatter / pncclReduceScatter, reduce_scatter, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: NcclDataType, op: NcclRedOp, comm: Opaque, stream: CudaStreamT));
-forwarded!(ncclAllGather / pncclAllGather, all_gather, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: NcclDataType, comm: Opaque, stream: CudaStreamT));
 forwarded!(ncclAlltoAll / pncclAlltoAll, all_to_all, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, comm: Opaque, stream: CudaStreamT));
 forwarded!(ncclGather / pncclGather, gather, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT));
 forwarded!(ncclScatter / pncclScatter, scatter, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT));

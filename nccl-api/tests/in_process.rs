@@ -57,6 +57,25 @@ fn two_ranks_on_threads_reduce_forward_and_tear_down() {
                 for (i, v) in x.iter().enumerate() {
                     assert_eq!(*v, 2.0 * (i % 7) as f32 + 1.0, "element {i}");
                 }
+                // All-gather of an 8-byte type (moved as f32 pairs), out of place.
+                let mine: Vec<f64> = (0..1001).map(|i| (i * 3 + rank * 7 + 1) as f64).collect();
+                let mut all = vec![-0.5f64; 2 * mine.len()];
+                // SAFETY: 1001 doubles in, 2 x 1001 out, host memory (host backend).
+                let rc = unsafe {
+                    ncclAllGather(
+                        mine.as_ptr().cast(),
+                        all.as_mut_ptr().cast(),
+                        mine.len(),
+                        NCCL_FLOAT64,
+                        c.0,
+                        std::ptr::null_mut(),
+                    )
+                };
+                assert_eq!(rc, NCCL_SUCCESS, "{}", last_error());
+                for (i, v) in all.iter().enumerate() {
+                    let (r, j) = (i / 1001, i % 1001);
+                    assert_eq!(*v, (j * 3 + r * 7 + 1) as f64, "all-gather element {i}");
+                }
                 let mut y = [0u8; 8];
                 // SAFETY: as above; int8 is forwarded, and there is no real NCCL here.
                 let rc = unsafe {

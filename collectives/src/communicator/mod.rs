@@ -372,6 +372,27 @@ impl Communicator {
         }
     }
 
+    /// The entry checks of a call of `collective` on these buffers (pointers, sizes,
+    /// overlap and NCCL's in-place rule) without launching anything: for callers that
+    /// stage the data elsewhere before the call (the NCCL API on the host backend).
+    pub fn check_buffers(
+        &self,
+        collective: Collective,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        dtype: DataType,
+    ) -> Result<()> {
+        let site = CallSite {
+            collective,
+            rank: self.rank,
+            world: self.world,
+        };
+        check_call(site, input, output, count, dtype, AccumType::Auto)
+            .map(|_| ())
+            .map_err(|e| e.at_rank(self.rank))
+    }
+
     /// One call of any collective: check it, choose its algorithm, check the first call
     /// of its signature across ranks, launch.
     ///

@@ -35,7 +35,8 @@ static const char* who = "main";
   do { ncclResult_t r_ = (call); CHECK(r_ == (code), "%s returned %d, expected %d", #call, (int)r_, (int)(code)); } while (0)
 #define OK(call) EXPECT(call, ncclSuccess)
 
-static uint64_t rng_state;
+/* Per thread: the ncclCommInitAll test fills inputs and references on two threads at once. */
+static _Thread_local uint64_t rng_state;
 static uint64_t next_u64(void) {
   rng_state ^= rng_state << 13;
   rng_state ^= rng_state >> 7;
@@ -134,6 +135,51 @@ static void allreduce_suite(ncclComm_t comm, int rank, int nranks, int salt) {
   }
 }
 
+/* Bytes of `rank`'s all-gather input (never all zero, different per rank and call). */
+static void fill_bytes(unsigned char* x, size_t n, int rank, int salt) {
+  rng_state = 0x2545f4914f6cdd1dull ^ ((uint64_t)rank << 40) ^ (uint64_t)salt * 104729u ^ n;
+  for (size_t i = 0; i < n; i++) x[i] = (unsigned char)(next_u64() | 1);
+}
+
+/* All-gathers of types of every size, counts that are not powers of two, out of place and
+ * in place (sendbuff = recvbuff + rank * count), the output poisoned first; every slot
+ * compared byte for byte with that rank's input computed here. */
+static void allgather_suite(ncclComm_t comm, int rank, int nranks) {
+  static const ncclDataType_t TYPES[] = {ncclInt8, ncclFloat16, ncclInt32, ncclFloat64};
+  static const size_t SIZES[] = {1, 2, 4, 8};
+  static const size_t GATHER_COUNTS[] = {1, 3, 1001, 12345};
+  int salt = 0;
+  for (size_t t = 0; t < 4; t++) {
+    for (size_t ci = 0; ci < 4; ci++) {
+      size_t n = GATHER_COUNTS[ci], bytes = n * SIZES[t];
+      unsigned char* in = malloc(bytes);
+      unsigned char* out = malloc(bytes * nranks);
+      unsigned char* want = malloc(bytes);
+      for (int in_place = 0; in_place < 2; in_place++) {
+        salt++;
+        memset(out, 0xa5, bytes * nranks);
+        unsigned char* send = in_place ? out + (size_t)rank * bytes : in;
+        fill_bytes(send, bytes, rank, salt);
+        OK(ncclAllGather(send, out, n, TYPES[t], comm, NULL));
+        size_t bad = 0;
+        for (int r = 0; r < nranks; r++) {
+          fill_bytes(want, bytes, r, salt);
+          bad += memcmp(out + (size_t)r * bytes, want, bytes) != 0;
+        }
+        CHECK(bad == 0, "all-gather of %zu x %zu bytes (in place %d): %zu slots wrong", n, SIZES[t], in_place, bad);
+      }
+      free(in); free(out); free(want);
+    }
+  }
+  /* Another rank's slot as the input overlaps without being in place. */
+  if (nranks > 1) {
+    float* x = calloc(4 * (size_t)nranks, sizeof(float));
+    EXPECT(ncclAllGather(x + 4 * ((rank + 1) % nranks), x, 4, ncclFloat32, comm, NULL), ncclInvalidArgument);
+    CHECK(last_error_contains("not in place"), "overlap error names the in-place rule");
+    free(x);
+  }
+}
+
 /* One rank of a job of `nranks` forked processes. */
 static int child(ncclUniqueId id, int rank, int nranks) {
   char name[32];
@@ -180,9 +226,11 @@ static int child(ncclUniqueId id, int rank, int nranks) {
     OK(ncclCommDestroy(sub));
   }
 
+  allgather_suite(comm, rank, nranks);
+
   /* Forwarded without a real NCCL. */
   float a[4] = {0}, b[16] = {0};
-  EXPECT(ncclAllGather(a, b, 4, ncclFloat32, comm, NULL), ncclInvalidUsage);
+  EXPECT(ncclBroadcast(a, b, 4, ncclFloat32, 0, comm, NULL), ncclInvalidUsage);
   CHECK(last_error_contains("real NCCL"), "forwarding error names the reason");
 
   OK(ncclCommFinalize(comm));
