@@ -361,6 +361,21 @@ pub(crate) fn rounds(c: &Call, kernel: &str) -> Result<(usize, usize)> {
     Ok((cap, cap * 16 * c.world))
 }
 
+/// Units of each rank's slot per round of the staged kernels of all-gather and
+/// reduce-scatter (`Rounds` in allgather.cu and reducescatter.cu): `world` slots of at most
+/// the staging, in equal rounds over `units`.
+pub(crate) fn equal_rounds(c: &Call, units: usize, kernel: &str) -> Result<usize> {
+    let cap_max = c.a.data_bytes as usize / (16 * c.world);
+    if cap_max == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{kernel}: staging of {} bytes holds no unit per rank",
+            c.a.data_bytes
+        )));
+    }
+    let rounds = units.div_ceil(cap_max);
+    Ok(units.div_ceil(rounds.max(1)))
+}
+
 /// The blocks of a launch whose blocks each barrier with their peers (the two-shots).
 pub(crate) fn barrier_blocks(config: &LaunchConfig) -> usize {
     (config.grid[0] as usize).clamp(1, OXCCL_ALLREDUCE_MAX_BLOCKS as usize)

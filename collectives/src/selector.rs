@@ -11,6 +11,9 @@ use crate::algorithms::all_reduce::one_shot::ONESHOT_LL;
 use crate::algorithms::all_reduce::one_shot_ll128::ONESHOT_LL128;
 use crate::algorithms::all_reduce::two_shot_push::TWOSHOT_PUSH;
 use crate::algorithms::all_reduce::two_shot_zc::TWOSHOT_ZC;
+use crate::algorithms::reduce_scatter::{
+    direct::REDUCESCATTER_DIRECT, one_shot::REDUCESCATTER_ONESHOT_LL, staged::REDUCESCATTER_STAGED,
+};
 use crate::algorithms::{Algorithm, CallShape, Collective, Forced, Plan};
 use crate::tuner::{self, TuneTable};
 
@@ -75,7 +78,8 @@ fn one_shot(shape: &CallShape<'_>) -> Result<(Algorithm, Plan)> {
     Ok((ONESHOT_LL, ONESHOT_LL.plan(shape)?))
 }
 
-/// The largest all-gather input (bytes per rank) the one-shot takes by default. Not yet
+/// The largest all-gather input or reduce-scatter output (bytes per rank) the one-shot
+/// takes by default. Not yet
 /// measured on GPUs (no multi-GPU machine since the all-gather kernels were written): the
 /// one-shot moves every byte twice (LL16 flags) but in one step without a barrier, the
 /// staged and direct kernels each byte once between two barriers, like the allreduce
@@ -134,7 +138,18 @@ impl Selector {
         } else {
             match shape.collective {
                 Collective::AllReduce => self.all_reduce(shape)?,
-                Collective::AllGather => Self::all_gather(shape)?,
+                Collective::AllGather => Self::one_shot_direct_staged(
+                    shape,
+                    [ALLGATHER_ONESHOT_LL, ALLGATHER_DIRECT, ALLGATHER_STAGED],
+                )?,
+                Collective::ReduceScatter => Self::one_shot_direct_staged(
+                    shape,
+                    [
+                        REDUCESCATTER_ONESHOT_LL,
+                        REDUCESCATTER_DIRECT,
+                        REDUCESCATTER_STAGED,
+                    ],
+                )?,
             }
         };
         tracing::debug!(
@@ -211,9 +226,13 @@ impl Selector {
         })
     }
 
-    /// The all-gather policy: one-shot up to [`ALLGATHER_ONESHOT_MAX_BYTES`], above it the
-    /// direct kernel on registered outputs, else the staged one.
-    fn all_gather(shape: &CallShape<'_>) -> Result<Choice> {
+    /// The policy of all-gather and reduce-scatter: the one-shot up to
+    /// [`ALLGATHER_ONESHOT_MAX_BYTES`] (where its packets fit), above it the direct kernel on
+    /// registered buffers, else the staged one.
+    fn one_shot_direct_staged(
+        shape: &CallShape<'_>,
+        [one_shot, direct, staged]: [Algorithm; 3],
+    ) -> Result<Choice> {
         let choose = |algorithm: Algorithm, reason: String| -> Result<Choice> {
             Ok(Choice {
                 algorithm,
@@ -222,28 +241,25 @@ impl Selector {
             })
         };
         if shape.world_size == 1 {
-            return choose(ALLGATHER_ONESHOT_LL, "one rank: a local copy".into());
+            return choose(one_shot, "one rank: a local copy".into());
         }
         if shape.bytes <= ALLGATHER_ONESHOT_MAX_BYTES {
-            if let Ok(plan) = ALLGATHER_ONESHOT_LL.plan(shape) {
+            if let Ok(plan) = one_shot.plan(shape) {
                 return Ok(Choice {
-                    algorithm: ALLGATHER_ONESHOT_LL,
+                    algorithm: one_shot,
                     plan,
                     reason: format!(
-                        "{} bytes <= all-gather one-shot threshold {ALLGATHER_ONESHOT_MAX_BYTES}",
+                        "{} bytes <= one-shot threshold {ALLGATHER_ONESHOT_MAX_BYTES}",
                         shape.bytes
                     ),
                 });
             }
         }
         if shape.zero_copy {
-            return choose(
-                ALLGATHER_DIRECT,
-                format!("registered output, {} bytes", shape.bytes),
-            );
+            return choose(direct, format!("registered buffers, {} bytes", shape.bytes));
         }
         choose(
-            ALLGATHER_STAGED,
+            staged,
             format!("unregistered buffers, {} bytes", shape.bytes),
         )
     }

@@ -619,15 +619,19 @@ fn setup_makes_what_the_algorithms_need() {
     });
     // Forced: only that one.
     threads(2, Some(TWOSHOT), |r| {
-        // Forced for allreduce: the other allreduce algorithms are not set up, all-gather's
-        // are (nothing forces theirs).
+        // Forced for allreduce: the other allreduce algorithms are not set up, the other
+        // collectives' are (nothing forces theirs).
         let set_up: Vec<Algorithm> = oxccl_collectives::ALGORITHMS
             .iter()
             .copied()
             .filter(|a| r.comm.instance(*a).is_some())
             .collect();
-        let all_gather: Vec<Algorithm> = Algorithm::of(Collective::AllGather).collect();
-        assert_eq!(set_up, [&[TWOSHOT][..], &all_gather].concat());
+        let others: Vec<Algorithm> = oxccl_collectives::ALGORITHMS
+            .iter()
+            .copied()
+            .filter(|a| a.collective() != Collective::AllReduce)
+            .collect();
+        assert_eq!(set_up, [&[TWOSHOT][..], &others].concat());
         assert_eq!(r.comm.peer_mappings(), 1);
         r.check(
             DataType::F32,

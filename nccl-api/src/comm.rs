@@ -493,7 +493,7 @@ impl Comm {
         // The caller's buffers are checked here: the call itself runs on staging.
         comm.check_buffers(Collective::AllReduce, send, recv, count, dtype)?;
         let bytes = dtype.bytes(count)?;
-        self.host_call(host, comm, (send, bytes, 0), (recv, bytes), |buf| {
+        self.host_call(host, comm, (send, bytes, 0), (recv, bytes, 0), |buf| {
             // SAFETY: the staging buffer holds `count` elements and lives until the stream
             // is synchronized (host_call); in place is allowed.
             unsafe { comm.all_reduce(buf, buf, count, dtype, op, AccumType::Auto, &host.stream) }
@@ -532,7 +532,7 @@ impl Comm {
                 .checked_mul(self.nranks as usize)
                 .ok_or_else(|| ApiError::invalid_argument("all-gather size overflows"))?;
             let slot = bytes * self.rank as usize;
-            return self.host_call(host, comm, (send, bytes, slot), (recv, total), |buf| {
+            return self.host_call(host, comm, (send, bytes, slot), (recv, total, 0), |buf| {
                 let own = buf.offset(slot)?;
                 // SAFETY: the staging buffer holds `nranks * count` elements, the input is
                 // this rank's slot of it (in place), and it lives until the stream is
@@ -546,20 +546,74 @@ impl Comm {
         Ok(algo)
     }
 
+    /// Reduce-scatter of `count` output elements per rank on the caller's stream (the host
+    /// backend: through host memory, see [`Comm::host_call`]); returns the algorithm for the
+    /// log when logging.
+    ///
+    /// # Safety
+    /// NCCL's contract for ncclReduceScatter: `send` holds `nranks * count` elements and
+    /// `recv` `count` on this communicator's device (host memory on the host backend),
+    /// `stream` is a live stream of that device, every rank makes the same calls.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn reduce_scatter(
+        &self,
+        comm: &Communicator,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: CudaStreamT,
+    ) -> ApiResult<String> {
+        let collective = Collective::ReduceScatter;
+        let algo = if crate::error::log_enabled() && self.host.is_none() {
+            comm.choose_collective(collective, count, dtype)
+                .map(|c| c.algorithm.to_string())
+                .unwrap_or_else(|e| format!("? ({e})"))
+        } else {
+            String::new()
+        };
+        if let Some(host) = &self.host {
+            // The caller's buffers are checked here: the call itself runs on staging.
+            comm.check_buffers(collective, send, recv, count, dtype)?;
+            let bytes = dtype.bytes(count)?;
+            let total = bytes
+                .checked_mul(self.nranks as usize)
+                .ok_or_else(|| ApiError::invalid_argument("reduce-scatter size overflows"))?;
+            let slot = bytes * self.rank as usize;
+            return self.host_call(host, comm, (send, total, 0), (recv, bytes, slot), |buf| {
+                let own = buf.offset(slot)?;
+                // SAFETY: the staging buffer holds `nranks * count` elements, the output is
+                // this rank's chunk of them (in place), and it lives until the stream is
+                // synchronized (host_call).
+                unsafe {
+                    comm.reduce_scatter(buf, own, count, dtype, op, AccumType::Auto, &host.stream)
+                }
+            });
+        }
+        let s = self.borrow_stream(comm, stream)?;
+        // SAFETY: this function's contract is reduce_scatter's (buffers and stream).
+        unsafe { comm.reduce_scatter(send, recv, count, dtype, op, AccumType::Auto, &s) }?;
+        Ok(algo)
+    }
+
     /// A call on the host backend: the caller's host input (`send`, its bytes, and where
     /// it goes in the staging buffer) is copied into a host-backend (shared-memory)
-    /// staging buffer, `run` queues the collective on it, and the first `recv.1` bytes of
-    /// the staging buffer are copied to the caller's output; returns once done (the
-    /// caller's stream is not used). A failure is kept as the communicator's async error.
+    /// staging buffer, `run` queues the collective on it, and the output (`recv`, its
+    /// bytes, and where it is in the staging buffer) is copied back to the caller; returns
+    /// once done (the caller's stream is not used). A failure is kept as the
+    /// communicator's async error.
     fn host_call(
         &self,
         host: &HostState,
         comm: &Communicator,
         (send, send_bytes, send_at): (DevicePtr, usize, usize),
-        (recv, recv_bytes): (DevicePtr, usize),
+        (recv, recv_bytes, recv_at): (DevicePtr, usize, usize),
         run: impl FnOnce(DevicePtr) -> oxccl_collectives::hal::Result<()>,
     ) -> ApiResult<String> {
-        let need = recv_bytes.max(send_at.saturating_add(send_bytes));
+        let need = recv_at
+            .saturating_add(recv_bytes)
+            .max(send_at.saturating_add(send_bytes));
         let mut staging = host.staging.lock().unwrap_or_else(|p| p.into_inner());
         if staging.as_ref().is_none_or(|m| m.len() < need) {
             *staging = None;
@@ -581,7 +635,7 @@ impl Comm {
         }
         // SAFETY: NCCL's contract: `recv` holds `recv_bytes` writable bytes of host memory.
         let out = unsafe { std::slice::from_raw_parts_mut(recv.0 as usize as *mut u8, recv_bytes) };
-        host.stream.read(mem.ptr(), out)?;
+        host.stream.read(mem.ptr().offset(recv_at)?, out)?;
         Ok("host".into())
     }
 

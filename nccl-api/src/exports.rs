@@ -14,7 +14,8 @@
 use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_void};
 
-use oxccl_collectives::hal::{BackendKind, DevicePtr};
+use oxccl_collectives::hal::{BackendKind, DataType, DevicePtr, ReduceOp};
+use oxccl_collectives::Communicator;
 
 use crate::comm::{
     backend, check_real, moved_as, new_unique_id, real_comm_of, real_nccl, resolve, served_dtype,
@@ -685,31 +686,47 @@ unsafe fn all_reduce(
             "sendbuff {sendbuff:?} or recvbuff {recvbuff:?} is NULL with count {count}"
         )));
     }
-    let why = match (served_dtype(datatype), served_op(op), c.serving()) {
-        (Some(dtype), Some(rop), Some(ox)) => {
-            if count == 0 {
-                return Ok(());
-            }
-            let send = DevicePtr(sendbuff as usize as u64);
-            let recv = DevicePtr(recvbuff as usize as u64);
-            // SAFETY: NCCL's contract on buffers and stream is oxccl's.
-            let algo = unsafe { c.all_reduce(ox, send, recv, count, dtype, rop, stream) }?;
-            log_info!(
-                "rank {} ncclAllReduce{} -> oxccl ({algo})",
-                c.rank,
-                detail()
-            );
-            return Ok(());
-        }
-        (None, _, _) => format!("dtype {} is not served by oxccl", type_name(datatype)),
-        (_, None, _) => format!("op {op} (a PreMulSum operator) is not served by oxccl"),
-        (_, _, None) => format!(
-            "oxccl does not serve this communicator ({} ranks, {} backend; it serves up to \
-             8 ranks on CUDA or the host backend)",
-            c.nranks, c.kind
-        ),
+    let (ox, dtype, rop) = match served_reduction(c, datatype, op) {
+        Ok(served) => served,
+        Err(why) => return forward_why(why),
     };
-    forward_why(why)
+    if count == 0 {
+        return Ok(());
+    }
+    let send = DevicePtr(sendbuff as usize as u64);
+    let recv = DevicePtr(recvbuff as usize as u64);
+    // SAFETY: NCCL's contract on buffers and stream is oxccl's.
+    let algo = unsafe { c.all_reduce(ox, send, recv, count, dtype, rop, stream) }?;
+    log_info!(
+        "rank {} ncclAllReduce{} -> oxccl ({algo})",
+        c.rank,
+        detail()
+    );
+    Ok(())
+}
+
+/// The oxccl communicator, type and operator that serve a reduction on `c`, or why the
+/// call must be forwarded.
+fn served_reduction(
+    c: &Comm,
+    datatype: NcclDataType,
+    op: NcclRedOp,
+) -> Result<(&Communicator, DataType, ReduceOp), String> {
+    let dtype = served_dtype(datatype)
+        .ok_or_else(|| format!("dtype {} is not served by oxccl", type_name(datatype)))?;
+    let rop = served_op(op)
+        .ok_or_else(|| format!("op {op} (a PreMulSum operator) is not served by oxccl"))?;
+    let ox = c.serving().ok_or_else(|| not_serving(c))?;
+    Ok((ox, dtype, rop))
+}
+
+/// Why oxccl does not serve a communicator of ours.
+fn not_serving(c: &Comm) -> String {
+    format!(
+        "oxccl does not serve this communicator ({} ranks, {} backend; it serves up to 8 \
+         ranks on CUDA or the host backend)",
+        c.nranks, c.kind
+    )
 }
 
 export! {
@@ -757,11 +774,7 @@ unsafe fn all_gather(
         )));
     }
     let Some(ox) = c.serving() else {
-        return forward_why(format!(
-            "oxccl does not serve this communicator ({} ranks, {} backend; it serves up to \
-             8 ranks on CUDA or the host backend)",
-            c.nranks, c.kind
-        ));
+        return forward_why(not_serving(c));
     };
     if sendcount == 0 {
         return Ok(());
@@ -780,10 +793,84 @@ unsafe fn all_gather(
     Ok(())
 }
 
+export! {
+    /// Served by oxccl for the types and operators of ncclAllReduce on a communicator oxccl
+    /// serves, on the caller's stream, in place when `recvbuff` is this rank's chunk of
+    /// `sendbuff`; every other call is forwarded to the real NCCL.
+    fn ncclReduceScatter / pncclReduceScatter(sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: NcclDataType, op: NcclRedOp, comm: Opaque, stream: CudaStreamT) -> NcclResult {
+        guard("ncclReduceScatter", || {
+            // SAFETY: NCCL's contract on every argument.
+            unsafe { reduce_scatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream) }
+        })
+    }
+}
+
+/// # Safety
+/// NCCL's contract for ncclReduceScatter.
+unsafe fn reduce_scatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: NcclDataType,
+    op: NcclRedOp,
+    comm: Opaque,
+    stream: CudaStreamT,
+) -> ApiResult<()> {
+    // SAFETY: NCCL's contract on comm.
+    let target = unsafe { resolve(comm) }?;
+    let detail = || {
+        format!(
+            " recvcount={recvcount} dtype={} op={}",
+            type_name(datatype),
+            op_name(op)
+        )
+    };
+    let forward_why = |why: String| {
+        let call = |real: &'static RealNccl, c: Opaque| {
+            let f = real.fns.reduce_scatter?;
+            // SAFETY: the caller's arguments with the real communicator.
+            Some(unsafe { f(sendbuff, recvbuff, recvcount, datatype, op, c, stream) })
+        };
+        // SAFETY: NCCL's contract on comm.
+        unsafe { forward("ncclReduceScatter", comm, &why, detail, call) }
+    };
+    let c = match target {
+        Target::Foreign(_) => return forward_why(NOT_SERVED.into()),
+        Target::Ours(c) => c,
+    };
+    check_count(recvcount, datatype)?;
+    if op < 0 {
+        return Err(ApiError::invalid_argument(format!(
+            "op {op} is not an ncclRedOp_t"
+        )));
+    }
+    if recvcount > 0 && (sendbuff.is_null() || recvbuff.is_null()) {
+        return Err(ApiError::invalid_argument(format!(
+            "sendbuff {sendbuff:?} or recvbuff {recvbuff:?} is NULL with recvcount {recvcount}"
+        )));
+    }
+    let (ox, dtype, rop) = match served_reduction(c, datatype, op) {
+        Ok(served) => served,
+        Err(why) => return forward_why(why),
+    };
+    if recvcount == 0 {
+        return Ok(());
+    }
+    let send = DevicePtr(sendbuff as usize as u64);
+    let recv = DevicePtr(recvbuff as usize as u64);
+    // SAFETY: NCCL's contract on buffers and stream is oxccl's.
+    let algo = unsafe { c.reduce_scatter(ox, send, recv, recvcount, dtype, rop, stream) }?;
+    log_info!(
+        "rank {} ncclReduceScatter{} -> oxccl ({algo})",
+        c.rank,
+        detail()
+    );
+    Ok(())
+}
+
 forwarded!(ncclReduce / pncclReduce, reduce, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, op: NcclRedOp, root: c_int, comm: Opaque, stream: CudaStreamT));
 forwarded!(ncclBcast / pncclBcast, bcast, comm, (buff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT));
 forwarded!(ncclBroadcast / pncclBroadcast, broadcast, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT));
-forwarded!(ncclReduceScatter / pncclReduceScatter, reduce_scatter, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: NcclDataType, op: NcclRedOp, comm: Opaque, stream: CudaStreamT));
 forwarded!(ncclAlltoAll / pncclAlltoAll, all_to_all, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, comm: Opaque, stream: CudaStreamT));
 forwarded!(ncclGather / pncclGather, gather, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT));
 forwarded!(ncclScatter / pncclScatter, scatter, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT));

@@ -18,12 +18,17 @@
 //! | `allgather_oneshot_ll` | all-gather | `allgather_oneshot_ll` | small messages: LL16 packets into every peer's packet half, no barrier |
 //! | `allgather_staged` | all-gather | `allgather_staged` | any size on unregistered buffers: pushed into the peers' staging, copied out locally |
 //! | `allgather_direct` | all-gather | `allgather_direct` | registered outputs: stored straight into every peer's output between two barriers |
+//! | `reducescatter_oneshot_ll` | reduce-scatter | `reducescatter_oneshot_ll` | small messages: every peer's chunk as LL16 packets, reduced locally, no barrier |
+//! | `reducescatter_staged` | reduce-scatter | `reducescatter_staged` | any size on unregistered buffers: chunks pushed into their owners' staging, reduced locally (the first half of the push two-shot) |
+//! | `reducescatter_direct` | reduce-scatter | `reducescatter_direct` | registered inputs: every rank's chunk read straight from the peers' inputs between two barriers |
 //!
-//! Each collective's algorithms live in their own module ([`all_reduce`], [`all_gather`]);
+//! Each collective's algorithms live in their own module ([`all_reduce`], [`all_gather`],
+//! [`reduce_scatter`]);
 //! what several share (the scratch-protocol launch) lives here.
 
 pub mod all_gather;
 pub mod all_reduce;
+pub mod reduce_scatter;
 pub mod scratch_kernel;
 
 use std::fmt;
@@ -46,6 +51,9 @@ use all_gather::{
 use all_reduce::{
     nvls, one_shot, one_shot_ll128, port_channel, two_shot, two_shot_push, two_shot_zc,
 };
+use reduce_scatter::{
+    direct::REDUCESCATTER_DIRECT, one_shot::REDUCESCATTER_ONESHOT_LL, staged::REDUCESCATTER_STAGED,
+};
 
 use crate::scratch::{ScratchLayout, SharedScratch};
 
@@ -62,6 +70,9 @@ pub const ALGORITHMS: &[Algorithm] = &[
     ALLGATHER_ONESHOT_LL,
     ALLGATHER_STAGED,
     ALLGATHER_DIRECT,
+    REDUCESCATTER_ONESHOT_LL,
+    REDUCESCATTER_STAGED,
+    REDUCESCATTER_DIRECT,
 ];
 
 /// The collective operations algorithms serve.
@@ -72,52 +83,61 @@ pub enum Collective {
     AllReduce = 0,
     /// Every rank gets every rank's input, in rank order.
     AllGather = 1,
+    /// Rank r gets the reduction of chunk r of every rank's input.
+    ReduceScatter = 2,
 }
 
 impl Collective {
     /// Every collective, in declaration order (index = `as usize`).
-    pub const ALL: [Collective; 2] = [Collective::AllReduce, Collective::AllGather];
+    pub const ALL: [Collective; 3] = [
+        Collective::AllReduce,
+        Collective::AllGather,
+        Collective::ReduceScatter,
+    ];
 
-    /// Bytes of one rank's input and output buffers for a call whose input is `bytes`
-    /// (`count` elements of the call's type).
+    /// Bytes of one rank's input and output buffers for a call of `bytes` (`count`
+    /// elements of the call's type, NCCL's count: an all-gather's send count, a
+    /// reduce-scatter's receive count).
     pub fn buffer_bytes(self, bytes: usize, world: u32) -> Result<(usize, usize)> {
+        let all = || {
+            bytes.checked_mul(world as usize).ok_or_else(|| {
+                Error::InvalidArgument(format!("{self}: {bytes} bytes x {world} ranks overflow"))
+            })
+        };
         match self {
             Collective::AllReduce => Ok((bytes, bytes)),
-            Collective::AllGather => bytes
-                .checked_mul(world as usize)
-                .map(|out| (bytes, out))
-                .ok_or_else(|| {
-                    Error::InvalidArgument(format!(
-                        "{self}: {bytes} bytes x {world} ranks overflow"
-                    ))
-                }),
+            Collective::AllGather => Ok((bytes, all()?)),
+            Collective::ReduceScatter => Ok((all()?, bytes)),
         }
     }
 
-    /// Where the input lies in the output when the call is in place (NCCL's rules): the
-    /// output itself (allreduce), or this rank's slot of it (all-gather).
+    /// Where the input lies when the call is in place (NCCL's rules): the output itself
+    /// (allreduce), the output's slot `rank` (all-gather: `input == output + rank * count`),
+    /// or where the output is the input's chunk `rank` (reduce-scatter:
+    /// `output == input + rank * count`).
     pub fn in_place_input(self, output: DevicePtr, bytes: usize, rank: u32) -> Option<DevicePtr> {
+        let slot = bytes.checked_mul(rank as usize)? as u64;
         match self {
             Collective::AllReduce => Some(output),
-            Collective::AllGather => bytes
-                .checked_mul(rank as usize)
-                .and_then(|off| output.offset(off).ok()),
+            Collective::AllGather => output.0.checked_add(slot).map(DevicePtr),
+            Collective::ReduceScatter => output.0.checked_sub(slot).map(DevicePtr),
         }
     }
 
-    /// Whether its zero-copy algorithms read the peers' inputs (so the input must be
-    /// registered too), or only write the peers' outputs.
-    pub fn reads_peer_inputs(self) -> bool {
+    /// Which buffers its zero-copy algorithms reach on the peers (and so must be
+    /// registered): (inputs, outputs).
+    pub fn peer_views(self) -> (bool, bool) {
         match self {
-            Collective::AllReduce => true,
-            Collective::AllGather => false,
+            Collective::AllReduce => (true, true),
+            Collective::AllGather => (false, true),
+            Collective::ReduceScatter => (true, false),
         }
     }
 
     /// Whether calls reduce (take an op and an accumulation type).
     pub fn reduces(self) -> bool {
         match self {
-            Collective::AllReduce => true,
+            Collective::AllReduce | Collective::ReduceScatter => true,
             Collective::AllGather => false,
         }
     }
@@ -128,6 +148,7 @@ impl fmt::Display for Collective {
         f.write_str(match self {
             Collective::AllReduce => "all_reduce",
             Collective::AllGather => "all_gather",
+            Collective::ReduceScatter => "reduce_scatter",
         })
     }
 }
@@ -595,6 +616,58 @@ pub(crate) fn max_blocks(caps: &Capabilities) -> u32 {
         .clamp(1, oxccl_kernels::abi::OXCCL_ALLREDUCE_MAX_BLOCKS)
 }
 
+/// The launch of a kernel that moves one rank's `bytes` through the staging in blocks of
+/// [`THREADS`] threads, one block per 512 units up to the whole chip (every block copies
+/// its share of every slot); one host thread on the host backend.
+pub(crate) fn staged_plan(kernel: &'static str, s: &CallShape<'_>) -> Plan {
+    if s.host {
+        return Plan {
+            kernel,
+            config: LaunchConfig::linear(1, 32),
+        };
+    }
+    let units = s.bytes.div_ceil(16).max(1);
+    let blocks = units
+        .div_ceil(THREADS as usize)
+        .clamp(1, max_blocks(s.caps) as usize) as u32;
+    Plan {
+        kernel,
+        config: LaunchConfig::linear(blocks, THREADS),
+    }
+}
+
+/// Fewest 16-byte units per block of a direct kernel before another block is added.
+const DIRECT_UNITS_PER_BLOCK: usize = 256;
+
+/// The launch of a direct (zero-copy) kernel over one rank's `bytes`, or why it cannot
+/// serve the call (`needs`: which buffers must be registered). Many SMs reach the peers
+/// (each SM's NVLink throughput is limited): one block per 256 units up to the chip,
+/// threads sized to about one pass.
+pub(crate) fn direct_plan(kernel: &'static str, needs: &str, s: &CallShape<'_>) -> Result<Plan> {
+    if !s.zero_copy {
+        return Err(Error::Unsupported(format!(
+            "{kernel}: {needs} must lie 16-byte aligned inside buffers registered on every \
+             rank (Communicator::register), at the same offset"
+        )));
+    }
+    if s.host {
+        return Ok(Plan {
+            kernel,
+            config: LaunchConfig::linear(1, 32),
+        });
+    }
+    let units = s.bytes.div_ceil(16).max(1);
+    let blocks = units
+        .div_ceil(DIRECT_UNITS_PER_BLOCK)
+        .clamp(1, max_blocks(s.caps) as usize);
+    let threads =
+        (units.div_ceil(blocks).next_multiple_of(32) as u32).clamp(64.max(s.world_size), THREADS);
+    Ok(Plan {
+        kernel,
+        config: LaunchConfig::linear(blocks as u32, threads),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -663,7 +736,8 @@ mod tests {
         let cu = concat!(
             include_str!("../../../kernels/src/device/allgather.cu"),
             include_str!("../../../kernels/src/device/allreduce.cu"),
-            include_str!("../../../kernels/src/device/allreduce_port.cu")
+            include_str!("../../../kernels/src/device/allreduce_port.cu"),
+            include_str!("../../../kernels/src/device/reducescatter.cu")
         );
         for a in ALGORITHMS {
             let k = a.descriptor().kernel;

@@ -95,7 +95,7 @@ impl Instance for ScratchKernel {
         // pointers are the communicator's live mappings (kept until it drops, after this
         // instance); input, output and the plan are the caller's obligation (this trait
         // method's contract). Every scratch kernel waits for the previous grid before it
-        // touches memory (`run_allreduce` in allreduce.cu), which an early launch requires.
+        // touches memory (`run_call` in allreduce_device.hpp), which an early launch requires.
         unsafe { stream.launch(&self.kernel, &config, args.as_bytes()) }
     }
 

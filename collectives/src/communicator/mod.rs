@@ -7,7 +7,8 @@
 //! writes into a peer's scratch before the peer zeroed it, then set up every algorithm of
 //! [`crate::algorithms::ALGORITHMS`] through its descriptor.
 //!
-//! Steady state ([`Communicator::all_reduce`], [`Communicator::all_gather`], below): check
+//! Steady state ([`Communicator::all_reduce`], [`Communicator::all_gather`],
+//! [`Communicator::reduce_scatter`], below): check
 //! the call ([`check`]), choose the algorithm ([`crate::selector`]), one launch through the
 //! algorithm's instance; every collective takes the same path. No host
 //! synchronization, no host-side counter that advances per call (the epoch lives in device
@@ -165,8 +166,9 @@ impl Communicator {
         self.select(&self.shape(collective, count, dtype, bytes, zc))
     }
 
-    /// Every rank's view of this call's registered buffers: the output, and the input
-    /// where the collective reads the peers' inputs; `None` unless all are registered.
+    /// Every rank's view of this call's registered buffers, those the collective's
+    /// zero-copy algorithms reach on the peers ([`Collective::peer_views`]); `None` unless
+    /// all of them are registered.
     pub(crate) fn registered_view(
         &self,
         collective: Collective,
@@ -175,9 +177,12 @@ impl Communicator {
         bytes: usize,
     ) -> Option<PeerBuffers> {
         let (in_bytes, out_bytes) = collective.buffer_bytes(bytes, self.world).ok()?;
-        let input = collective.reads_peer_inputs().then_some((input, in_bytes));
-        self.registry
-            .peer_buffers(input, (output, out_bytes), self.world)
+        let (inputs, outputs) = collective.peer_views();
+        self.registry.peer_buffers(
+            inputs.then_some((input, in_bytes)),
+            outputs.then_some((output, out_bytes)),
+            self.world,
+        )
     }
 
     /// The state of an algorithm set up in this communicator, if it is (for what it
@@ -367,6 +372,46 @@ impl Communicator {
                 dtype,
                 ReduceOp::Sum,
                 AccumType::Auto,
+                stream,
+            )
+        }
+    }
+
+    /// Reduce-scatter: rank r's output (`count` elements) gets the reduction, in rank
+    /// order, of elements `[r * count, (r + 1) * count)` of every rank's input, which holds
+    /// `world_size * count` elements (every rank gets the bits of the host reference). In
+    /// place when `output` is this rank's chunk of the input (`input + rank * count`
+    /// elements), as NCCL defines it. `count == 0` does nothing.
+    ///
+    /// Errors (before any launch): as [`Communicator::all_reduce`]; an output that overlaps
+    /// the input anywhere but at this rank's chunk is refused.
+    ///
+    /// # Safety
+    /// `input` must be device memory of this communicator's device holding
+    /// `world_size * count` elements, `output` `count`, both live until the work queued on
+    /// `stream` completes; no other work may write them meanwhile. Every rank must make
+    /// the same sequence of calls, ordered on one stream per rank.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn reduce_scatter(
+        &self,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        accum: AccumType,
+        stream: &AnyStream,
+    ) -> Result<()> {
+        // SAFETY: the caller's obligations (this function's contract).
+        unsafe {
+            self.run(
+                Collective::ReduceScatter,
+                input,
+                output,
+                count,
+                dtype,
+                op,
+                accum,
                 stream,
             )
         }

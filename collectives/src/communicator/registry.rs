@@ -55,15 +55,19 @@ impl Registry {
         self.lock().len()
     }
 
-    /// Every rank's output (`(pointer, bytes)`), and input when asked for, as mapped here,
-    /// when each lies 16-byte aligned inside a registered buffer that is long enough on
-    /// every rank. Without an input, the views' inputs are null and its offset `u64::MAX`.
+    /// Every rank's input and output (`(pointer, bytes)`, each when asked for) as mapped
+    /// here, when each asked for lies 16-byte aligned inside a registered buffer that is
+    /// long enough on every rank; `None` when any does not, or neither is asked for. The
+    /// views of a buffer not asked for are null, its offset `u64::MAX`.
     pub(crate) fn peer_buffers(
         &self,
         input: Option<(DevicePtr, usize)>,
-        output: (DevicePtr, usize),
+        output: Option<(DevicePtr, usize)>,
         world: u32,
     ) -> Option<PeerBuffers> {
+        if input.is_none() && output.is_none() {
+            return None;
+        }
         let reg = self.lock();
         let find = |(p, bytes): (DevicePtr, usize)| {
             if !p.is_aligned(16) {
@@ -75,21 +79,26 @@ impl Registry {
             (end <= r.len as u64 && r.lens[..world as usize].iter().all(|l| end <= *l))
                 .then_some((r, off))
         };
-        let (ro, oo) = find(output)?;
-        let inputs = match input {
-            Some(i) => Some(find(i)?),
-            None => None,
+        let view = |b: Option<(DevicePtr, usize)>| match b {
+            Some(b) => find(b).map(Some),
+            None => Some(None),
         };
+        let (inputs, outputs) = (view(input)?, view(output)?);
         let mut z = PeerBuffers {
             inputs: [DevicePtr::NULL; OXCCL_ALLREDUCE_MAX_RANKS as usize],
             outputs: [DevicePtr::NULL; OXCCL_ALLREDUCE_MAX_RANKS as usize],
-            offsets: (inputs.map_or(u64::MAX, |(_, oi)| oi), oo),
+            offsets: (
+                inputs.map_or(u64::MAX, |(_, o)| o),
+                outputs.map_or(u64::MAX, |(_, o)| o),
+            ),
         };
         for r in 0..world as usize {
             if let Some((ri, oi)) = inputs {
                 z.inputs[r] = DevicePtr(ri.bases[r].0.checked_add(oi)?);
             }
-            z.outputs[r] = DevicePtr(ro.bases[r].0.checked_add(oo)?);
+            if let Some((ro, oo)) = outputs {
+                z.outputs[r] = DevicePtr(ro.bases[r].0.checked_add(oo)?);
+            }
         }
         Some(z)
     }
@@ -126,7 +135,7 @@ mod tests {
         let v = reg
             .peer_buffers(
                 Some((DevicePtr(0x1010), 1024)),
-                (DevicePtr(0x1100), 1024),
+                Some((DevicePtr(0x1100), 1024)),
                 2,
             )
             .unwrap();
@@ -135,27 +144,44 @@ mod tests {
         assert_eq!(v.offsets, (0x10, 0x100));
         // Unaligned, past the peer's shorter buffer, or not registered: no view.
         assert!(reg
-            .peer_buffers(Some((DevicePtr(0x1002), 16)), (DevicePtr(0x1100), 16), 2)
-            .is_none());
-        assert!(reg
             .peer_buffers(
-                Some((DevicePtr(0x1000), 3000)),
-                (DevicePtr(0x1000), 3000),
+                Some((DevicePtr(0x1002), 16)),
+                Some((DevicePtr(0x1100), 16)),
                 2
             )
             .is_none());
         assert!(reg
-            .peer_buffers(Some((DevicePtr(0x100), 16)), (DevicePtr(0x1000), 16), 2)
+            .peer_buffers(
+                Some((DevicePtr(0x1000), 3000)),
+                Some((DevicePtr(0x1000), 3000)),
+                2
+            )
+            .is_none());
+        assert!(reg
+            .peer_buffers(
+                Some((DevicePtr(0x100), 16)),
+                Some((DevicePtr(0x1000), 16)),
+                2
+            )
             .is_none());
         // Output only (all-gather): no input view.
         let v = reg
-            .peer_buffers(None, (DevicePtr(0x1100), 1024), 2)
+            .peer_buffers(None, Some((DevicePtr(0x1100), 1024)), 2)
             .unwrap();
         assert_eq!(
             (v.inputs[1], v.outputs[1]),
             (DevicePtr::NULL, DevicePtr(0x9100))
         );
         assert_eq!(v.offsets, (u64::MAX, 0x100));
+        // Input only (reduce-scatter); neither: no view.
+        let v = reg
+            .peer_buffers(Some((DevicePtr(0x1010), 1024)), None, 2)
+            .unwrap();
+        assert_eq!(
+            (v.inputs[1], v.outputs[1]),
+            (DevicePtr(0x9010), DevicePtr::NULL)
+        );
+        assert!(reg.peer_buffers(None, None, 2).is_none());
         assert!(reg.remove(DevicePtr(0x1000)).is_some());
         assert_eq!(reg.len(), 0);
     }

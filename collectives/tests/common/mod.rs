@@ -58,6 +58,7 @@ pub fn input(dtype: DataType, rank: u32, count: usize, salt: u64) -> Vec<u8> {
 
 /// What every rank must hold after the allreduce of [`input`]s: the host reference, in
 /// rank order.
+#[allow(dead_code)]
 pub fn expected(
     dtype: DataType,
     op: ReduceOp,

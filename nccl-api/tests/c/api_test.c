@@ -180,6 +180,41 @@ static void allgather_suite(ncclComm_t comm, int rank, int nranks) {
   }
 }
 
+/* Reduce-scatters of fp32 (sum out of place, max in place: recvbuff = sendbuff + rank *
+ * count) at counts that are not powers of two, checked against this rank's chunk of every
+ * rank's input computed here, reduced in rank order. */
+static void reducescatter_suite(ncclComm_t comm, int rank, int nranks) {
+  static const size_t RS_COUNTS[] = {1, 3, 1001, 12345};
+  for (size_t ci = 0; ci < 4; ci++) {
+    size_t n = RS_COUNTS[ci], all = n * (size_t)nranks;
+    float* in = malloc(all * sizeof(float));
+    float* out = malloc(n * sizeof(float));
+    float* peer = malloc(all * sizeof(float));
+    float* sum = malloc(n * sizeof(float));
+    float* max = malloc(n * sizeof(float));
+    for (int r = 0; r < nranks; r++) {
+      fill(peer, all, r, 500 + (int)ci);
+      for (size_t i = 0; i < n; i++) {
+        float v = peer[(size_t)rank * n + i];
+        sum[i] = r == 0 ? v : sum[i] + v;
+        max[i] = r == 0 ? v : fmaxf(max[i], v);
+      }
+    }
+    fill(in, all, rank, 500 + (int)ci);
+    for (size_t i = 0; i < n; i++) out[i] = -1e30f;
+    OK(ncclReduceScatter(in, out, n, ncclFloat32, ncclSum, comm, NULL));
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += out[i] != sum[i];
+    CHECK(bad == 0, "reduce-scatter sum of %zu floats: %zu wrong", n, bad);
+    float* own = in + (size_t)rank * n;
+    OK(ncclReduceScatter(in, own, n, ncclFloat32, ncclMax, comm, NULL));
+    bad = 0;
+    for (size_t i = 0; i < n; i++) bad += own[i] != max[i];
+    CHECK(bad == 0, "in-place reduce-scatter max of %zu floats: %zu wrong", n, bad);
+    free(in); free(out); free(peer); free(sum); free(max);
+  }
+}
+
 /* One rank of a job of `nranks` forked processes. */
 static int child(ncclUniqueId id, int rank, int nranks) {
   char name[32];
@@ -227,6 +262,7 @@ static int child(ncclUniqueId id, int rank, int nranks) {
   }
 
   allgather_suite(comm, rank, nranks);
+  reducescatter_suite(comm, rank, nranks);
 
   /* Forwarded without a real NCCL. */
   float a[4] = {0}, b[16] = {0};
@@ -354,7 +390,8 @@ static void single_process_tests(void) {
   EXPECT(ncclBroadcast(x, x, 8, ncclFloat32, 0, comm, NULL), ncclInvalidUsage);
   EXPECT(ncclSend(x, 8, ncclFloat32, 0, comm, NULL), ncclInvalidUsage);
   EXPECT(ncclRecv(x, 8, ncclFloat32, 0, comm, NULL), ncclInvalidUsage);
-  EXPECT(ncclReduceScatter(x, x, 8, ncclFloat32, ncclSum, comm, NULL), ncclInvalidUsage);
+  OK(ncclReduceScatter(x, x, 8, ncclFloat32, ncclSum, comm, NULL)); /* one rank: in place, a no-op */
+  EXPECT(ncclReduceScatter(ints, ints, 8, ncclInt32, ncclSum, comm, NULL), ncclInvalidUsage);
   ncclRedOp_t op;
   float scalar = 2.0f;
   EXPECT(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat32, ncclScalarHostImmediate, comm), ncclInvalidUsage);

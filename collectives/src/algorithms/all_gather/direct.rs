@@ -7,9 +7,7 @@ use oxccl_hal::{Error, HostKernelTable, LaunchConfig, Result};
 
 use super::copy_own_slot;
 use crate::algorithms::scratch_kernel::ScratchKernel;
-use crate::algorithms::{
-    max_blocks, Algorithm, Buffers, CallShape, Collective, Descriptor, Plan, THREADS,
-};
+use crate::algorithms::{direct_plan, Algorithm, Buffers, CallShape, Collective, Descriptor, Plan};
 use crate::host_kernels::{barrier, barrier_blocks, write_unit, Call};
 use crate::scratch::FlagRegion;
 
@@ -36,35 +34,9 @@ pub const ALLGATHER_DIRECT: Algorithm = Algorithm::new(&Descriptor {
     setup: |ctx, me| ScratchKernel::setup(ctx, me, FlagRegion::Packets),
 });
 
-/// Fewest 16-byte units of a rank's input per block before another block is added.
-const UNITS_PER_BLOCK: usize = 256;
-
 /// The launch for a call, or why it cannot serve it (output not registered).
 pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
-    if !s.zero_copy {
-        return Err(Error::Unsupported(
-            "allgather_direct: the output must lie 16-byte aligned inside a buffer registered \
-             on every rank (Communicator::register), at the same offset"
-                .into(),
-        ));
-    }
-    if s.host {
-        return Ok(Plan {
-            kernel: KERNEL,
-            config: LaunchConfig::linear(1, 32),
-        });
-    }
-    // Many SMs store into the peers (each SM's NVLink throughput is limited).
-    let units = s.bytes.div_ceil(16).max(1);
-    let blocks = units
-        .div_ceil(UNITS_PER_BLOCK)
-        .clamp(1, max_blocks(s.caps) as usize);
-    let threads =
-        (units.div_ceil(blocks).next_multiple_of(32) as u32).clamp(64.max(s.world_size), THREADS);
-    Ok(Plan {
-        kernel: KERNEL,
-        config: LaunchConfig::linear(blocks as u32, threads),
-    })
+    direct_plan(KERNEL, "the output", s)
 }
 
 /// The kernel on the host backend: the device kernel's steps on one thread.

@@ -4,14 +4,12 @@
 //! barrier frees the staging for the next round. A message larger than the staging's
 //! `world` slots goes in equal rounds.
 
-use oxccl_hal::{Error, HostKernelTable, LaunchConfig, Result};
+use oxccl_hal::{HostKernelTable, LaunchConfig, Result};
 
 use super::{copy_own_slot, store_slot};
 use crate::algorithms::scratch_kernel::ScratchKernel;
-use crate::algorithms::{
-    max_blocks, Algorithm, Buffers, CallShape, Collective, Descriptor, Plan, THREADS,
-};
-use crate::host_kernels::{barrier, barrier_blocks, copy16, Call};
+use crate::algorithms::{staged_plan, Algorithm, Buffers, CallShape, Collective, Descriptor, Plan};
+use crate::host_kernels::{barrier, barrier_blocks, copy16, equal_rounds, Call};
 use crate::scratch::FlagRegion;
 
 /// Kernel symbol (device image and host stand-in).
@@ -36,37 +34,9 @@ pub const ALLGATHER_STAGED: Algorithm = Algorithm::new(&Descriptor {
     setup: |ctx, me| ScratchKernel::setup(ctx, me, FlagRegion::Packets),
 });
 
-/// The launch: one block of 512 threads per 512 units of a rank's input, up to the whole
-/// chip (every block copies its share of every slot); one host thread on the host backend.
+/// The launch: see [`staged_plan`].
 pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
-    if s.host {
-        return Ok(Plan {
-            kernel: KERNEL,
-            config: LaunchConfig::linear(1, 32),
-        });
-    }
-    let units = s.bytes.div_ceil(16).max(1);
-    let blocks = units
-        .div_ceil(THREADS as usize)
-        .clamp(1, max_blocks(s.caps) as usize) as u32;
-    Ok(Plan {
-        kernel: KERNEL,
-        config: LaunchConfig::linear(blocks, THREADS),
-    })
-}
-
-/// Units of every rank's input per round (`Rounds` in allgather.cu): `world` slots of at
-/// most the staging, in equal rounds.
-fn round_units(c: &Call, units: usize) -> Result<usize> {
-    let cap_max = c.a.data_bytes as usize / (16 * c.world);
-    if cap_max == 0 {
-        return Err(Error::InvalidArgument(format!(
-            "{KERNEL}: staging of {} bytes holds no unit per rank",
-            c.a.data_bytes
-        )));
-    }
-    let rounds = units.div_ceil(cap_max);
-    Ok(units.div_ceil(rounds.max(1)))
+    Ok(staged_plan(KERNEL, s))
 }
 
 /// The kernel on the host backend: the device kernel's steps on one thread.
@@ -74,7 +44,7 @@ fn host_kernel(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     let c = Call::new(bytes, KERNEL)?;
     let blocks = barrier_blocks(config);
     let units = c.total.div_ceil(16);
-    let cap = round_units(&c, units)?;
+    let cap = equal_rounds(&c, units, KERNEL)?;
     let staging = c.a.data_offset as usize;
     copy_own_slot(&c);
     let mut base = 0;
@@ -84,7 +54,7 @@ fn host_kernel(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
             let p = (c.me + k) % c.world;
             for j in 0..n {
                 let v = c.load_input((base + j) * 16);
-                // SAFETY: peer p's staging holds world * cap units (round_units); me <
+                // SAFETY: peer p's staging holds world * cap units (equal_rounds); me <
                 // world, j < cap.
                 unsafe {
                     copy16(

@@ -1,0 +1,90 @@
+//! Staged reduce-scatter for buffers nobody registered (the first half of the push
+//! two-shot): every rank pushes chunk c of its input into its slot of rank c's staging
+//! (peer stores), a per-block barrier, then every rank reduces its chunk from its own input
+//! and its staging (local loads), and a second barrier frees the staging for the next round.
+
+use oxccl_hal::{HostKernelTable, LaunchConfig, Result};
+
+use super::load_chunk;
+use crate::algorithms::scratch_kernel::ScratchKernel;
+use crate::algorithms::{staged_plan, Algorithm, Buffers, CallShape, Collective, Descriptor, Plan};
+use crate::host_kernels::{barrier, barrier_blocks, copy16, equal_rounds, Call};
+use crate::scratch::FlagRegion;
+
+/// Kernel symbol (device image and host stand-in).
+const KERNEL: &str = "reducescatter_staged";
+
+/// The staged reduce-scatter.
+pub const REDUCESCATTER_STAGED: Algorithm = Algorithm::new(&Descriptor {
+    collective: Collective::ReduceScatter,
+    name: "reducescatter_staged",
+    aliases: &["reducescatter_staging"],
+    code: 202,
+    serves: "reduce-scatters of any size on buffers nobody registered, world size 1..=8",
+    kernel: KERNEL,
+    host: HostKernelTable {
+        name: "reducescatter_staged (host)",
+        kernels: &[(KERNEL, host_kernel)],
+    },
+    plan,
+    buffers: Buffers::Own,
+    maps_peers: true,
+    tuning: None,
+    setup: |ctx, me| ScratchKernel::setup(ctx, me, FlagRegion::Packets),
+});
+
+/// The launch: see [`staged_plan`].
+pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
+    Ok(staged_plan(KERNEL, s))
+}
+
+/// The kernel on the host backend: the device kernel's steps on one thread.
+fn host_kernel(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
+    let c = Call::new(bytes, KERNEL)?;
+    let blocks = barrier_blocks(config);
+    let units = c.total.div_ceil(16);
+    let cap = equal_rounds(&c, units, KERNEL)?;
+    let staging = c.a.data_offset as usize;
+    let mut inputs = vec![[0u8; 16]; c.world];
+    let mut base = 0;
+    while base < units {
+        let n = (units - base).min(cap);
+        for k in 1..c.world {
+            let p = (c.me + k) % c.world;
+            for j in 0..n {
+                let v = load_chunk(&c, p, (base + j) * 16);
+                // SAFETY: peer p's staging holds world * cap units (equal_rounds); me <
+                // world, j < cap.
+                unsafe {
+                    copy16(
+                        v.as_ptr(),
+                        c.scratch(p).add(staging + (c.me * cap + j) * 16),
+                    )
+                };
+            }
+        }
+        barrier(&c, blocks)?;
+        for j in 0..n {
+            let off = (base + j) * 16;
+            for (r, input) in inputs.iter_mut().enumerate() {
+                if r == c.me {
+                    *input = load_chunk(&c, c.me, off);
+                } else {
+                    // SAFETY: slot r of this rank's staging, written by r before the barrier.
+                    unsafe {
+                        copy16(
+                            c.scratch(c.me).add(staging + (r * cap + j) * 16),
+                            input.as_mut_ptr(),
+                        )
+                    };
+                }
+            }
+            let valid = c.total.saturating_sub(off).min(16);
+            c.store_output(off, &c.reduce_unit(&inputs, valid)?);
+        }
+        barrier(&c, blocks)?;
+        base += n;
+    }
+    c.finish();
+    Ok(())
+}
