@@ -135,6 +135,32 @@ impl Call {
         unsafe { write_unit(self.a.output, self.total, off, v) }
     }
 
+    /// Bytes [off, off + 16) of chunk `r` of an input of `world` chunks of `total` bytes
+    /// (reduce-scatter, all-to-all); bytes past the chunk are zero.
+    pub(crate) fn load_input_chunk(&self, r: usize, off: usize) -> [u8; 16] {
+        let base = self.a.input.cast::<u8>().wrapping_add(r * self.total);
+        // SAFETY: launch contract of the chunked kernels: the input holds `world * total`
+        // bytes, chunk r < world is [r * total, (r + 1) * total) of it.
+        unsafe { read_unit(base.cast(), self.total, off) }
+    }
+
+    /// Slot `r` of an output of `world` slots of `total` bytes (all-gather, all-to-all).
+    pub(crate) fn output_slot(&self, r: usize) -> *mut c_void {
+        self.a
+            .output
+            .cast::<u8>()
+            .wrapping_add(r * self.total)
+            .cast()
+    }
+
+    /// Stores the part of `v` inside slot `r` of the output at byte `off` of the slot.
+    pub(crate) fn store_output_slot(&self, r: usize, off: usize, v: &[u8; 16]) {
+        // SAFETY: launch contract of the slotted kernels: the output holds `world * total`
+        // bytes, slot r < world is [r * total, (r + 1) * total) of it, and only this call
+        // writes it while it runs.
+        unsafe { write_unit(self.output_slot(r), self.total, off, v) }
+    }
+
     /// Reduces one 16-byte unit of every rank, in rank order, bit for bit as the device.
     pub(crate) fn reduce_unit(&self, inputs: &[[u8; 16]], valid: usize) -> Result<[u8; 16]> {
         reduce_unit(self.dtype, self.op, self.accum, inputs, valid)

@@ -11,6 +11,9 @@ use crate::algorithms::all_reduce::one_shot::ONESHOT_LL;
 use crate::algorithms::all_reduce::one_shot_ll128::ONESHOT_LL128;
 use crate::algorithms::all_reduce::two_shot_push::TWOSHOT_PUSH;
 use crate::algorithms::all_reduce::two_shot_zc::TWOSHOT_ZC;
+use crate::algorithms::all_to_all::{
+    direct::ALLTOALL_DIRECT, one_shot::ALLTOALL_ONESHOT_LL, staged::ALLTOALL_STAGED,
+};
 use crate::algorithms::reduce_scatter::{
     direct::REDUCESCATTER_DIRECT, one_shot::REDUCESCATTER_ONESHOT_LL, staged::REDUCESCATTER_STAGED,
 };
@@ -142,6 +145,10 @@ impl Selector {
                     shape,
                     [ALLGATHER_ONESHOT_LL, ALLGATHER_DIRECT, ALLGATHER_STAGED],
                 )?,
+                Collective::AllToAll => Self::one_shot_direct_staged(
+                    shape,
+                    [ALLTOALL_ONESHOT_LL, ALLTOALL_DIRECT, ALLTOALL_STAGED],
+                )?,
                 Collective::ReduceScatter => Self::one_shot_direct_staged(
                     shape,
                     [
@@ -226,7 +233,7 @@ impl Selector {
         })
     }
 
-    /// The policy of all-gather and reduce-scatter: the one-shot up to
+    /// The policy of all-gather, reduce-scatter and all-to-all: the one-shot up to
     /// [`ALLGATHER_ONESHOT_MAX_BYTES`] (where its packets fit), above it the direct kernel on
     /// registered buffers, else the staged one.
     fn one_shot_direct_staged(

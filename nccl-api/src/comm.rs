@@ -597,6 +597,52 @@ impl Comm {
         Ok(algo)
     }
 
+    /// All-to-all of `count` elements per peer on the caller's stream (the host backend:
+    /// through host memory, see [`Comm::host_call`]); returns the algorithm for the log when
+    /// logging.
+    ///
+    /// # Safety
+    /// NCCL's contract for ncclAlltoAll: `send` and `recv` hold `nranks * count` elements
+    /// on this communicator's device (host memory on the host backend), `stream` is a live
+    /// stream of that device, every rank makes the same calls.
+    pub unsafe fn all_to_all(
+        &self,
+        comm: &Communicator,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        stream: CudaStreamT,
+    ) -> ApiResult<String> {
+        let collective = Collective::AllToAll;
+        let algo = if crate::error::log_enabled() && self.host.is_none() {
+            comm.choose_collective(collective, count, dtype)
+                .map(|c| c.algorithm.to_string())
+                .unwrap_or_else(|e| format!("? ({e})"))
+        } else {
+            String::new()
+        };
+        if let Some(host) = &self.host {
+            // The caller's buffers are checked here: the call itself runs on staging.
+            comm.check_buffers(collective, send, recv, count, dtype)?;
+            let total = dtype
+                .bytes(count)?
+                .checked_mul(self.nranks as usize)
+                .ok_or_else(|| ApiError::invalid_argument("all-to-all size overflows"))?;
+            return self.host_call(host, comm, (send, total, 0), (recv, total, total), |buf| {
+                let out = buf.offset(total)?;
+                // SAFETY: the staging buffer holds the input and then the output,
+                // `nranks * count` elements each, and lives until the stream is synchronized
+                // (host_call).
+                unsafe { comm.all_to_all(buf, out, count, dtype, &host.stream) }
+            });
+        }
+        let s = self.borrow_stream(comm, stream)?;
+        // SAFETY: this function's contract is all_to_all's (buffers and stream).
+        unsafe { comm.all_to_all(send, recv, count, dtype, &s) }?;
+        Ok(algo)
+    }
+
     /// A call on the host backend: the caller's host input (`send`, its bytes, and where
     /// it goes in the staging buffer) is copied into a host-backend (shared-memory)
     /// staging buffer, `run` queues the collective on it, and the output (`recv`, its

@@ -868,10 +868,69 @@ unsafe fn reduce_scatter(
     Ok(())
 }
 
+export! {
+    /// Served by oxccl for every data type (data only moves) on a communicator oxccl serves,
+    /// on the caller's stream (send and receive buffers must not overlap); every other call
+    /// is forwarded to the real NCCL.
+    fn ncclAlltoAll / pncclAlltoAll(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, comm: Opaque, stream: CudaStreamT) -> NcclResult {
+        guard("ncclAlltoAll", || {
+            // SAFETY: NCCL's contract on every argument.
+            unsafe { all_to_all(sendbuff, recvbuff, count, datatype, comm, stream) }
+        })
+    }
+}
+
+/// # Safety
+/// NCCL's contract for ncclAlltoAll.
+unsafe fn all_to_all(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: NcclDataType,
+    comm: Opaque,
+    stream: CudaStreamT,
+) -> ApiResult<()> {
+    // SAFETY: NCCL's contract on comm.
+    let target = unsafe { resolve(comm) }?;
+    let detail = || format!(" count={count} dtype={}", type_name(datatype));
+    let forward_why = |why: String| {
+        let call = |real: &'static RealNccl, c: Opaque| {
+            let f = real.fns.all_to_all?;
+            // SAFETY: the caller's arguments with the real communicator.
+            Some(unsafe { f(sendbuff, recvbuff, count, datatype, c, stream) })
+        };
+        // SAFETY: NCCL's contract on comm.
+        unsafe { forward("ncclAlltoAll", comm, &why, detail, call) }
+    };
+    let c = match target {
+        Target::Foreign(_) => return forward_why(NOT_SERVED.into()),
+        Target::Ours(c) => c,
+    };
+    check_count(count, datatype)?;
+    if count > 0 && (sendbuff.is_null() || recvbuff.is_null()) {
+        return Err(ApiError::invalid_argument(format!(
+            "sendbuff {sendbuff:?} or recvbuff {recvbuff:?} is NULL with count {count}"
+        )));
+    }
+    let Some(ox) = c.serving() else {
+        return forward_why(not_serving(c));
+    };
+    if count == 0 {
+        return Ok(());
+    }
+    let (dtype, n) = moved_as(datatype, count)
+        .ok_or_else(|| ApiError::invalid_argument(format!("count {count} overflows")))?;
+    let send = DevicePtr(sendbuff as usize as u64);
+    let recv = DevicePtr(recvbuff as usize as u64);
+    // SAFETY: NCCL's contract on buffers and stream is oxccl's.
+    let algo = unsafe { c.all_to_all(ox, send, recv, n, dtype, stream) }?;
+    log_info!("rank {} ncclAlltoAll{} -> oxccl ({algo})", c.rank, detail());
+    Ok(())
+}
+
 forwarded!(ncclReduce / pncclReduce, reduce, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, op: NcclRedOp, root: c_int, comm: Opaque, stream: CudaStreamT));
 forwarded!(ncclBcast / pncclBcast, bcast, comm, (buff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT));
 forwarded!(ncclBroadcast / pncclBroadcast, broadcast, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT));
-forwarded!(ncclAlltoAll / pncclAlltoAll, all_to_all, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, comm: Opaque, stream: CudaStreamT));
 forwarded!(ncclGather / pncclGather, gather, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT));
 forwarded!(ncclScatter / pncclScatter, scatter, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT));
 forwarded!(ncclSend / pncclSend, send, comm, (sendbuff: *const c_void, count: usize, datatype: NcclDataType, peer: c_int, comm: Opaque, stream: CudaStreamT));

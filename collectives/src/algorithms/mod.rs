@@ -21,13 +21,17 @@
 //! | `reducescatter_oneshot_ll` | reduce-scatter | `reducescatter_oneshot_ll` | small messages: every peer's chunk as LL16 packets, reduced locally, no barrier |
 //! | `reducescatter_staged` | reduce-scatter | `reducescatter_staged` | any size on unregistered buffers: chunks pushed into their owners' staging, reduced locally (the first half of the push two-shot) |
 //! | `reducescatter_direct` | reduce-scatter | `reducescatter_direct` | registered inputs: every rank's chunk read straight from the peers' inputs between two barriers |
+//! | `alltoall_oneshot_ll` | all-to-all | `alltoall_oneshot_ll` | small messages: every chunk as LL16 packets into its owner's packet half, no barrier |
+//! | `alltoall_staged` | all-to-all | `alltoall_staged` | any size on unregistered buffers: chunks pushed into their owners' staging, copied out locally |
+//! | `alltoall_direct` | all-to-all | `alltoall_direct` | registered outputs: every chunk stored straight into its owner's output between two barriers |
 //!
 //! Each collective's algorithms live in their own module ([`all_reduce`], [`all_gather`],
-//! [`reduce_scatter`]);
+//! [`reduce_scatter`], [`all_to_all`]);
 //! what several share (the scratch-protocol launch) lives here.
 
 pub mod all_gather;
 pub mod all_reduce;
+pub mod all_to_all;
 pub mod reduce_scatter;
 pub mod scratch_kernel;
 
@@ -51,6 +55,7 @@ use all_gather::{
 use all_reduce::{
     nvls, one_shot, one_shot_ll128, port_channel, two_shot, two_shot_push, two_shot_zc,
 };
+use all_to_all::{direct::ALLTOALL_DIRECT, one_shot::ALLTOALL_ONESHOT_LL, staged::ALLTOALL_STAGED};
 use reduce_scatter::{
     direct::REDUCESCATTER_DIRECT, one_shot::REDUCESCATTER_ONESHOT_LL, staged::REDUCESCATTER_STAGED,
 };
@@ -73,6 +78,9 @@ pub const ALGORITHMS: &[Algorithm] = &[
     REDUCESCATTER_ONESHOT_LL,
     REDUCESCATTER_STAGED,
     REDUCESCATTER_DIRECT,
+    ALLTOALL_ONESHOT_LL,
+    ALLTOALL_STAGED,
+    ALLTOALL_DIRECT,
 ];
 
 /// The collective operations algorithms serve.
@@ -85,14 +93,17 @@ pub enum Collective {
     AllGather = 1,
     /// Rank r gets the reduction of chunk r of every rank's input.
     ReduceScatter = 2,
+    /// Rank p gets chunk p of every rank's input, in rank order.
+    AllToAll = 3,
 }
 
 impl Collective {
     /// Every collective, in declaration order (index = `as usize`).
-    pub const ALL: [Collective; 3] = [
+    pub const ALL: [Collective; 4] = [
         Collective::AllReduce,
         Collective::AllGather,
         Collective::ReduceScatter,
+        Collective::AllToAll,
     ];
 
     /// Bytes of one rank's input and output buffers for a call of `bytes` (`count`
@@ -108,19 +119,22 @@ impl Collective {
             Collective::AllReduce => Ok((bytes, bytes)),
             Collective::AllGather => Ok((bytes, all()?)),
             Collective::ReduceScatter => Ok((all()?, bytes)),
+            Collective::AllToAll => Ok((all()?, all()?)),
         }
     }
 
     /// Where the input lies when the call is in place (NCCL's rules): the output itself
     /// (allreduce), the output's slot `rank` (all-gather: `input == output + rank * count`),
     /// or where the output is the input's chunk `rank` (reduce-scatter:
-    /// `output == input + rank * count`).
+    /// `output == input + rank * count`); none for all-to-all, which NCCL does not define
+    /// in place.
     pub fn in_place_input(self, output: DevicePtr, bytes: usize, rank: u32) -> Option<DevicePtr> {
         let slot = bytes.checked_mul(rank as usize)? as u64;
         match self {
             Collective::AllReduce => Some(output),
             Collective::AllGather => output.0.checked_add(slot).map(DevicePtr),
             Collective::ReduceScatter => output.0.checked_sub(slot).map(DevicePtr),
+            Collective::AllToAll => None,
         }
     }
 
@@ -131,6 +145,7 @@ impl Collective {
             Collective::AllReduce => (true, true),
             Collective::AllGather => (false, true),
             Collective::ReduceScatter => (true, false),
+            Collective::AllToAll => (false, true),
         }
     }
 
@@ -138,7 +153,7 @@ impl Collective {
     pub fn reduces(self) -> bool {
         match self {
             Collective::AllReduce | Collective::ReduceScatter => true,
-            Collective::AllGather => false,
+            Collective::AllGather | Collective::AllToAll => false,
         }
     }
 }
@@ -149,6 +164,7 @@ impl fmt::Display for Collective {
             Collective::AllReduce => "all_reduce",
             Collective::AllGather => "all_gather",
             Collective::ReduceScatter => "reduce_scatter",
+            Collective::AllToAll => "all_to_all",
         })
     }
 }
@@ -737,6 +753,7 @@ mod tests {
             include_str!("../../../kernels/src/device/allgather.cu"),
             include_str!("../../../kernels/src/device/allreduce.cu"),
             include_str!("../../../kernels/src/device/allreduce_port.cu"),
+            include_str!("../../../kernels/src/device/alltoall.cu"),
             include_str!("../../../kernels/src/device/reducescatter.cu")
         );
         for a in ALGORITHMS {

@@ -149,11 +149,13 @@ pub(crate) fn check_buffers(
     let in_place = collective.in_place_input(output, bytes, site.rank);
     let (i, o) = (input.0, output.0);
     if in_place != Some(input) && i < o + out_bytes as u64 && o < i + in_bytes as u64 {
+        let rule = match in_place {
+            Some(p) => format!("in place on rank {} means input == {p}", site.rank),
+            None => format!("{collective} has no in-place form"),
+        };
         return Err(Error::InvalidArgument(format!(
             "{collective}: input {input} ({in_bytes} bytes) and output {output} ({out_bytes} \
-             bytes) overlap, and the call is not in place (rank {} in place: input == {})",
-            site.rank,
-            in_place.map_or("-".to_string(), |p| p.to_string())
+             bytes) overlap, and the call is not in place ({rule})"
         )));
     }
     Ok(())

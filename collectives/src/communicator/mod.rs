@@ -8,7 +8,7 @@
 //! [`crate::algorithms::ALGORITHMS`] through its descriptor.
 //!
 //! Steady state ([`Communicator::all_reduce`], [`Communicator::all_gather`],
-//! [`Communicator::reduce_scatter`], below): check
+//! [`Communicator::reduce_scatter`], [`Communicator::all_to_all`], below): check
 //! the call ([`check`]), choose the algorithm ([`crate::selector`]), one launch through the
 //! algorithm's instance; every collective takes the same path. No host
 //! synchronization, no host-side counter that advances per call (the epoch lives in device
@@ -412,6 +412,42 @@ impl Communicator {
                 dtype,
                 op,
                 accum,
+                stream,
+            )
+        }
+    }
+
+    /// All-to-all with equal counts: chunk p (elements `[p * count, (p + 1) * count)`) of
+    /// every rank r's input lands in slot r (the same elements) of rank p's output; both
+    /// hold `world_size * count` elements and must not overlap (NCCL defines no in-place
+    /// all-to-all). Data only moves, so every data type is served alike. `count == 0` does
+    /// nothing.
+    ///
+    /// Errors (before any launch): as [`Communicator::all_reduce`], and overlapping buffers.
+    ///
+    /// # Safety
+    /// `input` and `output` must be device memory of this communicator's device holding
+    /// `world_size * count` elements each, live until the work queued on `stream`
+    /// completes; no other work may write them meanwhile. Every rank must make the same
+    /// sequence of calls, ordered on one stream per rank.
+    pub unsafe fn all_to_all(
+        &self,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        stream: &AnyStream,
+    ) -> Result<()> {
+        // SAFETY: the caller's obligations (this function's contract).
+        unsafe {
+            self.run(
+                Collective::AllToAll,
+                input,
+                output,
+                count,
+                dtype,
+                ReduceOp::Sum,
+                AccumType::Auto,
                 stream,
             )
         }

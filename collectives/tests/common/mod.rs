@@ -1,5 +1,8 @@
 //! Ranks, inputs and references shared by the collectives' integration tests.
 
+// Every test binary compiles this module and uses a part of it.
+#![allow(dead_code)]
+
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
@@ -13,7 +16,6 @@ use oxccl_collectives::kernels::{formats, pattern, reduce};
 use oxccl_collectives::{CommConfig, Communicator};
 
 /// One rank of a test: its communicator and a stream.
-#[allow(dead_code)]
 pub struct Rank {
     pub comm: Communicator,
     pub stream: AnyStream,
@@ -21,7 +23,6 @@ pub struct Rank {
 
 /// Runs `body` on `world` ranks as threads of this process (each its own host device),
 /// with a configuration per rank; tears every communicator down collectively.
-#[allow(dead_code)]
 pub fn threads_with(
     world: u32,
     config_of: impl Fn(u32) -> CommConfig + Send + Sync + 'static,
@@ -58,7 +59,6 @@ pub fn input(dtype: DataType, rank: u32, count: usize, salt: u64) -> Vec<u8> {
 
 /// What every rank must hold after the allreduce of [`input`]s: the host reference, in
 /// rank order.
-#[allow(dead_code)]
 pub fn expected(
     dtype: DataType,
     op: ReduceOp,
@@ -77,7 +77,6 @@ pub fn expected(
 /// The buffers of one check on `device` (the caller keeps them alive) and its input and
 /// output: in place one buffer; out of place the input sits one element past 16-byte
 /// alignment, so the kernels' byte paths run too.
-#[allow(dead_code)]
 pub fn check_buffers(
     device: &AnyDevice,
     dtype: DataType,
@@ -94,7 +93,6 @@ pub fn check_buffers(
 }
 
 /// Writes `rank`'s [`input`] into `inp`, and poisons `out` when it is another buffer.
-#[allow(dead_code)]
 pub fn stage(
     stream: &AnyStream,
     (inp, out): (DevicePtr, DevicePtr),
@@ -165,7 +163,6 @@ pub fn run_child_ranks(world: u32, env: &[(&str, &str)], what: &str) {
 /// The signature bytes a rank's first call of `count` elements of `dtype` (sum, auto
 /// accumulation) with `algorithm` sends to the others: a test rank that must take part in
 /// that check without launching anything sends the same.
-#[allow(dead_code)]
 pub fn first_call_signature(count: u64, dtype: DataType, algorithm: u32) -> Vec<u8> {
     // count, then the zero-copy offsets (none), then the collective (allreduce: 0), dtype,
     // op, accum, algorithm, and the launch (the host backend's fixed 1 x 32).

@@ -215,6 +215,34 @@ static void reducescatter_suite(ncclComm_t comm, int rank, int nranks) {
   }
 }
 
+/* All-to-alls of 1- and 8-byte types at counts that are not powers of two, the output
+ * poisoned first: slot r must be chunk `rank` of rank r's input, computed here. */
+static void alltoall_suite(ncclComm_t comm, int rank, int nranks) {
+  static const ncclDataType_t TYPES[] = {ncclUint8, ncclInt64};
+  static const size_t SIZES[] = {1, 8};
+  static const size_t A2A_COUNTS[] = {1, 3, 1001, 12345};
+  int salt = 900;
+  for (size_t t = 0; t < 2; t++) {
+    for (size_t ci = 0; ci < 4; ci++) {
+      size_t n = A2A_COUNTS[ci], bytes = n * SIZES[t], total = bytes * (size_t)nranks;
+      unsigned char* in = malloc(total);
+      unsigned char* out = malloc(total);
+      unsigned char* want = malloc(total);
+      salt++;
+      fill_bytes(in, total, rank, salt);
+      memset(out, 0xa5, total);
+      OK(ncclAlltoAll(in, out, n, TYPES[t], comm, NULL));
+      size_t bad = 0;
+      for (int r = 0; r < nranks; r++) {
+        fill_bytes(want, total, r, salt);
+        bad += memcmp(out + (size_t)r * bytes, want + (size_t)rank * bytes, bytes) != 0;
+      }
+      CHECK(bad == 0, "all-to-all of %zu x %zu bytes: %zu slots wrong", n, SIZES[t], bad);
+      free(in); free(out); free(want);
+    }
+  }
+}
+
 /* One rank of a job of `nranks` forked processes. */
 static int child(ncclUniqueId id, int rank, int nranks) {
   char name[32];
@@ -263,6 +291,7 @@ static int child(ncclUniqueId id, int rank, int nranks) {
 
   allgather_suite(comm, rank, nranks);
   reducescatter_suite(comm, rank, nranks);
+  alltoall_suite(comm, rank, nranks);
 
   /* Forwarded without a real NCCL. */
   float a[4] = {0}, b[16] = {0};

@@ -5,7 +5,7 @@
 
 use oxccl_hal::{HostKernelTable, LaunchConfig, Result};
 
-use super::{copy_own_slot, store_slot};
+use super::copy_own_slot;
 use crate::algorithms::all_reduce::one_shot::{check_capacity, slot_bytes, spread};
 use crate::algorithms::scratch_kernel::ScratchKernel;
 use crate::algorithms::{max_blocks, Algorithm, Buffers, CallShape, Collective, Descriptor, Plan};
@@ -69,7 +69,7 @@ fn host_kernel(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
         for r in (0..c.world).filter(|r| *r != c.me) {
             // SAFETY: as above, slot r of this rank's own current half.
             let v = unsafe { ll16_read_unit(&c, half + r * slot + u * 32, r, flag)? };
-            store_slot(&c, r, u * 16, &v);
+            c.store_output_slot(r, u * 16, &v);
         }
     }
     c.finish();

@@ -6,7 +6,7 @@
 
 use oxccl_hal::{HostKernelTable, LaunchConfig, Result};
 
-use super::{copy_own_slot, store_slot};
+use super::copy_own_slot;
 use crate::algorithms::scratch_kernel::ScratchKernel;
 use crate::algorithms::{staged_plan, Algorithm, Buffers, CallShape, Collective, Descriptor, Plan};
 use crate::host_kernels::{barrier, barrier_blocks, copy16, equal_rounds, Call};
@@ -75,7 +75,7 @@ fn host_kernel(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
                         v.as_mut_ptr(),
                     )
                 };
-                store_slot(&c, r, (base + j) * 16, &v);
+                c.store_output_slot(r, (base + j) * 16, &v);
             }
         }
         barrier(&c, blocks)?;

@@ -14,13 +14,3 @@
 pub mod direct;
 pub mod one_shot;
 pub mod staged;
-
-use crate::host_kernels::{read_unit, Call};
-
-/// Bytes `[off, off + 16)` of chunk `r` of the host stand-in's input (zeros past its end).
-fn load_chunk(c: &Call, r: usize, off: usize) -> [u8; 16] {
-    let base = c.a.input.cast::<u8>().wrapping_add(r * c.total);
-    // SAFETY: launch contract of the reduce-scatter kernels: the input holds `world * total`
-    // bytes, chunk r < world is [r * total, (r + 1) * total) of it.
-    unsafe { read_unit(base.cast(), c.total, off) }
-}

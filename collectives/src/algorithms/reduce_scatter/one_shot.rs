@@ -5,7 +5,6 @@
 
 use oxccl_hal::{HostKernelTable, LaunchConfig, Result};
 
-use super::load_chunk;
 use crate::algorithms::all_reduce::one_shot::{check_capacity, slot_bytes, spread};
 use crate::algorithms::scratch_kernel::ScratchKernel;
 use crate::algorithms::{max_blocks, Algorithm, Buffers, CallShape, Collective, Descriptor, Plan};
@@ -58,7 +57,7 @@ fn host_kernel(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     for u in 0..units {
         for k in 1..c.world {
             let p = (c.me + k) % c.world;
-            let v = load_chunk(&c, p, u * 16);
+            let v = c.load_input_chunk(p, u * 16);
             // SAFETY: packets 2u, 2u+1 of slot `me` of the current half of peer p's packet
             // region, which fits (checked above).
             unsafe { ll16_write_unit(&c, p, half + c.me * slot + u * 32, &v, flag) };
@@ -68,7 +67,7 @@ fn host_kernel(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     for u in 0..units {
         for (r, input) in inputs.iter_mut().enumerate() {
             *input = if r == c.me {
-                load_chunk(&c, c.me, u * 16)
+                c.load_input_chunk(c.me, u * 16)
             } else {
                 // SAFETY: as above, slot r of this rank's own current half.
                 unsafe { ll16_read_unit(&c, half + r * slot + u * 32, r, flag)? }

@@ -5,7 +5,6 @@
 
 use oxccl_hal::{HostKernelTable, LaunchConfig, Result};
 
-use super::load_chunk;
 use crate::algorithms::scratch_kernel::ScratchKernel;
 use crate::algorithms::{staged_plan, Algorithm, Buffers, CallShape, Collective, Descriptor, Plan};
 use crate::host_kernels::{barrier, barrier_blocks, copy16, equal_rounds, Call};
@@ -52,7 +51,7 @@ fn host_kernel(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
         for k in 1..c.world {
             let p = (c.me + k) % c.world;
             for j in 0..n {
-                let v = load_chunk(&c, p, (base + j) * 16);
+                let v = c.load_input_chunk(p, (base + j) * 16);
                 // SAFETY: peer p's staging holds world * cap units (equal_rounds); me <
                 // world, j < cap.
                 unsafe {
@@ -68,7 +67,7 @@ fn host_kernel(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
             let off = (base + j) * 16;
             for (r, input) in inputs.iter_mut().enumerate() {
                 if r == c.me {
-                    *input = load_chunk(&c, c.me, off);
+                    *input = c.load_input_chunk(c.me, off);
                 } else {
                     // SAFETY: slot r of this rank's staging, written by r before the barrier.
                     unsafe {

@@ -1,0 +1,161 @@
+// All-to-all kernels: chunk p (elements [p * count, (p + 1) * count)) of rank r's input
+// lands in slot r of rank p's output; both buffers hold `world * count` elements. The same
+// argument block, scratch and epoch as the allreduce kernels
+// (include/oxccl/abi_allreduce.h; op and accum unused); data only moves, so the kernels see
+// bytes. Host stand-ins with the same protocol: collectives/src/algorithms/all_to_all/.
+//
+// - alltoall_oneshot_ll: small messages. Chunk p of my input as LL16 packets into slot
+//   `me` of peer p's packet half, my own chunk copied locally, then every peer's packets
+//   from my half into its output slot. One kernel, no barrier.
+// - alltoall_staged: any size on buffers nobody registered. Push chunk c into slot `me` of
+//   rank c's staging; barrier; copy every peer's slot from my staging into my output;
+//   barrier (the staging is free again). In rounds when it does not fit.
+// - alltoall_direct: registered outputs. Barrier (every peer's output is free); store chunk
+//   p into slot `me` of rank p's output; barrier.
+
+#include "oxccl/abi.h"
+#include "oxccl/allreduce_device.hpp"
+
+namespace oxccl {
+namespace alltoall {
+
+using namespace oxccl::allreduce;
+
+/// Chunk `p` of the input (what goes to rank p) and slot `r` of the output (what came from
+/// rank r), each `total` bytes.
+OXCCL_DEVICE_INLINE const char* chunk(const OxcclAllreduceArgs& a, uint32_t p, uint64_t total) {
+  return static_cast<const char*>(a.input) + p * total;
+}
+OXCCL_DEVICE_INLINE char* slot(void* output, uint32_t r, uint64_t total) { return static_cast<char*>(output) + r * total; }
+
+OXCCL_DEVICE_INLINE void oneshot_body(const OxcclAllreduceArgs& a, const CallState call) {
+  const uint64_t total = a.count * dtype_bytes(a.dtype);
+  const uint64_t units = (total + 15) / 16;
+  const uint32_t w = a.world_size;
+  const uint32_t me = a.rank;
+  const uint64_t first = thread_index();
+  const uint64_t stride = thread_count();
+  const uint64_t epoch = read_epoch(call.own);
+  const uint32_t flag = flag_of(epoch);
+  const uint64_t half = a.packet_offset + (epoch & 1) * a.packet_half_bytes;
+  const uint64_t slot_bytes = units * 32;  // two LL16 packets per 16-byte unit
+
+  // Write: chunk p of my input into slot `me` of peer p's current half; my own chunk into
+  // my own output slot.
+  for (uint64_t u = first; u < units; u += stride) {
+    for (uint32_t k = 1; k < w; ++k) {
+      const uint32_t p = me + k < w ? me + k : me + k - w;
+      const Vec16 v = load_unit(chunk(a, p, total), u * 16, total);
+      OxcclLL16Packet* dst = reinterpret_cast<OxcclLL16Packet*>(
+                                 static_cast<char*>(a.scratch[p]) + half + me * slot_bytes) +
+                             2 * u;
+      ll16_write(dst, v.w[0], v.w[1], flag);
+      ll16_write(dst + 1, v.w[2], v.w[3], flag);
+    }
+    store_unit(slot(a.output, me, total), u * 16, load_unit(chunk(a, me, total), u * 16, total), total);
+  }
+  call.count_block(epoch);
+
+  // Read: every peer's chunk for me from my own half into its output slot.
+  const char* mine = static_cast<const char*>(a.scratch[me]) + half;
+  const uint32_t all_peers = ll16_peer_bits(w, me);
+  for (uint64_t u = first; u < units; u += stride) {
+    Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
+    if (!ll16_read_peers(mine, u, slot_bytes, flag, all_peers, in, call)) return;
+#pragma unroll
+    for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
+      if (r < w && r != me) store_unit(slot(a.output, r, total), u * 16, in[r], total);
+    }
+  }
+}
+
+/// Rounds of the staged kernel (`Rounds` of allgather.cu).
+struct Rounds {
+  uint64_t cap;
+  uint64_t lo, hi;
+  OXCCL_DEVICE_INLINE Rounds(const OxcclAllreduceArgs& a, uint64_t units) {
+    const uint64_t cap_max = a.data_bytes / (16 * a.world_size);
+    const uint64_t rounds = (units + cap_max - 1) / cap_max;
+    cap = rounds == 0 ? 0 : (units + rounds - 1) / rounds;
+    const uint64_t share = (cap + gridDim.x - 1) / gridDim.x;
+    lo = blockIdx.x * share;
+    hi = lo + share < cap ? lo + share : cap;
+  }
+};
+
+OXCCL_DEVICE_INLINE void staged_body(const OxcclAllreduceArgs& a, const CallState call) {
+  const uint64_t total = a.count * dtype_bytes(a.dtype);
+  const uint64_t units = (total + 15) / 16;
+  const uint32_t w = a.world_size;
+  const uint32_t me = a.rank;
+  const char* own = static_cast<const char*>(a.scratch[me]) + a.data_offset;
+  const Rounds g(a, units);
+
+  for (uint64_t base = 0; base < units; base += g.cap) {
+    const uint64_t n = units - base < g.cap ? units - base : g.cap;  // units this round
+    // 1. Push chunk c of my input into slot `me` of rank c's staging; my own chunk into my
+    //    own output slot.
+    for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < n; j += blockDim.x) {
+      const uint64_t off = (base + j) * 16;
+      for (uint32_t k = 1; k < w; ++k) {
+        const uint32_t c = me + k < w ? me + k : me + k - w;
+        store16(static_cast<char*>(a.scratch[c]) + a.data_offset + (me * g.cap + j) * 16,
+                load_unit(chunk(a, c, total), off, total));
+      }
+      store_unit(slot(a.output, me, total), off, load_unit(chunk(a, me, total), off, total), total);
+    }
+    if (!block_barrier(a, call.deadline, call.failed)) return;
+
+    // 2. Every peer's slot from my staging into my output.
+    for (uint32_t k = 1; k < w; ++k) {
+      const uint32_t c = me + k < w ? me + k : me + k - w;
+      for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < n; j += blockDim.x) {
+        store_unit(slot(a.output, c, total), (base + j) * 16, load16_peer(own + (c * g.cap + j) * 16), total);
+      }
+    }
+    // My staging is free for the peers' next round (or next call).
+    if (!block_barrier(a, call.deadline, call.failed)) return;
+  }
+}
+
+OXCCL_DEVICE_INLINE void direct_body(const OxcclAllreduceArgs& a, const CallState call) {
+  const uint64_t total = a.count * dtype_bytes(a.dtype);
+  const uint64_t units = (total + 15) / 16;
+  const uint32_t w = a.world_size;
+  const uint32_t me = a.rank;
+  const uint64_t share = (units + gridDim.x - 1) / gridDim.x;
+  const uint64_t lo = blockIdx.x * share;
+  const uint64_t hi = lo + share < units ? lo + share : units;
+
+  // Every peer's call has started: its output is free to write.
+  if (!block_barrier(a, call.deadline, call.failed)) return;
+  for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+    // Peers first (remote stores take longest), my own slot last.
+    for (uint32_t k = 1; k < w; ++k) {
+      const uint32_t p = me + k < w ? me + k : me + k - w;
+      store_unit(slot(a.peer_output[p], me, total), j * 16, load_unit(chunk(a, p, total), j * 16, total), total);
+    }
+    store_unit(slot(a.output, me, total), j * 16, load_unit(chunk(a, me, total), j * 16, total), total);
+  }
+  // Every peer stored its chunk into my output.
+  block_barrier(a, call.deadline, call.failed);
+}
+
+}  // namespace alltoall
+}  // namespace oxccl
+
+OXCCL_GLOBAL __launch_bounds__(512, 1) void alltoall_oneshot_ll(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
+  using namespace oxccl::allreduce;
+  run_call<true>(args, true, [&](const CallState call) { oxccl::alltoall::oneshot_body(args, call); });
+}
+
+OXCCL_GLOBAL __launch_bounds__(512, 1) void alltoall_staged(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
+  using namespace oxccl::allreduce;
+  run_call<false>(args, true, [&](const CallState call) { oxccl::alltoall::staged_body(args, call); });
+}
+
+OXCCL_GLOBAL __launch_bounds__(512, 1) void alltoall_direct(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
+  using namespace oxccl::allreduce;
+  const bool registered = args.rank < OXCCL_ALLREDUCE_MAX_RANKS && args.peer_output[args.rank] == args.output;
+  run_call<false>(args, registered, [&](const CallState call) { oxccl::alltoall::direct_body(args, call); });
+}
