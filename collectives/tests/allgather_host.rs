@@ -300,3 +300,22 @@ fn ranks_in_separate_processes() {
         );
     }
 }
+
+#[test]
+fn eight_ranks() {
+    for algo in [ALLGATHER_ONESHOT_LL, ALLGATHER_STAGED, ALLGATHER_DIRECT] {
+        threads(8, Some(algo), move |r| {
+            for (i, count) in [1usize, 1000, 12_345].into_iter().enumerate() {
+                check(
+                    r,
+                    DataType::Bf16,
+                    count,
+                    i % 2 == 1,
+                    algo == ALLGATHER_DIRECT,
+                    i as u64,
+                )
+                .unwrap();
+            }
+        });
+    }
+}

@@ -189,3 +189,14 @@ fn ranks_in_separate_processes() {
         );
     }
 }
+
+#[test]
+fn eight_ranks() {
+    for algo in [ALLTOALL_ONESHOT_LL, ALLTOALL_STAGED, ALLTOALL_DIRECT] {
+        threads(8, Some(algo), move |r| {
+            for (i, count) in [1usize, 1000, 12_345].into_iter().enumerate() {
+                check(r, DataType::Bf16, count, algo == ALLTOALL_DIRECT, i as u64).unwrap();
+            }
+        });
+    }
+}

@@ -388,3 +388,25 @@ fn ranks_in_separate_processes() {
         );
     }
 }
+
+#[test]
+fn eight_ranks() {
+    for algo in ALGOS {
+        threads(8, Some(algo), move |r| {
+            for (i, count) in [1usize, 1000, 12_345].into_iter().enumerate() {
+                let register = algo == REDUCESCATTER_DIRECT;
+                check(
+                    r,
+                    DataType::Bf16,
+                    ReduceOp::Sum,
+                    AccumType::F32,
+                    count,
+                    i % 2 == 1,
+                    register,
+                    i as u64,
+                )
+                .unwrap();
+            }
+        });
+    }
+}
