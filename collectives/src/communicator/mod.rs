@@ -158,8 +158,21 @@ impl Communicator {
         count: usize,
         dtype: DataType,
     ) -> Result<Choice> {
+        self.choose_collective_for(Collective::AllReduce, input, output, count, dtype)
+    }
+
+    /// The algorithm and launch a call of `collective` on these buffers would use
+    /// (registered or not, as the call would see them; `count`: elements of one rank's
+    /// input; no launch).
+    pub fn choose_collective_for(
+        &self,
+        collective: Collective,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        dtype: DataType,
+    ) -> Result<Choice> {
         let bytes = dtype.bytes(count)?;
-        let collective = Collective::AllReduce;
         let zc = self
             .registered_view(collective, input, output, bytes)
             .is_some();
