@@ -62,6 +62,21 @@ pub fn fill(dtype: DataType, seed: u64, rank: u32, out: &mut [u8]) {
     });
 }
 
+/// What one rank's output must hold after one call on inputs made by [`fill`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expect {
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub accum: AccumType,
+    /// The inputs' seed.
+    pub seed: u64,
+    pub world: u32,
+    /// Elements of the call (per rank).
+    pub count: usize,
+    /// Slots of `count` elements in the output (allreduce: 1).
+    pub slots: usize,
+}
+
 /// Outcome of checking one output buffer.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Verdict {
@@ -72,7 +87,7 @@ pub struct Verdict {
     /// Largest |out - f64 reference| / max(|reference|, 1) over checked elements (inputs are
     /// of order 1, so results that cancel to near zero are judged by absolute error).
     pub max_rel_err: f64,
-    /// First wrong element (index, got bits, want bits).
+    /// First wrong element (index in the output, got bits, want bits).
     pub first_wrong: Option<(usize, u32, u32)>,
 }
 
@@ -84,6 +99,13 @@ fn checked_indices(count: usize) -> impl Iterator<Item = usize> + Clone {
         .step_by(stride)
         .filter(move |i| stride == 1 || *i < tail_start)
         .chain((if stride == 1 { count } else { tail_start })..count)
+}
+
+/// The output elements checked, as (slot, index in the slot): [`checked_indices`] of every
+/// slot, so each slot (each rank's part of a gathered output) is covered alike.
+fn output_indices(e: &Expect) -> impl Iterator<Item = (usize, usize)> + Clone {
+    let count = e.count;
+    (0..e.slots).flat_map(move |s| checked_indices(count).map(move |i| (s, i)))
 }
 
 fn f64_reference(dtype: DataType, op: ReduceOp, seed: u64, world: u32, i: usize) -> f64 {
@@ -103,57 +125,54 @@ fn f64_reference(dtype: DataType, op: ReduceOp, seed: u64, world: u32, i: usize)
     f64::from(formats::round(dtype, acc as f32))
 }
 
-/// Checks `out` (the allreduce result on this rank). `exact`: count elements that differ
-/// from the rank-order reference as wrong (oxccl); otherwise only the error is measured.
-#[allow(clippy::too_many_arguments)]
-pub fn check(
-    dtype: DataType,
-    op: ReduceOp,
-    accum: AccumType,
-    seed: u64,
-    world: u32,
+/// |got - reference| / max(|reference|, 1); NaN against NaN is no error, NaN against a
+/// number an infinite one.
+fn rel_err(got: f64, reference: f64) -> f64 {
+    if got.is_nan() || reference.is_nan() {
+        if got.is_nan() && reference.is_nan() {
+            0.0
+        } else {
+            f64::INFINITY
+        }
+    } else {
+        (got - reference).abs() / reference.abs().max(1.0)
+    }
+}
+
+/// Judges every checked element of `out`, on up to 8 threads. `want(slot, i, got,
+/// scratch)` gives the element's exact bits (`None` where only the error is measured) and
+/// its f64 reference; `scratch` is a buffer of the thread's to reuse.
+fn judge(
+    e: &Expect,
     out: &[u8],
-    count: usize,
-    exact: bool,
+    want: impl Fn(usize, usize, u32, &mut Vec<u32>) -> (Option<u32>, f64) + Sync,
 ) -> Verdict {
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(8);
-    let idx: Vec<usize> = checked_indices(count).collect();
+    let idx: Vec<(usize, usize)> = output_indices(e).collect();
     let per = idx.len().div_ceil(threads).max(1);
+    let want = &want;
     let parts: Vec<Verdict> = std::thread::scope(|s| {
         let handles: Vec<_> = idx
             .chunks(per)
             .map(|part| {
                 s.spawn(move || {
                     let mut v = Verdict::default();
-                    let mut bits = vec![0u32; world as usize];
-                    for &i in part {
-                        let got = formats::read_element(dtype, out, i).unwrap_or_default();
+                    let mut scratch = Vec::new();
+                    for &(slot, i) in part {
+                        let at = slot * e.count + i;
+                        let got = formats::read_element(e.dtype, out, at).unwrap_or_default();
                         v.checked += 1;
-                        if exact {
-                            for (r, b) in bits.iter_mut().enumerate() {
-                                *b = element(dtype, seed, r as u32, i);
-                            }
-                            let want =
-                                reduce::reduce_element(dtype, op, accum, &bits).unwrap_or(!got);
-                            if !formats::same_bits(dtype, got, want) {
+                        let (bits, reference) = want(slot, i, got, &mut scratch);
+                        if let Some(w) = bits {
+                            if !formats::same_bits(e.dtype, got, w) {
                                 v.wrong += 1;
-                                v.first_wrong.get_or_insert((i, got, want));
+                                v.first_wrong.get_or_insert((at, got, w));
                             }
                         }
-                        let r = f64_reference(dtype, op, seed, world, i);
-                        let g = f64::from(formats::decode(dtype, got));
-                        let e = if g.is_nan() || r.is_nan() {
-                            if g.is_nan() && r.is_nan() {
-                                0.0
-                            } else {
-                                f64::INFINITY
-                            }
-                        } else {
-                            (g - r).abs() / r.abs().max(1.0)
-                        };
-                        v.max_rel_err = v.max_rel_err.max(e);
+                        let g = f64::from(formats::decode(e.dtype, got));
+                        v.max_rel_err = v.max_rel_err.max(rel_err(g, reference));
                     }
                     v
                 })
@@ -175,11 +194,27 @@ pub fn check(
     })
 }
 
-/// This rank's result at the elements [`check`] looks at, in its order: what
-/// [`check_repeated`] starts from.
-pub fn checked_values(dtype: DataType, out: &[u8], count: usize) -> Vec<u32> {
-    checked_indices(count)
-        .map(|i| formats::read_element(dtype, out, i).unwrap_or_default())
+/// Checks an allreduce result: element i is the reduction of every rank's element i in
+/// rank order with the accumulation type (the kernels' order, so oxccl must match it bit
+/// for bit). `exact`: count elements that differ as wrong (oxccl); otherwise only the
+/// error against the f64 reference is measured (NCCL reduces in its own order).
+pub fn reduced(e: &Expect, out: &[u8], exact: bool) -> Verdict {
+    judge(e, out, |_, i, got, inputs| {
+        let bits = exact.then(|| {
+            inputs.clear();
+            inputs.extend((0..e.world).map(|r| element(e.dtype, e.seed, r, i)));
+            // An unsupported combination never matches (the call would have been refused).
+            reduce::reduce_element(e.dtype, e.op, e.accum, inputs).unwrap_or(!got)
+        });
+        (bits, f64_reference(e.dtype, e.op, e.seed, e.world, i))
+    })
+}
+
+/// This rank's result at the elements the checks look at, in their order: what
+/// the repeated-call checks start from.
+pub fn checked_values(e: &Expect, out: &[u8]) -> Vec<u32> {
+    output_indices(e)
+        .map(|(s, i)| formats::read_element(e.dtype, out, s * e.count + i).unwrap_or_default())
         .collect()
 }
 
@@ -187,30 +222,26 @@ pub fn checked_values(dtype: DataType, out: &[u8], count: usize) -> Vec<u32> {
 /// were `first` ([`checked_values`]): every rank held the same `first`, so each call
 /// reduces `world` copies of the previous value (rank order, the accumulation type).
 /// Returns the wrong elements and the first of them (index, got bits, want bits).
-#[allow(clippy::too_many_arguments)]
-pub fn check_repeated(
-    dtype: DataType,
-    op: ReduceOp,
-    accum: AccumType,
-    world: u32,
+pub fn repeated_reduction(
+    e: &Expect,
     first: &[u32],
     out: &[u8],
-    count: usize,
     calls: usize,
 ) -> (usize, Option<(usize, u32, u32)>) {
     let mut wrong = 0;
     let mut first_wrong = None;
-    let mut copies = vec![0u32; world as usize];
-    for (i, &start) in checked_indices(count).zip(first) {
+    let mut copies = vec![0u32; e.world as usize];
+    for ((s, i), &start) in output_indices(e).zip(first) {
+        let at = s * e.count + i;
         let mut want = start;
         for _ in 0..calls {
             copies.fill(want);
-            want = reduce::reduce_element(dtype, op, accum, &copies).unwrap_or(!want);
+            want = reduce::reduce_element(e.dtype, e.op, e.accum, &copies).unwrap_or(!want);
         }
-        let got = formats::read_element(dtype, out, i).unwrap_or(!want);
-        if !formats::same_bits(dtype, got, want) {
+        let got = formats::read_element(e.dtype, out, at).unwrap_or(!want);
+        if !formats::same_bits(e.dtype, got, want) {
             wrong += 1;
-            first_wrong.get_or_insert((i, got, want));
+            first_wrong.get_or_insert((at, got, want));
         }
     }
     (wrong, first_wrong)
@@ -233,13 +264,26 @@ mod tests {
         }
     }
 
+    fn expect(dtype: DataType, world: u32, count: usize, slots: usize) -> Expect {
+        Expect {
+            dtype,
+            op: ReduceOp::Sum,
+            accum: AccumType::Auto,
+            seed: 7,
+            world,
+            count,
+            slots,
+        }
+    }
+
     #[test]
     fn repeated_calls_reduce_copies_of_the_last_result() {
-        let (d, op, acc) = (DataType::Bf16, ReduceOp::Sum, AccumType::Auto);
+        let d = DataType::Bf16;
         let count = 1003;
+        let e = expect(d, 4, count, 1);
         let mut y1 = vec![0u8; count * 2];
         fill(d, 7, 0, &mut y1);
-        let first = checked_values(d, &y1, count);
+        let first = checked_values(&e, &y1);
         assert_eq!(first.len(), count);
         // Two more calls on 4 ranks: every element times 16 (exact in bf16).
         let mut y3 = y1.clone();
@@ -247,60 +291,48 @@ mod tests {
             let v = formats::decode(d, formats::read_element(d, &y1, i).unwrap());
             formats::write_element(d, &mut y3, i, formats::encode(d, v * 16.0)).unwrap();
         }
-        assert_eq!(check_repeated(d, op, acc, 4, &first, &y3, count, 2).0, 0);
+        assert_eq!(repeated_reduction(&e, &first, &y3, 2).0, 0);
         // One call short, or the first result unchanged: every element is wrong.
-        assert_eq!(
-            check_repeated(d, op, acc, 4, &first, &y3, count, 1).0,
-            count
-        );
-        let (wrong, at) = check_repeated(d, op, acc, 4, &first, &y1, count, 2);
+        assert_eq!(repeated_reduction(&e, &first, &y3, 1).0, count);
+        let (wrong, at) = repeated_reduction(&e, &first, &y1, 2);
         assert_eq!(wrong, count);
         assert_eq!(at.map(|(i, ..)| i), Some(0));
     }
 
     #[test]
-    fn sampling_covers_the_tail() {
+    fn sampling_covers_the_tail_of_every_slot() {
         assert_eq!(checked_indices(10).count(), 10);
         let big = FULL_CHECK_LIMIT * 3 + 5;
         let v: Vec<usize> = checked_indices(big).collect();
         assert!(v.len() <= FULL_CHECK_LIMIT + 4096 + 1);
         assert_eq!(v.last(), Some(&(big - 1)));
+        let e = expect(DataType::F32, 3, 10, 3);
+        let v: Vec<(usize, usize)> = output_indices(&e).collect();
+        assert_eq!(v.len(), 30);
+        assert_eq!((v[0], v[10], v[29]), ((0, 0), (1, 0), (2, 9)));
     }
 
     #[test]
     fn exact_reference_accepts_itself_and_flags_a_flip() {
         let d = DataType::Bf16;
         let (world, count) = (3, 100);
+        let e = expect(d, world, count, 1);
         let mut out = vec![0u8; d.bytes(count).unwrap()];
         for i in 0..count {
             let bits: Vec<u32> = (0..world).map(|r| element(d, 7, r, i)).collect();
             let r = reduce::reduce_element(d, ReduceOp::Sum, AccumType::Auto, &bits).unwrap();
             formats::write_element(d, &mut out, i, r).unwrap();
         }
-        let v = check(
-            d,
-            ReduceOp::Sum,
-            AccumType::Auto,
-            7,
-            world,
-            &out,
-            count,
-            true,
-        );
+        let v = reduced(&e, &out, true);
         assert_eq!((v.checked, v.wrong), (100, 0));
         assert!(v.max_rel_err < 0.05, "{}", v.max_rel_err);
         out[10] ^= 1;
-        let v = check(
-            d,
-            ReduceOp::Sum,
-            AccumType::Auto,
-            7,
-            world,
-            &out,
-            count,
-            true,
-        );
+        let v = reduced(&e, &out, true);
         assert_eq!(v.wrong, 1);
         assert_eq!(v.first_wrong.map(|w| w.0), Some(5));
+        // Not exact (NCCL's side): nothing counted wrong, the error measured alike.
+        let v = reduced(&e, &out, false);
+        assert_eq!((v.checked, v.wrong), (100, 0));
+        assert_eq!(v.max_rel_err, reduced(&e, &out, true).max_rel_err);
     }
 }

@@ -2,8 +2,10 @@
 
 use cudarc::nccl::{result as nccl, sys as nccl_sys};
 use oxccl_collectives::backend::{AnyDevice, AnyStream};
-use oxccl_collectives::hal::{AccumType, DataType, DevicePtr, Error, ReduceOp, Result};
+use oxccl_collectives::hal::{AccumType, DataType, Error, ReduceOp, Result};
 use oxccl_collectives::Communicator;
+
+use crate::collective::Call;
 
 fn nccl_error(call: &'static str, e: nccl::NcclError) -> Error {
     Error::Backend {
@@ -93,39 +95,32 @@ impl Nccl {
         }
     }
 
-    /// Whether NCCL has the type (it has no accumulation choice: only `Auto` compares).
-    pub fn supports(&self, dtype: DataType, accum: AccumType) -> bool {
+    /// Whether NCCL reduces the type (it has no accumulation choice: only `Auto` compares).
+    pub fn supports_reduction(dtype: DataType, accum: AccumType) -> bool {
         Nccl::dtype(dtype).is_some() && accum == AccumType::Auto
     }
 
-    /// Queues ncclAllReduce on `stream`.
-    pub fn all_reduce(
-        &self,
-        input: DevicePtr,
-        output: DevicePtr,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        stream: &AnyStream,
-    ) -> Result<()> {
+    /// Queues ncclAllReduce on the call's stream.
+    pub fn all_reduce(&self, c: &Call<'_>) -> Result<()> {
         use nccl_sys::ncclRedOp_t as O;
+        let dtype = c.dtype;
         let t =
             Nccl::dtype(dtype).ok_or_else(|| Error::Unsupported(format!("NCCL has no {dtype}")))?;
-        let o = match op {
+        let o = match c.op {
             ReduceOp::Sum => O::ncclSum,
             ReduceOp::Prod => O::ncclProd,
             ReduceOp::Min => O::ncclMin,
             ReduceOp::Max => O::ncclMax,
             ReduceOp::Avg => O::ncclAvg,
         };
-        let s = raw_stream(stream)?;
+        let s = raw_stream(c.stream)?;
         // SAFETY: the caller's buffers hold `count` elements on this communicator's device
         // and outlive the stream's work; the stream is a live CUDA stream of that device.
         unsafe {
             nccl::all_reduce(
-                input.0 as usize as *const _,
-                output.0 as usize as *mut _,
-                count,
+                c.input.0 as usize as *const _,
+                c.output.0 as usize as *mut _,
+                c.count,
                 t,
                 o,
                 self.comm,

@@ -8,16 +8,19 @@ use serde::{Deserialize, Serialize};
 pub struct Report {
     /// Always "oxccl-perf".
     pub tool: String,
-    /// The collective every row times ("allreduce"). Files written before the field existed
-    /// were all allreduce.
+    /// The collective every row times (`-c`: "allreduce", ...). Files written before the
+    /// field existed were all allreduce.
     #[serde(default = "allreduce")]
     pub collective: String,
     pub ranks: u32,
     pub device: String,
     pub backend: String,
     pub dtype: String,
-    pub op: String,
-    pub accum: String,
+    /// The reduction op and accumulation type; absent for collectives that do not reduce.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accum: Option<String>,
     pub in_place: bool,
     pub graph: bool,
     pub rows: Vec<Row>,
@@ -30,7 +33,9 @@ fn allreduce() -> String {
 /// One message size.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Row {
+    /// nccl-tests' size: the larger of one rank's send and receive buffers, in bytes.
     pub bytes: u64,
+    /// Elements passed to the call (per rank).
     #[serde(default)]
     pub count: u64,
     #[serde(default)]
@@ -73,8 +78,8 @@ mod tests {
             device: "NVIDIA \"H200\"".into(),
             backend: "CUDA".into(),
             dtype: "bf16".into(),
-            op: "sum".into(),
-            accum: "auto".into(),
+            op: Some("sum".into()),
+            accum: Some("auto".into()),
             in_place: false,
             graph: true,
             rows: vec![Row {
@@ -94,6 +99,19 @@ mod tests {
         };
         let text = serde_json::to_string_pretty(&r).unwrap();
         assert_eq!(serde_json::from_str::<Report>(&text).unwrap(), r);
+        assert!(text.contains("\"op\": \"sum\""), "{text}");
+        // Without a reduction the file has no op or accumulation type.
+        let plain = Report {
+            op: None,
+            accum: None,
+            ..r.clone()
+        };
+        let text = serde_json::to_string_pretty(&plain).unwrap();
+        assert!(
+            !text.contains("\"op\"") && !text.contains("\"accum\""),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<Report>(&text).unwrap(), plain);
         // An older file: no collective, a row with only bytes and a time.
         let old: Report = serde_json::from_str(
             "{\"tool\": \"oxccl-perf\", \"ranks\": 2, \"device\": \"d\", \"backend\": \"CUDA\", \

@@ -13,6 +13,7 @@
 //! f64 reference reported); a wrong result makes the exit status non-zero.
 
 mod check;
+mod collective;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod json;
@@ -24,10 +25,12 @@ mod spawn;
 use std::process::ExitCode;
 
 use oxccl_collectives::backend::{AnyMemory, AnyStream};
-use oxccl_collectives::hal::{Device, Memory, MemoryKind, Result, Stream};
+use oxccl_collectives::hal::{Device, DevicePtr, Error, Memory, MemoryKind, Result, Stream};
 use oxccl_collectives::timing::{run_back_to_back, time_calls, TimingMode};
 use oxccl_collectives::Communicator;
 
+use crate::check::Expect;
+use crate::collective::Call;
 use crate::options::Options;
 use crate::report::{Row, Side};
 
@@ -85,10 +88,18 @@ fn plot_from(json: &str, png: &str) -> Result<()> {
     Ok(())
 }
 
-/// Buffers of one rank, sized for the largest message.
+/// Buffers of one rank, sized for the largest row: the send buffer for the largest
+/// input, the receive buffer for the largest of either (in place, both lie in it).
 struct Buffers {
-    input: AnyMemory,
-    output: AnyMemory,
+    send: AnyMemory,
+    recv: AnyMemory,
+}
+
+/// One row's host copies: this rank's input and its output read back.
+#[derive(Default)]
+struct Host {
+    input: Vec<u8>,
+    output: Vec<u8>,
 }
 
 fn run(opts: &Options) -> Result<bool> {
@@ -100,16 +111,28 @@ fn run(opts: &Options) -> Result<bool> {
     let stream = comm.device().create_stream()?;
     let rank = comm.rank();
     let world = comm.world_size();
-    let max_bytes = opts.sizes().last().copied().unwrap_or(0).max(16);
+    let c = opts.collective;
+    let shapes = opts
+        .sizes()
+        .into_iter()
+        .map(|b| c.shape(b, opts.dtype, world))
+        .collect::<Result<Vec<_>>>()?;
+    let max_send = shapes
+        .iter()
+        .map(|s| s.send_bytes)
+        .max()
+        .unwrap_or(0)
+        .max(16);
+    let max_recv = shapes.iter().map(|s| s.size).max().unwrap_or(0).max(16);
     let bufs = Buffers {
-        input: comm.device().alloc(max_bytes + 64, MemoryKind::Plain)?,
-        output: comm.device().alloc(max_bytes + 64, MemoryKind::Plain)?,
+        send: comm.device().alloc(max_send + 64, MemoryKind::Plain)?,
+        recv: comm.device().alloc(max_recv + 64, MemoryKind::Plain)?,
     };
     // The common MSCCL++ / NCCL-symmetric-memory usage: buffers registered once, so the
     // large sizes run zero-copy (peers read the inputs and write the outputs directly).
     if !opts.no_register {
-        comm.register(&bufs.input)?;
-        comm.register(&bufs.output)?;
+        comm.register(&bufs.send)?;
+        comm.register(&bufs.recv)?;
     }
     #[cfg(feature = "cuda")]
     let nccl = if opts.compare_nccl {
@@ -122,7 +145,7 @@ fn run(opts: &Options) -> Result<bool> {
         eprintln!("oxccl-perf: --compare nccl needs a build with --features cuda; skipped");
     }
     if let Some(force) = opts.tune {
-        let tables = comm.tune(&[opts.dtype], max_bytes, force)?;
+        let tables = comm.tune(&[opts.dtype], max_send, force)?;
         if rank == 0 {
             for (t, source) in &tables {
                 report::print_tune_table(t, *source);
@@ -132,22 +155,42 @@ fn run(opts: &Options) -> Result<bool> {
     if rank == 0 {
         report::header(opts, &comm);
     }
+    let bus_factor = (c.bus_factor)(world);
     let mut rows = Vec::new();
     let mut all_ok = true;
     let mut plot_ok = true;
-    let mut host = vec![0u8; 0];
-    for (k, bytes) in opts.sizes().into_iter().enumerate() {
-        let count = (bytes / opts.dtype.size()).max(1);
-        let bytes = opts.dtype.bytes(count)?;
-        let seed = 0x5eed_0000 + k as u64;
-        host.resize(bytes, 0);
-        let input = bufs.input.ptr();
-        let output = if opts.in_place {
-            input
-        } else {
-            bufs.output.ptr()
+    let mut host = Host::default();
+    for (k, shape) in shapes.iter().enumerate() {
+        let count = shape.count;
+        let expect = Expect {
+            dtype: opts.dtype,
+            op: opts.op,
+            accum: opts.accum,
+            seed: 0x5eed_0000 + k as u64,
+            world,
+            count,
+            slots: (c.recv_slots)(world),
         };
-        let choice = comm.choose_for(input, output, count, opts.dtype)?;
+        host.input.resize(shape.send_bytes, 0);
+        host.output.resize(shape.recv_bytes, 0);
+        let (input, output) = c.pointers(
+            bufs.send.ptr(),
+            bufs.recv.ptr(),
+            count,
+            opts.dtype,
+            rank,
+            opts.in_place,
+        )?;
+        let choice = comm.choose_collective_for(c.kind, input, output, count, opts.dtype)?;
+        let call = |input, output| Call {
+            input,
+            output,
+            count,
+            dtype: opts.dtype,
+            op: opts.op,
+            accum: opts.accum,
+            stream: &stream,
+        };
         // Correctness: fresh input, poisoned output, one call, exact check.
         let ours = measure_side(
             opts,
@@ -155,25 +198,24 @@ fn run(opts: &Options) -> Result<bool> {
             &stream,
             &bufs,
             &mut host,
-            count,
-            seed,
+            &expect,
             |i, o| {
-                // SAFETY: both buffers hold `bytes` (+64) bytes and outlive the stream's work.
-                unsafe { comm.all_reduce(i, o, count, opts.dtype, opts.op, opts.accum, &stream) }
+                // SAFETY: the buffers were sized for this row (shape) and outlive the
+                // stream's work (synchronized before they are dropped).
+                unsafe { (c.oxccl)(&comm, &call(i, o)) }
             },
             true,
         )?;
         #[cfg(feature = "cuda")]
         let theirs = match &nccl {
-            Some(n) if n.supports(opts.dtype, opts.accum) => Some(measure_side(
+            Some(n) if (c.nccl_supports)(opts.dtype, opts.accum) => Some(measure_side(
                 opts,
                 &comm,
                 &stream,
                 &bufs,
                 &mut host,
-                count,
-                seed,
-                |i, o| n.all_reduce(i, o, count, opts.dtype, opts.op, &stream),
+                &expect,
+                |i, o| (c.nccl)(n, &call(i, o)),
                 false,
             )?),
             _ => None,
@@ -187,10 +229,10 @@ fn run(opts: &Options) -> Result<bool> {
             None => None,
         };
         let row = Row {
-            bytes,
+            bytes: shape.size,
             count,
             algorithm: choice.algorithm.name(),
-            world,
+            bus_factor,
             ours,
             nccl: theirs,
         };
@@ -227,8 +269,8 @@ fn run(opts: &Options) -> Result<bool> {
     }
     stream.synchronize()?;
     if !opts.no_register {
-        comm.deregister(&bufs.input)?;
-        comm.deregister(&bufs.output)?;
+        comm.deregister(&bufs.send)?;
+        comm.deregister(&bufs.recv)?;
     }
     drop(bufs);
     #[cfg(feature = "cuda")]
@@ -237,65 +279,62 @@ fn run(opts: &Options) -> Result<bool> {
     Ok(all_ok && plot_ok)
 }
 
-/// Checks then times one implementation (`call(input, output)` queues one allreduce).
+/// Checks then times one implementation (`call(input, output)` queues one call of the
+/// collective).
 #[allow(clippy::too_many_arguments)]
 fn measure_side(
     opts: &Options,
     comm: &Communicator,
     stream: &AnyStream,
     bufs: &Buffers,
-    host: &mut [u8],
-    count: usize,
-    seed: u64,
-    call: impl Fn(oxccl_collectives::hal::DevicePtr, oxccl_collectives::hal::DevicePtr) -> Result<()>,
+    host: &mut Host,
+    expect: &Expect,
+    call: impl Fn(DevicePtr, DevicePtr) -> Result<()>,
     exact: bool,
 ) -> Result<Side> {
-    let bytes = host.len();
-    let input = bufs.input.ptr();
-    let output = if opts.in_place {
-        input
-    } else {
-        bufs.output.ptr()
-    };
-    check::fill(opts.dtype, seed, comm.rank(), host);
-    stream.write(input, host)?;
-    if !opts.in_place {
-        // SAFETY: the output holds `bytes` bytes.
-        unsafe { stream.fill(output, 0xff, bytes) }?;
-    }
+    let c = opts.collective;
+    let (send, recv) = (bufs.send.ptr(), bufs.recv.ptr());
+    let (count, dtype, rank) = (expect.count, expect.dtype, comm.rank());
+    let (input, output) = c.pointers(send, recv, count, dtype, rank, opts.in_place)?;
+    check::fill(dtype, expect.seed, rank, &mut host.input);
+    // Poison the whole output first: in place the input is then written into it.
+    // SAFETY: the receive buffer holds the output (sized for the largest row).
+    unsafe { stream.fill(output, 0xff, host.output.len()) }?;
+    stream.write(input, &host.input)?;
     call(input, output)?;
     stream.synchronize()?;
     if exact {
         comm.check_error(stream)?;
     }
-    stream.read(output, host)?;
-    let mut verdict = check::check(
-        opts.dtype,
-        opts.op,
-        opts.accum,
-        seed,
-        comm.world_size(),
-        host,
-        count,
-        exact,
-    );
+    stream.read(output, &mut host.output)?;
+    let mut verdict = (c.check)(expect, &host.output, exact);
     if let (true, Some((i, got, want))) = (exact, verdict.first_wrong) {
         eprintln!(
-            "oxccl-perf: rank {}: {} wrong of {} checked at {} bytes; first at element {i}: \
+            "oxccl-perf: rank {rank}: {} wrong of {} checked at {} bytes; first at element {i}: \
              {got:#x}, want {want:#x}",
-            comm.rank(),
             verdict.wrong,
             verdict.checked,
-            bytes
+            host.output.len()
         );
     }
     if exact {
-        verdict.wrong += check_back_to_back(opts, comm, stream, output, host, count, &|| {
-            call(output, output)
-        })?;
+        // Back to back in place on the output just checked: in place the output must lie
+        // where it lies out of place (true of allreduce and allgather; an entry whose
+        // in-place output moves needs its own repeated-call check).
+        let (in_place_input, in_place_output) = c.pointers(send, recv, count, dtype, rank, true)?;
+        if in_place_output != output {
+            return Err(Error::Unsupported(format!(
+                "{}: back-to-back check with the in-place output elsewhere",
+                c.name
+            )));
+        }
+        verdict.wrong +=
+            check_back_to_back(opts, comm, stream, in_place_output, host, expect, &|| {
+                call(in_place_input, in_place_output)
+            })?;
     }
-    // Timing. In place keeps re-reducing its own output: fine for timing (values may grow,
-    // the work is the same); out of place re-reads the same input.
+    // Timing. In place, allreduce keeps re-reducing its own output: fine for timing
+    // (values may grow, the work is the same); out of place re-reads the same input.
     let us = time(opts, comm, stream, || call(input, output))?;
     comm.bootstrap().barrier()?;
     Ok(Side {
@@ -311,39 +350,33 @@ const BACK_TO_BACK: usize = 2;
 
 /// Calls the timing loop makes back to back: each kernel is scheduled while the one
 /// before it runs (early launch), so it must still see that one's result and epoch.
-/// Checked on the result just verified (in `host`, read from `output`): `BACK_TO_BACK`
-/// more in-place calls on `output`, queued as one graph where the backend has graphs,
-/// against the host's repeated reduction. Returns the wrong elements (reported on stderr).
+/// Checked on the result just verified (in `host.output`, read from `output`):
+/// `BACK_TO_BACK` more in-place calls on `output`, queued as one graph where the backend
+/// has graphs, against what the collective makes of its own result
+/// ([`crate::collective::Collective::check_repeated`]). Returns the wrong elements
+/// (reported on stderr).
 fn check_back_to_back(
     opts: &Options,
     comm: &Communicator,
     stream: &AnyStream,
-    output: oxccl_collectives::hal::DevicePtr,
-    host: &mut [u8],
-    count: usize,
+    output: DevicePtr,
+    host: &mut Host,
+    expect: &Expect,
     in_place_call: &dyn Fn() -> Result<()>,
 ) -> Result<usize> {
-    let first = check::checked_values(opts.dtype, host, count);
+    let first = check::checked_values(expect, &host.output);
     run_back_to_back(stream, BACK_TO_BACK, in_place_call)?;
     comm.check_error(stream)?;
-    stream.read(output, host)?;
-    let (wrong, first_wrong) = check::check_repeated(
-        opts.dtype,
-        opts.op,
-        opts.accum,
-        comm.world_size(),
-        &first,
-        host,
-        count,
-        BACK_TO_BACK,
-    );
+    stream.read(output, &mut host.output)?;
+    let (wrong, first_wrong) =
+        (opts.collective.check_repeated)(expect, &first, &host.output, BACK_TO_BACK);
     if let Some((i, got, want)) = first_wrong {
         eprintln!(
             "oxccl-perf: rank {}: {wrong} wrong of {} after {BACK_TO_BACK} back-to-back calls \
              at {} bytes; first at element {i}: {got:#x}, want {want:#x}",
             comm.rank(),
             first.len(),
-            host.len()
+            host.output.len()
         );
     }
     Ok(wrong)

@@ -2,11 +2,15 @@
 
 use oxccl_collectives::hal::{AccumType, DataType, Error, ReduceOp, Result};
 
+use crate::collective::{self, Collective};
+
 /// Usage text.
 pub const USAGE: &str = "\
 usage: oxccl-perf [options]
-  -b, --minbytes SIZE     smallest message per rank (K/M/G suffixes), default 1K
-  -e, --maxbytes SIZE     largest message per rank, default 64M
+  -c, --collective C      allreduce (default)
+  -b, --minbytes SIZE     smallest size (K/M/G suffixes), default 1K; sizes are nccl-tests':
+                          the larger of one rank's buffers (allreduce: the message)
+  -e, --maxbytes SIZE     largest size, default 64M
   -f, --stepfactor N      multiply the size by N each step, default 2
   -d, --datatype T        f32 f16 bf16 fp8_e4m3 fp8_e5m2 fp8_e4m3fnuz fp8_e5m2fnuz fp8_e4m3b15 (default bf16)
   -o, --op OP             sum prod min max avg (default sum)
@@ -33,6 +37,7 @@ environment: OXCCL_ALGO, OXCCL_TUNE, OXCCL_TUNE_DIR, OXCCL_ONESHOT_MAX_BYTES, OX
 /// Parsed options.
 #[derive(Debug, Clone)]
 pub struct Options {
+    pub collective: &'static Collective,
     pub min_bytes: usize,
     pub max_bytes: usize,
     pub factor: usize,
@@ -90,6 +95,7 @@ impl Options {
     /// Parses the arguments after the program name.
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Options> {
         let mut o = Options {
+            collective: collective::COLLECTIVES[0],
             min_bytes: 1 << 10,
             max_bytes: 64 << 20,
             factor: 2,
@@ -122,6 +128,12 @@ impl Options {
                     .ok_or_else(|| Error::InvalidArgument(format!("{flag} needs a value")))
             };
             match flag.as_str() {
+                "-c" | "--collective" => {
+                    let v = value()?;
+                    o.collective = collective::by_name(&v).ok_or_else(|| {
+                        Error::InvalidArgument(format!("-c {v}: one of {}", collective::names()))
+                    })?;
+                }
                 "-b" | "--minbytes" => o.min_bytes = parse_size(&value()?)?,
                 "-e" | "--maxbytes" => o.max_bytes = parse_size(&value()?)?,
                 "-f" | "--stepfactor" => o.factor = number(&value()?, "-f")?,
@@ -182,7 +194,29 @@ impl Options {
         if o.factor < 2 {
             return Err(Error::InvalidArgument("-f must be at least 2".into()));
         }
+        o.check_collective()?;
         Ok(o)
+    }
+
+    /// Refuses flags the collective has no use for, rather than ignoring them: an op or an
+    /// accumulation type other than the defaults without a reduction, `--tune` where
+    /// `Communicator::tune` does not tune the collective's selector.
+    fn check_collective(&self) -> Result<()> {
+        let c = self.collective;
+        if !c.reduces() && (self.op != ReduceOp::Sum || self.accum != AccumType::Auto) {
+            return Err(Error::InvalidArgument(format!(
+                "-c {}: does not reduce, so -o {} / --accum {} mean nothing (only the \
+                 defaults, sum and auto, are accepted)",
+                c.name, self.op, self.accum
+            )));
+        }
+        if self.tune.is_some() && !c.tunable {
+            return Err(Error::InvalidArgument(format!(
+                "-c {}: --tune tunes the allreduce selector only",
+                c.name
+            )));
+        }
+        Ok(())
     }
 
     /// Where `--plot-from` draws: `--plot`, else the JSON file's name with `.png`.
@@ -244,5 +278,22 @@ mod tests {
         assert!(parse("--compare mpi").is_err());
         assert!(parse("-N 9").is_err());
         assert!(parse("--bogus").is_err());
+        assert_eq!(o.collective.name, "allreduce");
+    }
+
+    #[test]
+    fn collective_flag() {
+        assert_eq!(parse("").unwrap().collective.name, "allreduce");
+        assert_eq!(parse("-c allreduce").unwrap().collective.name, "allreduce");
+        assert_eq!(
+            parse("--collective=all_reduce -o max --tune force")
+                .unwrap()
+                .collective
+                .name,
+            "allreduce"
+        );
+        let e = parse("-c gather").unwrap_err().to_string();
+        assert!(e.contains("-c gather") && e.contains("allreduce"), "{e}");
+        assert!(parse("-c").is_err());
     }
 }

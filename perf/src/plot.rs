@@ -11,6 +11,7 @@ use oxccl_collectives::Communicator;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
+use crate::collective;
 use crate::json;
 use crate::options::Options;
 use crate::report::Row;
@@ -57,20 +58,25 @@ fn plot_error(what: impl Into<String>) -> Error {
     }
 }
 
-/// "allreduce bf16 sum, 4 ranks, NVIDIA H200 (CUDA), graph replay, out of place".
+/// "allreduce bf16 sum, 4 ranks, NVIDIA H200 (CUDA), graph replay, out of place"; no op
+/// for a collective that does not reduce ("allgather bf16, ...").
 #[allow(clippy::too_many_arguments)]
 fn title(
+    collective: &str,
     dtype: &str,
-    op: &str,
-    accum: &str,
+    op: Option<&str>,
+    accum: Option<&str>,
     ranks: u64,
     device: &str,
     backend: &str,
     graph: bool,
     in_place: bool,
 ) -> String {
-    let mut t = format!("allreduce {dtype} {op}");
-    if !accum.is_empty() && accum != "auto" {
+    let mut t = format!("{collective} {dtype}");
+    if let Some(op) = op.filter(|o| !o.is_empty()) {
+        t.push_str(&format!(" {op}"));
+    }
+    if let Some(accum) = accum.filter(|a| !a.is_empty() && *a != "auto") {
         t.push_str(&format!(" (accum {accum})"));
     }
     t.push_str(&format!(
@@ -104,11 +110,14 @@ impl Figure {
     pub fn from_rows(opts: &Options, comm: &Communicator, rows: &[Row]) -> Figure {
         let caps = comm.device().capabilities();
         let backend = Device::backend(comm.device()).to_string();
+        let c = opts.collective;
+        let (op, accum) = (opts.op.to_string(), opts.accum.to_string());
         Figure {
             title: title(
+                c.name,
                 &opts.dtype.to_string(),
-                &opts.op.to_string(),
-                &opts.accum.to_string(),
+                c.reduces().then_some(op.as_str()),
+                c.reduces().then_some(accum.as_str()),
                 u64::from(comm.world_size()),
                 &caps.name,
                 &backend,
@@ -121,11 +130,11 @@ impl Figure {
                     bytes: r.bytes as u64,
                     oxccl: Measure {
                         us: r.ours.us,
-                        busbw: r.ours.busbw(r.bytes, r.world),
+                        busbw: r.ours.busbw(r.bytes, r.bus_factor),
                     },
                     nccl: r.nccl.map(|n| Measure {
                         us: n.us,
-                        busbw: n.busbw(r.bytes, r.world),
+                        busbw: n.busbw(r.bytes, r.bus_factor),
                     }),
                 })
                 .collect(),
@@ -136,13 +145,20 @@ impl Figure {
     pub fn from_json(text: &str) -> Result<Figure> {
         let doc: json::Report = serde_json::from_str(text)
             .map_err(|e| Error::InvalidArgument(format!("not an oxccl-perf --json file: {e}")))?;
-        let world = f64::from(doc.ranks.max(1));
-        // A bus bandwidth the file lacks is derived from the time with the allreduce factor
-        // 2(n-1)/n, the one collective perf times.
+        let c = collective::by_name(&doc.collective).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "collective '{}' unknown to this oxccl-perf ({})",
+                doc.collective,
+                collective::names()
+            ))
+        })?;
+        // A bus bandwidth the file lacks is derived from the time with the file's
+        // collective's factor (the size column is nccl-tests', as the factor expects).
+        let factor = (c.bus_factor)(doc.ranks);
         let measure = |bytes: f64, side: &json::Side| Measure {
             us: side.time_us,
             busbw: side.busbw_gbps.unwrap_or(if side.time_us > 0.0 {
-                bytes / side.time_us / 1e3 * 2.0 * (world - 1.0) / world
+                bytes / side.time_us / 1e3 * factor
             } else {
                 0.0
             }),
@@ -158,9 +174,10 @@ impl Figure {
             .collect();
         Ok(Figure {
             title: title(
+                c.name,
                 &doc.dtype,
-                &doc.op,
-                &doc.accum,
+                doc.op.as_deref(),
+                doc.accum.as_deref(),
                 u64::from(doc.ranks),
                 &doc.device,
                 &doc.backend,
@@ -432,7 +449,17 @@ mod tests {
 
     fn synthetic(nccl: bool) -> Figure {
         Figure {
-            title: title("bf16", "sum", "auto", 2, "host", "host", false, false),
+            title: title(
+                "allreduce",
+                "bf16",
+                Some("sum"),
+                Some("auto"),
+                2,
+                "host",
+                "host",
+                false,
+                false,
+            ),
             points: (10..=20)
                 .step_by(2)
                 .map(|e| {
@@ -507,6 +534,10 @@ mod tests {
         let bw = fig.points[1].oxccl.busbw;
         assert!((bw - 2048.0 / 7.0 / 1e3 * 1.5).abs() < 1e-9, "{bw}");
         assert_eq!(fig.points[1].nccl.map(|m| m.us), Some(9.0));
+        // A collective this build does not know: its busbw factor is unknown.
+        let other = text.replacen("{", "{\"collective\": \"scatter\", ", 1);
+        let e = Figure::from_json(&other).unwrap_err().to_string();
+        assert!(e.contains("'scatter' unknown"), "{e}");
         assert!(Figure::from_json("{\"rows\": [{\"bytes\": 1}]}").is_err());
         assert!(Figure::from_json("{}").is_err());
     }
@@ -527,7 +558,17 @@ mod tests {
         assert_eq!(number_label(10000.0), "10000");
         assert_eq!(number_label(0.0), "0");
         assert_eq!(
-            title("f32", "max", "f32", 1, "host", "host", false, true),
+            title(
+                "allreduce",
+                "f32",
+                Some("max"),
+                Some("f32"),
+                1,
+                "host",
+                "host",
+                false,
+                true
+            ),
             "allreduce f32 max (accum f32), 1 rank, host, stream launches, in place"
         );
         assert_eq!(x_label(20.0), "1M");

@@ -24,10 +24,13 @@ pub struct Side {
 /// One size.
 #[derive(Debug, Clone)]
 pub struct Row {
+    /// nccl-tests' size ([`crate::collective::Shape::size`]).
     pub bytes: usize,
+    /// Elements passed to the call.
     pub count: usize,
     pub algorithm: &'static str,
-    pub world: u32,
+    /// busbw / algbw of the collective on this many ranks.
+    pub bus_factor: f64,
     pub ours: Side,
     pub nccl: Option<Side>,
 }
@@ -42,10 +45,10 @@ impl Side {
         }
     }
 
-    /// Bus bandwidth in GB/s: algbw x 2(n-1)/n.
-    pub fn busbw(&self, bytes: usize, world: u32) -> f64 {
-        let n = f64::from(world.max(1));
-        self.algbw(bytes) * 2.0 * (n - 1.0) / n
+    /// Bus bandwidth in GB/s: algbw x the collective's factor
+    /// ([`crate::collective::Collective::bus_factor`]).
+    pub fn busbw(&self, bytes: usize, factor: f64) -> f64 {
+        self.algbw(bytes) * factor
     }
 }
 
@@ -97,14 +100,18 @@ pub fn print_tune_table(
 /// The table's header (rank 0).
 pub fn header(opts: &Options, comm: &Communicator) {
     let caps = comm.device().capabilities();
+    let c = opts.collective;
+    let data = if c.reduces() {
+        format!("{} {} accum {}", opts.dtype, opts.op, opts.accum)
+    } else {
+        opts.dtype.to_string()
+    };
     println!(
-        "# oxccl-perf: {} ranks on {} ({}), {} {} accum {}, {}, {}, {} warm-up + {} iterations{}",
+        "# oxccl-perf {}: {} ranks on {} ({}), {data}, {}, {}, {} warm-up + {} iterations{}",
+        c.name,
         comm.world_size(),
         caps.name,
         Device::backend(comm.device()),
-        opts.dtype,
-        opts.op,
-        opts.accum,
         if opts.in_place {
             "in place"
         } else {
@@ -160,7 +167,7 @@ pub fn print_row(r: &Row) {
         r.algorithm,
         r.ours.us,
         r.ours.algbw(r.bytes),
-        r.ours.busbw(r.bytes, r.world),
+        r.ours.busbw(r.bytes, r.bus_factor),
         r.ours.wrong,
         r.ours.max_rel_err
     );
@@ -169,7 +176,7 @@ pub fn print_row(r: &Row) {
             line,
             " | {:>10.2} {:>9.2} {:>9.2e} {:>7.2}x",
             n.us,
-            n.busbw(r.bytes, r.world),
+            n.busbw(r.bytes, r.bus_factor),
             n.max_rel_err,
             if r.ours.us > 0.0 {
                 n.us / r.ours.us
@@ -181,11 +188,11 @@ pub fn print_row(r: &Row) {
     println!("{line}");
 }
 
-fn side_json(s: &Side, bytes: usize, world: u32) -> json::Side {
+fn side_json(s: &Side, bytes: usize, factor: f64) -> json::Side {
     json::Side {
         time_us: s.us,
         algbw_gbps: Some(s.algbw(bytes)),
-        busbw_gbps: Some(s.busbw(bytes, world)),
+        busbw_gbps: Some(s.busbw(bytes, factor)),
         wrong: s.wrong as u64,
         checked: s.checked as u64,
         max_rel_err: s.max_rel_err.is_finite().then_some(s.max_rel_err),
@@ -195,15 +202,16 @@ fn side_json(s: &Side, bytes: usize, world: u32) -> json::Side {
 /// Writes every row as JSON ([`json::Report`]).
 pub fn write_json(path: &str, opts: &Options, comm: &Communicator, rows: &[Row]) -> Result<()> {
     let caps = comm.device().capabilities();
+    let c = opts.collective;
     let report = json::Report {
         tool: "oxccl-perf".to_string(),
-        collective: "allreduce".to_string(),
+        collective: c.name.to_string(),
         ranks: comm.world_size(),
         device: caps.name.clone(),
         backend: Device::backend(comm.device()).to_string(),
         dtype: opts.dtype.to_string(),
-        op: opts.op.to_string(),
-        accum: opts.accum.to_string(),
+        op: c.reduces().then(|| opts.op.to_string()),
+        accum: c.reduces().then(|| opts.accum.to_string()),
         in_place: opts.in_place,
         graph: opts.graph,
         rows: rows
@@ -212,8 +220,8 @@ pub fn write_json(path: &str, opts: &Options, comm: &Communicator, rows: &[Row])
                 bytes: r.bytes as u64,
                 count: r.count as u64,
                 algorithm: r.algorithm.to_string(),
-                oxccl: side_json(&r.ours, r.bytes, r.world),
-                nccl: r.nccl.as_ref().map(|n| side_json(n, r.bytes, r.world)),
+                oxccl: side_json(&r.ours, r.bytes, r.bus_factor),
+                nccl: r.nccl.as_ref().map(|n| side_json(n, r.bytes, r.bus_factor)),
             })
             .collect(),
     };

@@ -1,0 +1,246 @@
+//! The collectives oxccl-perf measures, one [`Collective`] entry each in [`COLLECTIVES`]:
+//! everything the run loop, the checks and the report need to know about one of them.
+//! Adding a collective (reducescatter, broadcast, reduce, alltoall) is one entry here, its
+//! reference check in [`crate::check`] and its NCCL call in `crate::cuda`.
+//!
+//! Sizes and bandwidths follow nccl-tests exactly (its `src/<collective>.cu`:
+//! `GetCollByteCount` and `GetBw`; `doc/PERFORMANCE.md`), so a row of ours reads like a
+//! row of its `*_perf` at the same `-b/-e`:
+//! * the swept size (`-b`, `-e`, `-f`) is nccl-tests' size: the larger of one rank's send
+//!   and receive buffers. The per-rank count is derived from it the way nccl-tests does
+//!   (allgather: `size / element / ranks`, rounded down), and the size column then shows
+//!   the larger buffer of that count (so 1001 bytes of bf16 on 2 ranks prints 1000);
+//! * the count column is the count passed to the call (allgather: per rank);
+//! * algbw = size / time; busbw = algbw x a factor per collective, which makes the number
+//!   comparable to the hardware's bandwidth: allreduce 2(n-1)/n, allgather (n-1)/n;
+//! * in place: both buffers lie in the receive buffer, at nccl-tests' in-place offsets
+//!   (allgather: the input is this rank's slot, `recv + rank * count`, NCCL's rule).
+
+use oxccl_collectives::backend::AnyStream;
+use oxccl_collectives::hal::{AccumType, DataType, DevicePtr, ReduceOp, Result};
+use oxccl_collectives::Communicator;
+
+use crate::check::{self, Expect, Verdict};
+
+/// One call's arguments (the op and accumulation type are ignored by collectives that do
+/// not reduce).
+#[derive(Debug, Clone, Copy)]
+pub struct Call<'a> {
+    pub input: DevicePtr,
+    pub output: DevicePtr,
+    pub count: usize,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub accum: AccumType,
+    pub stream: &'a AnyStream,
+}
+
+/// Buffer sizes of one row: nccl-tests' `GetCollByteCount` for a swept size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// Elements passed to the call.
+    pub count: usize,
+    /// Bytes of one rank's send buffer.
+    pub send_bytes: usize,
+    /// Bytes of one rank's receive buffer.
+    pub recv_bytes: usize,
+    /// The size column: the larger of the two.
+    pub size: usize,
+}
+
+/// (wrong elements, first of them as (index, got bits, want bits)).
+pub type Mismatches = (usize, Option<(usize, u32, u32)>);
+
+/// One collective as oxccl-perf measures it.
+#[derive(Debug)]
+pub struct Collective {
+    /// Its name on the command line (`-c`), in the header, the JSON file and the plot.
+    pub name: &'static str,
+    /// The library's name for it (selection, whether it reduces).
+    pub kind: oxccl_collectives::Collective,
+    /// Whether `--tune` measures its selector (`Communicator::tune` tunes allreduce only).
+    pub tunable: bool,
+    /// The call's count for a swept size of `elements` elements on `world` ranks.
+    pub count_for: fn(elements: usize, world: u32) -> usize,
+    /// Elements of one rank's send buffer for a call of `count`.
+    pub send_elements: fn(count: usize, world: u32) -> usize,
+    /// Slots of `count` elements in one rank's receive buffer.
+    pub recv_slots: fn(world: u32) -> usize,
+    /// busbw / algbw on `world` ranks.
+    pub bus_factor: fn(world: u32) -> f64,
+    /// In place: the input's and the output's offsets in the receive buffer, in elements
+    /// per rank (nccl-tests' `sendInplaceOffset` and `recvInplaceOffset`).
+    pub in_place_strides: fn(count: usize) -> (usize, usize),
+    /// Checks one rank's output against the host reference (`exact`: count elements that
+    /// differ; otherwise only the error is measured).
+    pub check: fn(&Expect, out: &[u8], exact: bool) -> Verdict,
+    /// Checks the output after `calls` more in-place calls on an output whose checked
+    /// elements were `first` ([`check::checked_values`]).
+    pub check_repeated: fn(&Expect, first: &[u32], out: &[u8], calls: usize) -> Mismatches,
+    /// Queues one oxccl call.
+    ///
+    /// # Safety
+    /// The call's buffers hold what it reads and writes (see [`Collective::shape`]) on the
+    /// communicator's device and outlive the stream's work.
+    pub oxccl: unsafe fn(&Communicator, &Call<'_>) -> Result<()>,
+    /// Whether NCCL can run it for this type and accumulation.
+    #[cfg(feature = "cuda")]
+    pub nccl_supports: fn(DataType, AccumType) -> bool,
+    /// Queues one NCCL call (buffers as for `oxccl`).
+    #[cfg(feature = "cuda")]
+    pub nccl: fn(&crate::cuda::Nccl, &Call<'_>) -> Result<()>,
+}
+
+/// Allreduce: send and receive `count` elements; nothing moves in place.
+pub const ALL_REDUCE: Collective = Collective {
+    name: "allreduce",
+    kind: oxccl_collectives::Collective::AllReduce,
+    tunable: true,
+    count_for: |elements, _| elements,
+    send_elements: |count, _| count,
+    recv_slots: |_| 1,
+    bus_factor: |world| {
+        let n = f64::from(world.max(1));
+        2.0 * (n - 1.0) / n
+    },
+    in_place_strides: |_| (0, 0),
+    check: check::reduced,
+    check_repeated: check::repeated_reduction,
+    oxccl: all_reduce,
+    #[cfg(feature = "cuda")]
+    nccl_supports: crate::cuda::Nccl::supports_reduction,
+    #[cfg(feature = "cuda")]
+    nccl: crate::cuda::Nccl::all_reduce,
+};
+
+/// Every collective `-c` takes; the first is the default.
+pub const COLLECTIVES: &[&Collective] = &[&ALL_REDUCE];
+
+/// The collective called `name` ("allreduce", also "all_reduce", "all-reduce", any case).
+pub fn by_name(name: &str) -> Option<&'static Collective> {
+    let plain: String = name
+        .chars()
+        .filter(|c| *c != '_' && *c != '-')
+        .collect::<String>()
+        .to_ascii_lowercase();
+    COLLECTIVES.iter().copied().find(|c| c.name == plain)
+}
+
+/// The names `-c` takes, for messages.
+pub fn names() -> String {
+    COLLECTIVES
+        .iter()
+        .map(|c| c.name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl Collective {
+    /// Whether it takes an op and an accumulation type.
+    pub fn reduces(&self) -> bool {
+        self.kind.reduces()
+    }
+
+    /// The buffers of one row for a swept size of `bytes` on `world` ranks: at least one
+    /// element per call (nccl-tests would run an empty call below that).
+    pub fn shape(&self, bytes: usize, dtype: DataType, world: u32) -> Result<Shape> {
+        let count = (self.count_for)(bytes / dtype.size(), world).max(1);
+        let send_bytes = dtype.bytes((self.send_elements)(count, world))?;
+        let recv_bytes =
+            dtype.bytes(count.checked_mul((self.recv_slots)(world)).ok_or_else(|| {
+                oxccl_collectives::hal::Error::InvalidArgument(format!(
+                    "{}: {count} elements x {world} ranks overflow",
+                    self.name
+                ))
+            })?)?;
+        Ok(Shape {
+            count,
+            send_bytes,
+            recv_bytes,
+            size: send_bytes.max(recv_bytes),
+        })
+    }
+
+    /// This rank's (input, output) for a call of `count`: the two buffers out of place;
+    /// in place both inside the receive buffer at the in-place offsets.
+    pub fn pointers(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        rank: u32,
+        in_place: bool,
+    ) -> Result<(DevicePtr, DevicePtr)> {
+        if !in_place {
+            return Ok((send, recv));
+        }
+        let (si, ri) = (self.in_place_strides)(count);
+        let at = |stride: usize| -> Result<DevicePtr> {
+            let elements = stride.checked_mul(rank as usize).ok_or_else(|| {
+                oxccl_collectives::hal::Error::InvalidArgument(format!(
+                    "{}: in-place offset overflows",
+                    self.name
+                ))
+            })?;
+            recv.offset(dtype.bytes(elements)?)
+        };
+        Ok((at(si)?, at(ri)?))
+    }
+}
+
+/// # Safety
+/// As [`Collective::oxccl`].
+unsafe fn all_reduce(comm: &Communicator, c: &Call<'_>) -> Result<()> {
+    // SAFETY: the caller's obligations: both buffers hold `count` elements.
+    unsafe { comm.all_reduce(c.input, c.output, c.count, c.dtype, c.op, c.accum, c.stream) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_resolve() {
+        for s in ["allreduce", "AllReduce", "all_reduce", "all-reduce"] {
+            assert_eq!(by_name(s).map(|c| c.name), Some("allreduce"), "{s}");
+        }
+        assert!(by_name("broadcast").is_none());
+        assert!(by_name("").is_none());
+        assert_eq!(COLLECTIVES[0].name, "allreduce");
+        assert!(ALL_REDUCE.reduces());
+    }
+
+    #[test]
+    fn shapes_follow_nccl_tests() {
+        // Allreduce: the swept size is the message; odd bytes round down to elements.
+        let s = ALL_REDUCE.shape(1001, DataType::Bf16, 4).unwrap();
+        assert_eq!(
+            (s.count, s.send_bytes, s.recv_bytes, s.size),
+            (500, 1000, 1000, 1000)
+        );
+        let s = ALL_REDUCE.shape(1, DataType::F32, 4).unwrap();
+        assert_eq!((s.count, s.size), (1, 4));
+    }
+
+    #[test]
+    fn bus_factors() {
+        for (n, want) in [(1, 0.0), (2, 1.0), (4, 1.5), (8, 1.75)] {
+            assert!(((ALL_REDUCE.bus_factor)(n) - want).abs() < 1e-12, "{n}");
+        }
+    }
+
+    #[test]
+    fn in_place_pointers() {
+        let (send, recv) = (DevicePtr(0x10_0000), DevicePtr(0x20_0000));
+        let f32 = DataType::F32;
+        assert_eq!(
+            ALL_REDUCE.pointers(send, recv, 100, f32, 3, false).unwrap(),
+            (send, recv)
+        );
+        assert_eq!(
+            ALL_REDUCE.pointers(send, recv, 100, f32, 3, true).unwrap(),
+            (recv, recv)
+        );
+    }
+}
