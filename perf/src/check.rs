@@ -210,6 +210,19 @@ pub fn reduced(e: &Expect, out: &[u8], exact: bool) -> Verdict {
     })
 }
 
+/// Checks a gathered output: slot r holds rank r's input ([`fill`] with rank r) bit for
+/// bit, for every r. Data only moves, so NCCL's side (`exact == false`) must match too:
+/// its error against the inputs is reported, only oxccl's mismatches are counted.
+pub fn gathered(e: &Expect, out: &[u8], exact: bool) -> Verdict {
+    judge(e, out, |slot, i, _, _| {
+        let want = element(e.dtype, e.seed, slot as u32, i);
+        (
+            exact.then_some(want),
+            f64::from(formats::decode(e.dtype, want)),
+        )
+    })
+}
+
 /// This rank's result at the elements the checks look at, in their order: what
 /// the repeated-call checks start from.
 pub fn checked_values(e: &Expect, out: &[u8]) -> Vec<u32> {
@@ -238,6 +251,31 @@ pub fn repeated_reduction(
             copies.fill(want);
             want = reduce::reduce_element(e.dtype, e.op, e.accum, &copies).unwrap_or(!want);
         }
+        let got = formats::read_element(e.dtype, out, at).unwrap_or(!want);
+        if !formats::same_bits(e.dtype, got, want) {
+            wrong += 1;
+            first_wrong.get_or_insert((at, got, want));
+        }
+    }
+    (wrong, first_wrong)
+}
+
+/// Checks `out` after `calls` more calls that must leave a result whose checked elements
+/// were `first` ([`checked_values`]) as it was: in-place all-gathers of an output that
+/// already holds every rank's slot. This catches back-to-back calls that write wrong data
+/// or into wrong places; one that delivered the previous call's data would go unseen (it
+/// is the same data). Returns the wrong elements and the first of them (index, got bits,
+/// want bits).
+pub fn unchanged(
+    e: &Expect,
+    first: &[u32],
+    out: &[u8],
+    _calls: usize,
+) -> (usize, Option<(usize, u32, u32)>) {
+    let mut wrong = 0;
+    let mut first_wrong = None;
+    for ((s, i), &want) in output_indices(e).zip(first) {
+        let at = s * e.count + i;
         let got = formats::read_element(e.dtype, out, at).unwrap_or(!want);
         if !formats::same_bits(e.dtype, got, want) {
             wrong += 1;
@@ -297,6 +335,79 @@ mod tests {
         let (wrong, at) = repeated_reduction(&e, &first, &y1, 2);
         assert_eq!(wrong, count);
         assert_eq!(at.map(|(i, ..)| i), Some(0));
+    }
+
+    /// What every rank's all-gather output must be.
+    fn gathered_output(e: &Expect) -> Vec<u8> {
+        let per = e.dtype.bytes(e.count).unwrap();
+        let mut out = vec![0u8; per * e.slots];
+        for (r, slot) in out.chunks_mut(per).enumerate() {
+            fill(e.dtype, e.seed, r as u32, slot);
+        }
+        out
+    }
+
+    #[test]
+    fn gathered_output_is_every_rank_input_in_rank_order() {
+        for d in DataType::ALL {
+            let (world, count) = (3, 101);
+            let e = expect(d, world, count, world as usize);
+            let mut out = gathered_output(&e);
+            let v = gathered(&e, &out, true);
+            assert_eq!((v.checked, v.wrong, v.max_rel_err), (303, 0, 0.0), "{d}");
+            // One flipped bit in another rank's slot (slot 2, element 7).
+            let at = 2 * count + 7;
+            out[at * d.size()] ^= 1;
+            let v = gathered(&e, &out, true);
+            assert_eq!(v.wrong, 1, "{d}");
+            let (i, got, want) = v.first_wrong.unwrap();
+            assert_eq!((i, want), (at, element(d, 7, 2, 7)), "{d}");
+            assert_ne!(got, want);
+            assert!(v.max_rel_err > 0.0, "{d}");
+            // NCCL's side: the error shows, nothing is counted.
+            let v = gathered(&e, &out, false);
+            assert_eq!((v.checked, v.wrong), (303, 0), "{d}");
+            assert!(v.max_rel_err > 0.0, "{d}");
+        }
+    }
+
+    #[test]
+    fn gathered_check_catches_swapped_slots_and_poison() {
+        let d = DataType::Bf16;
+        let (world, count) = (4, 50);
+        let e = expect(d, world, count, world as usize);
+        let good = gathered_output(&e);
+        let per = d.bytes(count).unwrap();
+        // Slots 1 and 3 swapped: every element of both is wrong.
+        let mut swapped = good.clone();
+        swapped[per..2 * per].copy_from_slice(&good[3 * per..4 * per]);
+        swapped[3 * per..4 * per].copy_from_slice(&good[per..2 * per]);
+        let v = gathered(&e, &swapped, true);
+        assert_eq!(v.wrong, 2 * count);
+        assert_eq!(v.first_wrong.map(|w| w.0), Some(count));
+        // A slot left poisoned (0xff, what the run fills outputs with): all of it wrong.
+        let mut poisoned = good.clone();
+        poisoned[2 * per..3 * per].fill(0xff);
+        assert_eq!(gathered(&e, &poisoned, true).wrong, count);
+        // Another seed is another input (bf16 inputs take about 500 values, so an element
+        // may coincide now and then).
+        let other = Expect { seed: 8, ..e };
+        assert!(gathered(&other, &good, true).wrong > world as usize * count * 9 / 10);
+    }
+
+    #[test]
+    fn repeated_gathers_leave_the_output_as_it_was() {
+        let d = DataType::F32;
+        let e = expect(d, 2, 333, 2);
+        let out = gathered_output(&e);
+        let first = checked_values(&e, &out);
+        assert_eq!(first.len(), 666);
+        assert_eq!(unchanged(&e, &first, &out, 2), (0, None));
+        let mut changed = out.clone();
+        changed[4 * 400] ^= 0x80;
+        let (wrong, at) = unchanged(&e, &first, &changed, 2);
+        assert_eq!(wrong, 1);
+        assert_eq!(at.map(|(i, ..)| i), Some(400));
     }
 
     #[test]

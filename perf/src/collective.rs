@@ -113,10 +113,33 @@ pub const ALL_REDUCE: Collective = Collective {
     nccl: crate::cuda::Nccl::all_reduce,
 };
 
-/// Every collective `-c` takes; the first is the default.
-pub const COLLECTIVES: &[&Collective] = &[&ALL_REDUCE];
+/// Allgather: send `count` elements, receive `world * count` (every rank's input in rank
+/// order); in place the input is this rank's slot of the output.
+pub const ALL_GATHER: Collective = Collective {
+    name: "allgather",
+    kind: oxccl_collectives::Collective::AllGather,
+    tunable: false,
+    count_for: |elements, world| elements / world.max(1) as usize,
+    send_elements: |count, _| count,
+    recv_slots: |world| world as usize,
+    bus_factor: |world| {
+        let n = f64::from(world.max(1));
+        (n - 1.0) / n
+    },
+    in_place_strides: |count| (count, 0),
+    check: check::gathered,
+    check_repeated: check::unchanged,
+    oxccl: all_gather,
+    #[cfg(feature = "cuda")]
+    nccl_supports: crate::cuda::Nccl::supports_move,
+    #[cfg(feature = "cuda")]
+    nccl: crate::cuda::Nccl::all_gather,
+};
 
-/// The collective called `name` ("allreduce", also "all_reduce", "all-reduce", any case).
+/// Every collective `-c` takes; the first is the default.
+pub const COLLECTIVES: &[&Collective] = &[&ALL_REDUCE, &ALL_GATHER];
+
+/// The collective called `name` ("allgather", also "all_gather", "all-gather", any case).
 pub fn by_name(name: &str) -> Option<&'static Collective> {
     let plain: String = name
         .chars()
@@ -196,37 +219,71 @@ unsafe fn all_reduce(comm: &Communicator, c: &Call<'_>) -> Result<()> {
     unsafe { comm.all_reduce(c.input, c.output, c.count, c.dtype, c.op, c.accum, c.stream) }
 }
 
+/// # Safety
+/// As [`Collective::oxccl`].
+unsafe fn all_gather(comm: &Communicator, c: &Call<'_>) -> Result<()> {
+    // SAFETY: the caller's obligations: the input holds `count` elements, the output
+    // `world * count`.
+    unsafe { comm.all_gather(c.input, c.output, c.count, c.dtype, c.stream) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn names_resolve() {
-        for s in ["allreduce", "AllReduce", "all_reduce", "all-reduce"] {
-            assert_eq!(by_name(s).map(|c| c.name), Some("allreduce"), "{s}");
+        for (s, want) in [
+            ("allreduce", "allreduce"),
+            ("AllReduce", "allreduce"),
+            ("all_gather", "allgather"),
+            ("all-gather", "allgather"),
+            ("ALLGATHER", "allgather"),
+        ] {
+            assert_eq!(by_name(s).map(|c| c.name), Some(want), "{s}");
         }
         assert!(by_name("broadcast").is_none());
         assert!(by_name("").is_none());
+        assert_eq!(names(), "allreduce, allgather");
         assert_eq!(COLLECTIVES[0].name, "allreduce");
-        assert!(ALL_REDUCE.reduces());
+        assert!(ALL_REDUCE.reduces() && !ALL_GATHER.reduces());
     }
 
     #[test]
     fn shapes_follow_nccl_tests() {
+        let bf16 = DataType::Bf16;
         // Allreduce: the swept size is the message; odd bytes round down to elements.
-        let s = ALL_REDUCE.shape(1001, DataType::Bf16, 4).unwrap();
+        let s = ALL_REDUCE.shape(1001, bf16, 4).unwrap();
         assert_eq!(
             (s.count, s.send_bytes, s.recv_bytes, s.size),
             (500, 1000, 1000, 1000)
         );
-        let s = ALL_REDUCE.shape(1, DataType::F32, 4).unwrap();
-        assert_eq!((s.count, s.size), (1, 4));
+        // Allgather: the swept size is the gathered output; the count per rank rounds down.
+        let s = ALL_GATHER.shape(1000, bf16, 4).unwrap();
+        assert_eq!(
+            (s.count, s.send_bytes, s.recv_bytes, s.size),
+            (125, 250, 1000, 1000)
+        );
+        let s = ALL_GATHER.shape(1006, bf16, 4).unwrap();
+        assert_eq!((s.count, s.size), (125, 1000));
+        let s = ALL_GATHER.shape(100_000, DataType::F32, 3).unwrap();
+        assert_eq!((s.count, s.send_bytes, s.size), (8333, 33_332, 99_996));
+        // Below one element per rank: one element each.
+        let s = ALL_GATHER.shape(2, DataType::F32, 8).unwrap();
+        assert_eq!((s.count, s.send_bytes, s.recv_bytes), (1, 4, 32));
     }
 
     #[test]
     fn bus_factors() {
-        for (n, want) in [(1, 0.0), (2, 1.0), (4, 1.5), (8, 1.75)] {
-            assert!(((ALL_REDUCE.bus_factor)(n) - want).abs() < 1e-12, "{n}");
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        for (n, ar, ag) in [
+            (1, 0.0, 0.0),
+            (2, 1.0, 0.5),
+            (4, 1.5, 0.75),
+            (8, 1.75, 0.875),
+        ] {
+            assert!(close((ALL_REDUCE.bus_factor)(n), ar), "allreduce {n}");
+            assert!(close((ALL_GATHER.bus_factor)(n), ag), "allgather {n}");
         }
     }
 
@@ -234,12 +291,24 @@ mod tests {
     fn in_place_pointers() {
         let (send, recv) = (DevicePtr(0x10_0000), DevicePtr(0x20_0000));
         let f32 = DataType::F32;
-        assert_eq!(
-            ALL_REDUCE.pointers(send, recv, 100, f32, 3, false).unwrap(),
-            (send, recv)
-        );
+        // Out of place: the two buffers, whatever the collective.
+        for c in COLLECTIVES {
+            assert_eq!(
+                c.pointers(send, recv, 100, f32, 3, false).unwrap(),
+                (send, recv)
+            );
+        }
+        // In place: allreduce on the receive buffer; allgather's input is the rank's slot.
         assert_eq!(
             ALL_REDUCE.pointers(send, recv, 100, f32, 3, true).unwrap(),
+            (recv, recv)
+        );
+        assert_eq!(
+            ALL_GATHER.pointers(send, recv, 100, f32, 3, true).unwrap(),
+            (DevicePtr(0x20_0000 + 3 * 400), recv)
+        );
+        assert_eq!(
+            ALL_GATHER.pointers(send, recv, 100, f32, 0, true).unwrap(),
             (recv, recv)
         );
     }

@@ -100,6 +100,47 @@ impl Nccl {
         Nccl::dtype(dtype).is_some() && accum == AccumType::Auto
     }
 
+    /// The type NCCL moves `dtype`'s elements as: its own, else an unsigned integer of the
+    /// same size (collectives that only move data deliver every bit pattern unchanged;
+    /// NCCL has no 16-bit integer, and every 2-byte type here has an NCCL type).
+    fn moved_as(dtype: DataType) -> Option<nccl_sys::ncclDataType_t> {
+        use nccl_sys::ncclDataType_t as T;
+        Nccl::dtype(dtype).or(match dtype.size() {
+            1 => Some(T::ncclUint8),
+            4 => Some(T::ncclUint32),
+            8 => Some(T::ncclUint64),
+            _ => None,
+        })
+    }
+
+    /// Whether NCCL can move the type (any accumulation: nothing is reduced).
+    pub fn supports_move(dtype: DataType, _accum: AccumType) -> bool {
+        Nccl::moved_as(dtype).is_some()
+    }
+
+    /// Queues ncclAllGather on the call's stream (`count` elements per rank).
+    pub fn all_gather(&self, c: &Call<'_>) -> Result<()> {
+        let dtype = c.dtype;
+        let t = Nccl::moved_as(dtype)
+            .ok_or_else(|| Error::Unsupported(format!("NCCL cannot move {dtype}")))?;
+        let s = raw_stream(c.stream)?;
+        // SAFETY: the caller's input holds `count` elements and its output `world *
+        // count` on this communicator's device, both outliving the stream's work; the
+        // stream is a live CUDA stream of that device.
+        unsafe {
+            nccl::all_gather(
+                c.input.0 as usize as *const _,
+                c.output.0 as usize as *mut _,
+                c.count,
+                t,
+                self.comm,
+                s,
+            )
+        }
+        .map(|_| ())
+        .map_err(|e| nccl_error("ncclAllGather", e))
+    }
+
     /// Queues ncclAllReduce on the call's stream.
     pub fn all_reduce(&self, c: &Call<'_>) -> Result<()> {
         use nccl_sys::ncclRedOp_t as O;

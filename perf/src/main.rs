@@ -1,16 +1,20 @@
-//! oxccl-perf: allreduce timing and correctness, like nccl-tests' all_reduce_perf, with
-//! NCCL measured on the same buffers in the same run (`--compare nccl`, CUDA builds).
+//! oxccl-perf: collective timing and correctness, like nccl-tests' `*_perf`
+//! (`-c allreduce`, the default, or `-c allgather`), with NCCL measured on the same buffers
+//! in the same run (`--compare nccl`, CUDA builds).
 //!
 //! ```text
 //! oxccl-perf -N 4 -b 1K -e 1G -f 2 -d bf16 -o sum --graph --compare nccl --json out.json --plot out.png
+//! oxccl-perf -c allgather -N 4 -b 1K -e 1G -f 2 -d bf16 --compare nccl
 //! oxccl-perf --plot-from out.json --plot out.png
 //! ```
 //!
 //! Ranks: `-N n` starts n copies of itself on this machine (one per device, the host
 //! backend without a GPU); under torchrun (`--no-python`), mpirun or srun it reads the
-//! launcher's environment; with neither it runs as a single rank. Every size is checked
-//! (output poisoned first, compared bit for bit with the rank-order reference, error vs an
-//! f64 reference reported); a wrong result makes the exit status non-zero.
+//! launcher's environment; with neither it runs as a single rank. Sizes, counts and
+//! bandwidths follow nccl-tests ([`collective`]). Every size is checked (output poisoned
+//! first, compared bit for bit with the host reference: the rank-order reduction, or every
+//! rank's input in its slot; error vs an f64 reference reported); a wrong result makes the
+//! exit status non-zero.
 
 mod check;
 mod collective;

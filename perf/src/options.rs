@@ -7,15 +7,17 @@ use crate::collective::{self, Collective};
 /// Usage text.
 pub const USAGE: &str = "\
 usage: oxccl-perf [options]
-  -c, --collective C      allreduce (default)
+  -c, --collective C      allreduce (default) or allgather
   -b, --minbytes SIZE     smallest size (K/M/G suffixes), default 1K; sizes are nccl-tests':
-                          the larger of one rank's buffers (allreduce: the message)
+                          the larger of one rank's buffers (allreduce: the message;
+                          allgather: the gathered output, ranks x the per-rank count)
   -e, --maxbytes SIZE     largest size, default 64M
   -f, --stepfactor N      multiply the size by N each step, default 2
   -d, --datatype T        f32 f16 bf16 fp8_e4m3 fp8_e5m2 fp8_e4m3fnuz fp8_e5m2fnuz fp8_e4m3b15 (default bf16)
-  -o, --op OP             sum prod min max avg (default sum)
-      --accum A           auto native f16 f32 (default auto)
-      --in-place          reduce in place (default: out of place)
+  -o, --op OP             sum prod min max avg (default sum; allreduce only)
+      --accum A           auto native f16 f32 (default auto; allreduce only)
+      --in-place          in place (allgather: the input is the rank's slot of the output;
+                          default: out of place)
       --no-register       do not register the buffers with the communicator (default:
                           registered, so large sizes take the zero-copy two-shot)
   -w, --warmup N          warm-up calls per size, default 5
@@ -24,7 +26,7 @@ usage: oxccl-perf [options]
       --graph             time CUDA graph replays of the calls (CUDA only)
       --tune MODE         before the sweep, tune the selector for the data type up to the
                           largest size: cache (load the cached table, measure if none) or
-                          force (measure again); tables live in OXCCL_TUNE_DIR
+                          force (measure again); tables live in OXCCL_TUNE_DIR (allreduce)
       --compare nccl      measure NCCL (libnccl.so.2, loaded at run time) on the same buffers
       --json FILE         write every row as JSON
       --plot FILE.png     draw latency and busbw against the size (oxccl, and NCCL when
@@ -292,8 +294,36 @@ mod tests {
                 .name,
             "allreduce"
         );
+        assert_eq!(parse("-c allgather").unwrap().collective.name, "allgather");
+        let o = parse("-c all_gather -o sum --accum auto --in-place -d fp8_e4m3fnuz").unwrap();
+        assert_eq!(o.collective.name, "allgather");
         let e = parse("-c gather").unwrap_err().to_string();
-        assert!(e.contains("-c gather") && e.contains("allreduce"), "{e}");
+        assert!(
+            e.contains("-c gather") && e.contains("allreduce, allgather"),
+            "{e}"
+        );
         assert!(parse("-c").is_err());
+    }
+
+    #[test]
+    fn allgather_refuses_what_it_has_no_use_for() {
+        // No reduction: an op or accumulation other than the defaults is an error, in
+        // either order of the flags.
+        for args in [
+            "-c allgather -o max",
+            "-o avg -c allgather",
+            "-c allgather --accum f32",
+            "--accum=native --collective allgather",
+        ] {
+            let e = parse(args).unwrap_err().to_string();
+            assert!(e.contains("does not reduce"), "{args}: {e}");
+        }
+        let e = parse("-c allgather --tune cache").unwrap_err().to_string();
+        assert!(
+            e.contains("--tune tunes the allreduce selector only"),
+            "{e}"
+        );
+        // The same flags are fine for allreduce.
+        assert!(parse("-o max --accum f32 --tune cache").is_ok());
     }
 }

@@ -543,6 +543,24 @@ mod tests {
     }
 
     #[test]
+    fn reads_an_allgather_file() {
+        let text = "{\"tool\": \"oxccl-perf\", \"collective\": \"allgather\", \"ranks\": 4, \
+                    \"device\": \"NVIDIA H200\", \"backend\": \"CUDA\", \"dtype\": \"bf16\", \
+                    \"in_place\": true, \"graph\": false, \"rows\": [\n\
+                    {\"bytes\": 4000, \"count\": 500, \"oxccl\": {\"time_us\": 8.0}, \
+                    \"nccl\": {\"time_us\": 10.0, \"busbw_gbps\": 0.2}}]}";
+        let fig = Figure::from_json(text).unwrap();
+        assert_eq!(
+            fig.title,
+            "allgather bf16, 4 ranks, NVIDIA H200 (CUDA), stream launches, in place"
+        );
+        // busbw derived with allgather's factor (n-1)/n of the size column, not allreduce's.
+        let bw = fig.points[0].oxccl.busbw;
+        assert!((bw - 4000.0 / 8.0 / 1e3 * 0.75).abs() < 1e-12, "{bw}");
+        assert_eq!(fig.points[0].nccl.map(|m| m.busbw), Some(0.2));
+    }
+
+    #[test]
     fn labels() {
         assert_eq!(size_label(1024.0), "1K");
         assert_eq!(size_label(65536.0), "64K");

@@ -97,6 +97,16 @@ pub fn print_tune_table(
     }
 }
 
+/// Width of the algorithm column: the longest algorithm name.
+fn algorithm_width() -> usize {
+    oxccl_collectives::ALGORITHMS
+        .iter()
+        .map(|a| a.name().len())
+        .max()
+        .unwrap_or(0)
+        .max("algorithm".len())
+}
+
 /// The table's header (rank 0).
 pub fn header(opts: &Options, comm: &Communicator) {
     let caps = comm.device().capabilities();
@@ -145,8 +155,16 @@ pub fn header(opts: &Options, comm: &Communicator) {
         );
     }
     let mut h = format!(
-        "{:>12} {:>12} {:>11} {:>10} {:>9} {:>9} {:>7} {:>9}",
-        "size(B)", "count", "algorithm", "time(us)", "algbw", "busbw", "#wrong", "maxerr"
+        "{:>12} {:>12} {:>w$} {:>10} {:>9} {:>9} {:>7} {:>9}",
+        "size(B)",
+        "count",
+        "algorithm",
+        "time(us)",
+        "algbw",
+        "busbw",
+        "#wrong",
+        "maxerr",
+        w = algorithm_width()
     );
     if opts.compare_nccl {
         let _ = write!(
@@ -161,7 +179,7 @@ pub fn header(opts: &Options, comm: &Communicator) {
 /// One row (rank 0).
 pub fn print_row(r: &Row) {
     let mut line = format!(
-        "{:>12} {:>12} {:>11} {:>10.2} {:>9.2} {:>9.2} {:>7} {:>9.2e}",
+        "{:>12} {:>12} {:>w$} {:>10.2} {:>9.2} {:>9.2} {:>7} {:>9.2e}",
         r.bytes,
         r.count,
         r.algorithm,
@@ -169,7 +187,8 @@ pub fn print_row(r: &Row) {
         r.ours.algbw(r.bytes),
         r.ours.busbw(r.bytes, r.bus_factor),
         r.ours.wrong,
-        r.ours.max_rel_err
+        r.ours.max_rel_err,
+        w = algorithm_width()
     );
     if let Some(n) = &r.nccl {
         let _ = write!(

@@ -1,5 +1,7 @@
-//! The README command on the host backend: `oxccl-perf -N 2 -b 1K -e 1M -f 4` must pass
-//! (every size checked against the reference) and write its JSON and its plot.
+//! oxccl-perf on 2 ranks of the host backend: the README command `oxccl-perf -N 2 -b 1K -e
+//! 1M -f 4` must pass (every size checked against the reference) and write its JSON and its
+//! plot; all-gather must pass in and out of place at sizes that are not powers of two, with
+//! nccl-tests' sizes and bus bandwidth; flags that make no sense are refused.
 
 #![allow(clippy::unwrap_used, clippy::panic)]
 
@@ -48,12 +50,134 @@ fn two_ranks_on_the_host_backend_pass() {
     let _ = std::fs::remove_file(png);
 }
 
-#[test]
-fn bad_options_exit_with_usage() {
+/// Runs oxccl-perf on 2 host ranks; (stdout, the table's rows as their fields).
+fn host_run(args: &[&str]) -> (String, Vec<Vec<String>>) {
     let out = Command::new(env!("CARGO_BIN_EXE_oxccl-perf"))
-        .args(["-b", "4M", "-e", "1M"])
+        .args(["-N", "2", "-w", "1", "--iters", "2"])
+        .args(args)
+        .env("OXCCL_BACKEND", "host")
+        .env("OXCCL_TIMEOUT_MS", "60000")
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("usage"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "oxccl-perf {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("# PASS"), "{stdout}");
+    let rows = stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+        .map(|l| l.split_whitespace().map(String::from).collect())
+        .collect();
+    (stdout, rows)
+}
+
+#[test]
+fn allgather_on_two_ranks_passes_in_and_out_of_place() {
+    for in_place in [false, true] {
+        let json = std::env::temp_dir().join(format!(
+            "oxccl-perf-allgather-{}-{in_place}.json",
+            std::process::id()
+        ));
+        let mut args = vec!["-c", "allgather", "-b", "1000", "-e", "100000", "-f", "7"];
+        args.extend(["-d", "f32", "--json", json.to_str().unwrap()]);
+        if in_place {
+            args.push("--in-place");
+        }
+        let (stdout, rows) = host_run(&args);
+        let mode = if in_place { "in place" } else { "out of place" };
+        assert!(
+            stdout.contains("# oxccl-perf allgather: 2 ranks") && stdout.contains(mode),
+            "{stdout}"
+        );
+        // nccl-tests' convention: the size is the gathered output, the count per rank.
+        let got: Vec<(&str, &str, &str)> = rows
+            .iter()
+            .map(|r| (r[0].as_str(), r[1].as_str(), r[6].as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("1000", "125", "0"),
+                ("7000", "875", "0"),
+                ("49000", "6125", "0")
+            ],
+            "{stdout}"
+        );
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let _ = std::fs::remove_file(&json);
+        assert_eq!(doc["collective"], "allgather");
+        assert_eq!(doc["in_place"], in_place);
+        // No reduction: no op, no accumulation type.
+        assert!(
+            doc.get("op").is_none() && doc.get("accum").is_none(),
+            "{doc}"
+        );
+        let rows = doc["rows"].as_array().unwrap();
+        assert_eq!(rows.len(), 3);
+        for r in rows {
+            let side = &r["oxccl"];
+            assert_eq!(side["wrong"], 0);
+            // Every element of both slots checked on both ranks.
+            assert_eq!(side["checked"], 2 * 2 * r["count"].as_u64().unwrap());
+            let (alg, bus) = (
+                side["algbw_gbps"].as_f64().unwrap(),
+                side["busbw_gbps"].as_f64().unwrap(),
+            );
+            // busbw = algbw x (n-1)/n on 2 ranks.
+            assert!((bus - alg * 0.5).abs() <= 1e-12 * alg.max(1.0), "{r}");
+        }
+    }
+}
+
+#[test]
+fn allgather_sizes_round_like_nccl_tests_and_the_algorithm_follows_registration() {
+    // 1001 bytes of bf16 on 2 ranks: 250 elements per rank, 1000 bytes gathered. Above
+    // the one-shot size a registered output is stored into directly; unregistered ones
+    // go through the staging buffers.
+    for (flags, large) in [
+        (&[][..], "allgather_direct"),
+        (&["--no-register"][..], "allgather_staged"),
+    ] {
+        let mut args = vec!["-c", "allgather", "-b", "1001", "-e", "3M", "-f", "7"];
+        args.extend(flags);
+        let (stdout, rows) = host_run(&args);
+        let got: Vec<(&str, &str, &str)> = rows
+            .iter()
+            .map(|r| (r[0].as_str(), r[1].as_str(), r[2].as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("1000", "250", "allgather_oneshot_ll"),
+                ("7004", "1751", "allgather_oneshot_ll"),
+                ("49048", "12262", "allgather_oneshot_ll"),
+                ("343340", "85835", "allgather_oneshot_ll"),
+                ("2403400", "600850", large),
+            ],
+            "{stdout}"
+        );
+    }
+}
+
+#[test]
+fn bad_options_exit_with_usage() {
+    for args in [
+        &["-b", "4M", "-e", "1M"][..],
+        &["-c", "allgather", "-o", "max"][..],
+        &["-c", "broadcast"][..],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_oxccl-perf"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("usage"),
+            "{args:?}"
+        );
+    }
 }
