@@ -6,6 +6,8 @@
 #     ci/gpu/session.sh hal        # topology, hal-cuda GPU tests, kernels self-test,
 #                                  # multi-process suite on 2 and 4 GPUs, channels tables
 #     ci/gpu/session.sh allreduce  # correctness matrix (ci/gpu/run-allreduce.sh, part 1)
+#     ci/gpu/session.sh collectives # all-gather, reduce-scatter, all-to-all: every algorithm
+#                                  # x type x placement checked, then each vs NCCL (graph)
 #     ci/gpu/session.sh latency    # 1K..4M vs NCCL: early launch on/off, and an earlier
 #                                  # build in .gpu/base/ when there is one
 #     ci/gpu/session.sh probe      # where a small call's time goes (ci/gpu/probe/), 2 GPUs
@@ -20,7 +22,7 @@
 set -uo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "${repo_root}"
-phase="${1:?usage: ci/gpu/session.sh hal|allreduce|latency|probe|perf|tune|torch}"
+phase="${1:?usage: ci/gpu/session.sh hal|allreduce|collectives|latency|probe|perf|tune|torch}"
 out="${OUT:-${repo_root}/.gpu/results}"
 # Step logs go to one folder that is packed at the end: the device tool returns few files.
 logs="$(mktemp -d /tmp/oxccl-session-logs.XXXXXX)"
@@ -110,6 +112,38 @@ allreduce)
             .gpu/oxccl-perf -N "${n}" -b 1003 -e 256M -f 7 -d bf16 --in-place --no-register "${q[@]}"
         step "check ${n}gpu push unregistered f32 graph 1K..256M" 60 env OXCCL_ALGO=twoshot_push \
             .gpu/oxccl-perf -N "${n}" -b 1K -e 256M -f 8 -d f32 --graph --no-register "${q[@]}"
+    done
+    ;;
+collectives)
+    # Correctness first (every size checked bit for bit against the host reference, the
+    # output poisoned first), then one table per collective against NCCL in the same run.
+    export OXCCL_TIMEOUT_MS=20000
+    q=(-w 1 --iters 2)
+    for n in ${OXCCL_SESSION_GPUS:-2 4}; do
+        ((ngpus >= n)) || continue
+        export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
+        for c in allgather reducescatter alltoall; do
+            for kind in oneshot_ll staged direct; do
+                algo="${c}_${kind}"
+                if [[ ${kind} == oneshot_ll ]]; then max=1M; else max=256M; fi
+                # oxccl-perf registers its buffers (direct needs that); staged gets them
+                # unregistered.
+                reg=(); [[ ${kind} == staged ]] && reg=(--no-register)
+                for dtype in bf16 f32 fp8_e4m3; do
+                    step "check ${n}gpu ${algo} ${dtype} 2B..${max}" 60 env OXCCL_ALGO="${algo}" \
+                        .gpu/oxccl-perf -c "${c}" -N "${n}" -b 2 -e "${max}" -f 4 -d "${dtype}" "${reg[@]}" "${q[@]}"
+                done
+                [[ ${c} == alltoall ]] && continue # NCCL defines no in-place all-to-all
+                step "check ${n}gpu ${algo} bf16 in-place odd 1003B..${max}" 60 env OXCCL_ALGO="${algo}" \
+                    .gpu/oxccl-perf -c "${c}" -N "${n}" -b 1003 -e "${max}" -f 7 -d bf16 --in-place "${reg[@]}" "${q[@]}"
+            done
+            step "check ${n}gpu ${c} auto bf16 graph" 60 .gpu/oxccl-perf -c "${c}" -N "${n}" -b 1K -e 64M -f 8 \
+                -d bf16 --graph "${q[@]}"
+        done
+        for c in allgather reducescatter alltoall; do
+            step "perf ${n}gpu ${c} bf16 vs NCCL graph" 150 .gpu/oxccl-perf -c "${c}" -N "${n}" -b 1K -e 1G -f 2 \
+                -d bf16 -w 5 --iters 20 --graph --compare nccl --json "${out}/${c}-bf16-${n}gpu.json"
+        done
     done
     ;;
 latency)
