@@ -39,6 +39,19 @@ for algo in oneshot_ll twoshot twoshot_push twoshot_zc port_channel; do
 done
 # One GPU has no NVLink peer, so LL128 must be refused with a clear error, not run.
 step forced-oneshot_ll128-refused bash -c "! OXCCL_ALGO=oneshot_ll128 $BIN/oxccl-perf -b 1K -e 1K 2>&1 | tee /dev/stderr | grep -q PASS"
+# The other collectives on one rank: every algorithm's kernel launched through its
+# descriptor (one rank moves nothing between GPUs: this checks launch, arguments and the
+# local copies, not the NVLink protocol, which needs 2 GPUs: ci/gpu/session.sh collectives).
+for c in ${ONE_GPU_COLLECTIVES:-allgather reducescatter alltoall}; do
+    for kind in oneshot_ll staged direct; do
+        reg=(); [[ ${kind} == staged ]] && reg=(--no-register)
+        step "$c-$kind" env OXCCL_ALGO="${c}_${kind}" "$BIN/oxccl-perf" -c "$c" -b 1000 -e 4M -f 7 -d bf16 "${reg[@]}"
+        [[ $c == alltoall ]] && continue
+        step "$c-$kind-inplace" env OXCCL_ALGO="${c}_${kind}" "$BIN/oxccl-perf" -c "$c" -b 999 -e 1M -f 9 -d f32 --in-place "${reg[@]}"
+    done
+    step "memcheck-$c" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
+        "$BIN/oxccl-perf" -c "$c" -b 1000 -e 300000 -f 7 -w 1 --iters 2
+done
 step tune "$BIN/oxccl-perf" -b 1000 -e 1M -f 7 --tune force
 # Memory errors only: every kernel lookup still provokes one API error (the parameter check
 # probes cuFuncGetParamInfo past the last parameter), counted in its own step until that
