@@ -135,6 +135,18 @@ impl Call {
         unsafe { write_unit(self.a.output, self.total, off, v) }
     }
 
+    /// The call's root rank (broadcast), checked against the world.
+    pub(crate) fn root(&self) -> Result<usize> {
+        let root = self.a.root as usize;
+        if root >= self.world {
+            return Err(Error::InvalidArgument(format!(
+                "{}: root {root} of world {}",
+                self.kernel, self.world
+            )));
+        }
+        Ok(root)
+    }
+
     /// Bytes [off, off + 16) of chunk `r` of an input of `world` chunks of `total` bytes
     /// (reduce-scatter, all-to-all); bytes past the chunk are zero.
     pub(crate) fn load_input_chunk(&self, r: usize, off: usize) -> [u8; 16] {

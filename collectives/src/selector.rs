@@ -14,6 +14,7 @@ use crate::algorithms::all_reduce::two_shot_zc::TWOSHOT_ZC;
 use crate::algorithms::all_to_all::{
     direct::ALLTOALL_DIRECT, one_shot::ALLTOALL_ONESHOT_LL, staged::ALLTOALL_STAGED,
 };
+use crate::algorithms::broadcast::{direct::BROADCAST_DIRECT, staged::BROADCAST_STAGED};
 use crate::algorithms::reduce_scatter::{
     direct::REDUCESCATTER_DIRECT, one_shot::REDUCESCATTER_ONESHOT_LL, staged::REDUCESCATTER_STAGED,
 };
@@ -149,6 +150,18 @@ impl Selector {
                     shape,
                     [ALLTOALL_ONESHOT_LL, ALLTOALL_DIRECT, ALLTOALL_STAGED],
                 )?,
+                Collective::Broadcast => {
+                    let (algorithm, reason) = if shape.zero_copy {
+                        (BROADCAST_DIRECT, "registered output")
+                    } else {
+                        (BROADCAST_STAGED, "unregistered output")
+                    };
+                    Choice {
+                        algorithm,
+                        plan: algorithm.plan(shape)?,
+                        reason: format!("{reason}, {} bytes", shape.bytes),
+                    }
+                }
                 Collective::ReduceScatter => Self::one_shot_direct_staged(
                     shape,
                     [

@@ -591,6 +591,7 @@ pub fn measure(
                     dtype,
                     op: ReduceOp::Sum,
                     accum: AccumType::Auto,
+                    root: 0,
                     peers: peers.filter(|_| registered && algorithm.uses_registered()),
                 };
                 let launch = || {

@@ -643,6 +643,61 @@ impl Comm {
         Ok(algo)
     }
 
+    /// Broadcast of `count` elements from `root` on the caller's stream (the host backend:
+    /// through host memory, see [`Comm::host_call`]); returns the algorithm for the log when
+    /// logging.
+    ///
+    /// # Safety
+    /// NCCL's contract for ncclBroadcast: `recv` (and on the root `send`) holds `count`
+    /// elements on this communicator's device (host memory on the host backend), `stream`
+    /// is a live stream of that device, every rank makes the same calls.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn broadcast(
+        &self,
+        comm: &Communicator,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        root: u32,
+        stream: CudaStreamT,
+    ) -> ApiResult<String> {
+        let algo = if crate::error::log_enabled() && self.host.is_none() {
+            comm.choose_collective(Collective::Broadcast, count, dtype)
+                .map(|c| c.algorithm.to_string())
+                .unwrap_or_else(|e| format!("? ({e})"))
+        } else {
+            String::new()
+        };
+        if let Some(host) = &self.host {
+            let bytes = dtype.bytes(count)?;
+            // Only the root's input is read (and checked: the call checks recv alone
+            // elsewhere, as the library ignores the other ranks' input).
+            let (input, send_bytes) = if root == self.rank {
+                (send, bytes)
+            } else {
+                (recv, 0)
+            };
+            comm.check_buffers(Collective::Broadcast, input, recv, count, dtype)?;
+            return self.host_call(
+                host,
+                comm,
+                (input, send_bytes, 0),
+                (recv, bytes, 0),
+                |buf| {
+                    // SAFETY: the staging buffer holds `count` elements (the root's input on
+                    // the root), in place, and lives until the stream is synchronized
+                    // (host_call).
+                    unsafe { comm.broadcast(buf, buf, count, dtype, root, &host.stream) }
+                },
+            );
+        }
+        let s = self.borrow_stream(comm, stream)?;
+        // SAFETY: this function's contract is broadcast's (buffers and stream).
+        unsafe { comm.broadcast(send, recv, count, dtype, root, &s) }?;
+        Ok(algo)
+    }
+
     /// A call on the host backend: the caller's host input (`send`, its bytes, and where
     /// it goes in the staging buffer) is copied into a host-backend (shared-memory)
     /// staging buffer, `run` queues the collective on it, and the output (`recv`, its

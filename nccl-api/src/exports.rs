@@ -929,8 +929,87 @@ unsafe fn all_to_all(
 }
 
 forwarded!(ncclReduce / pncclReduce, reduce, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, op: NcclRedOp, root: c_int, comm: Opaque, stream: CudaStreamT));
-forwarded!(ncclBcast / pncclBcast, bcast, comm, (buff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT));
-forwarded!(ncclBroadcast / pncclBroadcast, broadcast, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT));
+export! {
+    /// Served by oxccl for every data type (data only moves) on a communicator oxccl
+    /// serves, on the caller's stream (`sendbuff` is read on the root only); every other
+    /// call is forwarded to the real NCCL.
+    fn ncclBroadcast / pncclBroadcast(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT) -> NcclResult {
+        guard("ncclBroadcast", || {
+            // SAFETY: NCCL's contract on every argument.
+            unsafe { broadcast("ncclBroadcast", sendbuff, recvbuff, count, datatype, root, comm, stream) }
+        })
+    }
+}
+
+export! {
+    /// In-place broadcast: ncclBroadcast with `sendbuff == recvbuff == buff`.
+    fn ncclBcast / pncclBcast(buff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT) -> NcclResult {
+        guard("ncclBcast", || {
+            // SAFETY: NCCL's contract on every argument.
+            unsafe { broadcast("ncclBcast", buff.cast_const(), buff, count, datatype, root, comm, stream) }
+        })
+    }
+}
+
+/// # Safety
+/// NCCL's contract for ncclBroadcast (`name` is the entry point, for messages).
+#[allow(clippy::too_many_arguments)]
+unsafe fn broadcast(
+    name: &'static str,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: NcclDataType,
+    root: c_int,
+    comm: Opaque,
+    stream: CudaStreamT,
+) -> ApiResult<()> {
+    // SAFETY: NCCL's contract on comm.
+    let target = unsafe { resolve(comm) }?;
+    let detail = || format!(" count={count} dtype={} root={root}", type_name(datatype));
+    let forward_why = |why: String| {
+        let call = |real: &'static RealNccl, c: Opaque| {
+            let f = real.fns.broadcast?;
+            // SAFETY: the caller's arguments with the real communicator (ncclBcast is
+            // ncclBroadcast in place).
+            Some(unsafe { f(sendbuff, recvbuff, count, datatype, root, c, stream) })
+        };
+        // SAFETY: NCCL's contract on comm.
+        unsafe { forward(name, comm, &why, detail, call) }
+    };
+    let c = match target {
+        Target::Foreign(_) => return forward_why(NOT_SERVED.into()),
+        Target::Ours(c) => c,
+    };
+    check_count(count, datatype)?;
+    let root = u32::try_from(root)
+        .ok()
+        .filter(|r| *r < c.nranks)
+        .ok_or_else(|| {
+            ApiError::invalid_argument(format!("root {root} is not a rank of {} ranks", c.nranks))
+        })?;
+    let is_root = root == c.rank;
+    if count > 0 && (recvbuff.is_null() || (is_root && sendbuff.is_null())) {
+        return Err(ApiError::invalid_argument(format!(
+            "recvbuff {recvbuff:?} (or the root's sendbuff {sendbuff:?}) is NULL with count \
+             {count}"
+        )));
+    }
+    let Some(ox) = c.serving() else {
+        return forward_why(not_serving(c));
+    };
+    if count == 0 {
+        return Ok(());
+    }
+    let (dtype, n) = moved_as(datatype, count)
+        .ok_or_else(|| ApiError::invalid_argument(format!("count {count} overflows")))?;
+    let send = DevicePtr(sendbuff as usize as u64);
+    let recv = DevicePtr(recvbuff as usize as u64);
+    // SAFETY: NCCL's contract on buffers and stream is oxccl's.
+    let algo = unsafe { c.broadcast(ox, send, recv, n, dtype, root, stream) }?;
+    log_info!("rank {} {name}{} -> oxccl ({algo})", c.rank, detail());
+    Ok(())
+}
 forwarded!(ncclGather / pncclGather, gather, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT));
 forwarded!(ncclScatter / pncclScatter, scatter, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT));
 forwarded!(ncclSend / pncclSend, send, comm, (sendbuff: *const c_void, count: usize, datatype: NcclDataType, peer: c_int, comm: Opaque, stream: CudaStreamT));

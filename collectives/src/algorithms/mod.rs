@@ -24,14 +24,17 @@
 //! | `alltoall_oneshot_ll` | all-to-all | `alltoall_oneshot_ll` | small messages: every chunk as LL16 packets into its owner's packet half, no barrier |
 //! | `alltoall_staged` | all-to-all | `alltoall_staged` | any size on unregistered buffers: chunks pushed into their owners' staging, copied out locally |
 //! | `alltoall_direct` | all-to-all | `alltoall_direct` | registered outputs: every chunk stored straight into its owner's output between two barriers |
+//! | `broadcast_staged` | broadcast | `broadcast_staged` | any size on unregistered buffers: the root pushes into the peers' staging, they copy out |
+//! | `broadcast_direct` | broadcast | `broadcast_direct` | registered outputs: the root stores into every rank's output between two barriers |
 //!
 //! Each collective's algorithms live in their own module ([`all_reduce`], [`all_gather`],
-//! [`reduce_scatter`], [`all_to_all`]);
+//! [`reduce_scatter`], [`all_to_all`], [`broadcast`]);
 //! what several share (the scratch-protocol launch) lives here.
 
 pub mod all_gather;
 pub mod all_reduce;
 pub mod all_to_all;
+pub mod broadcast;
 pub mod reduce_scatter;
 pub mod scratch_kernel;
 
@@ -56,6 +59,7 @@ use all_reduce::{
     nvls, one_shot, one_shot_ll128, port_channel, two_shot, two_shot_push, two_shot_zc,
 };
 use all_to_all::{direct::ALLTOALL_DIRECT, one_shot::ALLTOALL_ONESHOT_LL, staged::ALLTOALL_STAGED};
+use broadcast::{direct::BROADCAST_DIRECT, staged::BROADCAST_STAGED};
 use reduce_scatter::{
     direct::REDUCESCATTER_DIRECT, one_shot::REDUCESCATTER_ONESHOT_LL, staged::REDUCESCATTER_STAGED,
 };
@@ -81,6 +85,8 @@ pub const ALGORITHMS: &[Algorithm] = &[
     ALLTOALL_ONESHOT_LL,
     ALLTOALL_STAGED,
     ALLTOALL_DIRECT,
+    BROADCAST_STAGED,
+    BROADCAST_DIRECT,
 ];
 
 /// The collective operations algorithms serve.
@@ -95,15 +101,18 @@ pub enum Collective {
     ReduceScatter = 2,
     /// Rank p gets chunk p of every rank's input, in rank order.
     AllToAll = 3,
+    /// Every rank gets the root's input.
+    Broadcast = 4,
 }
 
 impl Collective {
     /// Every collective, in declaration order (index = `as usize`).
-    pub const ALL: [Collective; 4] = [
+    pub const ALL: [Collective; 5] = [
         Collective::AllReduce,
         Collective::AllGather,
         Collective::ReduceScatter,
         Collective::AllToAll,
+        Collective::Broadcast,
     ];
 
     /// Bytes of one rank's input and output buffers for a call of `bytes` (`count`
@@ -116,7 +125,7 @@ impl Collective {
             })
         };
         match self {
-            Collective::AllReduce => Ok((bytes, bytes)),
+            Collective::AllReduce | Collective::Broadcast => Ok((bytes, bytes)),
             Collective::AllGather => Ok((bytes, all()?)),
             Collective::ReduceScatter => Ok((all()?, bytes)),
             Collective::AllToAll => Ok((all()?, all()?)),
@@ -124,14 +133,14 @@ impl Collective {
     }
 
     /// Where the input lies when the call is in place (NCCL's rules): the output itself
-    /// (allreduce), the output's slot `rank` (all-gather: `input == output + rank * count`),
+    /// (allreduce, broadcast), the output's slot `rank` (all-gather: `input == output + rank * count`),
     /// or where the output is the input's chunk `rank` (reduce-scatter:
     /// `output == input + rank * count`); none for all-to-all, which NCCL does not define
     /// in place.
     pub fn in_place_input(self, output: DevicePtr, bytes: usize, rank: u32) -> Option<DevicePtr> {
         let slot = bytes.checked_mul(rank as usize)? as u64;
         match self {
-            Collective::AllReduce => Some(output),
+            Collective::AllReduce | Collective::Broadcast => Some(output),
             Collective::AllGather => output.0.checked_add(slot).map(DevicePtr),
             Collective::ReduceScatter => output.0.checked_sub(slot).map(DevicePtr),
             Collective::AllToAll => None,
@@ -145,7 +154,7 @@ impl Collective {
             Collective::AllReduce => (true, true),
             Collective::AllGather => (false, true),
             Collective::ReduceScatter => (true, false),
-            Collective::AllToAll => (false, true),
+            Collective::AllToAll | Collective::Broadcast => (false, true),
         }
     }
 
@@ -153,8 +162,13 @@ impl Collective {
     pub fn reduces(self) -> bool {
         match self {
             Collective::AllReduce | Collective::ReduceScatter => true,
-            Collective::AllGather | Collective::AllToAll => false,
+            Collective::AllGather | Collective::AllToAll | Collective::Broadcast => false,
         }
+    }
+
+    /// Whether calls name a root rank.
+    pub fn has_root(self) -> bool {
+        self == Collective::Broadcast
     }
 }
 
@@ -165,6 +179,7 @@ impl fmt::Display for Collective {
             Collective::AllGather => "all_gather",
             Collective::ReduceScatter => "reduce_scatter",
             Collective::AllToAll => "all_to_all",
+            Collective::Broadcast => "broadcast",
         })
     }
 }
@@ -483,6 +498,8 @@ pub struct Call {
     pub op: ReduceOp,
     /// Accumulation type.
     pub accum: AccumType,
+    /// The root rank (broadcast; 0 for the collectives without one).
+    pub root: u32,
     /// Every rank's buffers, when registered and the algorithm uses them.
     pub peers: Option<PeerBuffers>,
 }
@@ -754,6 +771,7 @@ mod tests {
             include_str!("../../../kernels/src/device/allreduce.cu"),
             include_str!("../../../kernels/src/device/allreduce_port.cu"),
             include_str!("../../../kernels/src/device/alltoall.cu"),
+            include_str!("../../../kernels/src/device/broadcast.cu"),
             include_str!("../../../kernels/src/device/reducescatter.cu")
         );
         for a in ALGORITHMS {

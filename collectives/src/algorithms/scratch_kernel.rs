@@ -85,7 +85,7 @@ impl Instance for ScratchKernel {
             dtype: call.dtype.code(),
             op: call.op.code(),
             accum: call.accum.code(),
-            _pad0: 0,
+            root: call.root,
             peer_input,
             peer_output,
         };

@@ -25,6 +25,8 @@ pub(crate) struct Signature {
     /// Zero-copy: offsets of input and output in their registered buffers (ranks must
     /// agree); `u64::MAX` otherwise.
     pub(crate) zc_offsets: (u64, u64),
+    /// The root rank (broadcast; 0 otherwise).
+    pub(crate) root: u32,
 }
 
 impl Signature {
@@ -41,6 +43,7 @@ impl Signature {
             self.algorithm,
             self.launch.0,
             self.launch.1,
+            self.root,
         ] {
             v.extend_from_slice(&x.to_le_bytes());
         }
@@ -76,8 +79,9 @@ impl Signatures {
         if !differing.is_empty() {
             return Err(Error::InvalidArgument(format!(
                 "mismatched {} calls: ranks {differing:?} called with a different \
-                 (count, dtype, op, accum, algorithm, grid x block) than this rank's ({}, {}, \
-                 {}, {}, {}, {} x {}); with a tuned table, every rank must use the same one",
+                 (count, dtype, op, accum, algorithm, grid x block, root) than this rank's ({}, \
+                 {}, {}, {}, {}, {} x {}, {}); with a tuned table, every rank must use the same \
+                 one",
                 sig.collective,
                 sig.count,
                 DataType::from_code(sig.dtype).map_or("?".into(), |d| d.to_string()),
@@ -85,7 +89,8 @@ impl Signatures {
                 sig.accum,
                 sig.algorithm,
                 sig.launch.0,
-                sig.launch.1
+                sig.launch.1,
+                sig.root
             ))
             .at_rank(rank));
         }

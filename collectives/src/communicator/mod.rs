@@ -8,7 +8,8 @@
 //! [`crate::algorithms::ALGORITHMS`] through its descriptor.
 //!
 //! Steady state ([`Communicator::all_reduce`], [`Communicator::all_gather`],
-//! [`Communicator::reduce_scatter`], [`Communicator::all_to_all`], below): check
+//! [`Communicator::reduce_scatter`], [`Communicator::all_to_all`],
+//! [`Communicator::broadcast`], below): check
 //! the call ([`check`]), choose the algorithm ([`crate::selector`]), one launch through the
 //! algorithm's instance; every collective takes the same path. No host
 //! synchronization, no host-side counter that advances per call (the epoch lives in device
@@ -346,8 +347,7 @@ impl Communicator {
                 output,
                 count,
                 dtype,
-                op,
-                accum,
+                (op, accum, 0),
                 stream,
             )
         }
@@ -383,8 +383,7 @@ impl Communicator {
                 output,
                 count,
                 dtype,
-                ReduceOp::Sum,
-                AccumType::Auto,
+                (ReduceOp::Sum, AccumType::Auto, 0),
                 stream,
             )
         }
@@ -423,8 +422,7 @@ impl Communicator {
                 output,
                 count,
                 dtype,
-                op,
-                accum,
+                (op, accum, 0),
                 stream,
             )
         }
@@ -459,8 +457,43 @@ impl Communicator {
                 output,
                 count,
                 dtype,
-                ReduceOp::Sum,
-                AccumType::Auto,
+                (ReduceOp::Sum, AccumType::Auto, 0),
+                stream,
+            )
+        }
+    }
+
+    /// Broadcast: every rank's output (`count` elements) gets the input of rank `root`. In
+    /// place when `input == output` (NCCL's `ncclBcast`); only the root's input is read,
+    /// the other ranks' is ignored (it may be null). `count == 0` does nothing.
+    ///
+    /// Errors (before any launch): as [`Communicator::all_reduce`], and a root that is not
+    /// a rank.
+    ///
+    /// # Safety
+    /// `output` (and on the root `input`) must be device memory of this communicator's
+    /// device holding `count` elements, live until the work queued on `stream` completes;
+    /// no other work may write them meanwhile. Every rank must make the same sequence of
+    /// calls, with the same root, ordered on one stream per rank.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn broadcast(
+        &self,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        root: u32,
+        stream: &AnyStream,
+    ) -> Result<()> {
+        // SAFETY: the caller's obligations (this function's contract).
+        unsafe {
+            self.run(
+                Collective::Broadcast,
+                input,
+                output,
+                count,
+                dtype,
+                (ReduceOp::Sum, AccumType::Auto, root),
                 stream,
             )
         }
@@ -500,11 +533,22 @@ impl Communicator {
         output: DevicePtr,
         count: usize,
         dtype: DataType,
-        op: ReduceOp,
-        accum: AccumType,
+        (op, accum, root): (ReduceOp, AccumType, u32),
         stream: &AnyStream,
     ) -> Result<()> {
         let at = |e: Error| e.at_rank(self.rank);
+        if collective.has_root() && root >= self.world {
+            return Err(at(Error::InvalidArgument(format!(
+                "{collective}: root {root} is not a rank of {} ranks",
+                self.world
+            ))));
+        }
+        // A broadcast reads only the root's input (NCCL ignores the others' sendbuff).
+        let input = if collective.has_root() && root != self.rank {
+            output
+        } else {
+            input
+        };
         if count == 0 {
             return Ok(());
         }
@@ -531,6 +575,7 @@ impl Communicator {
                 algorithm: choice.algorithm.code(),
                 launch: (choice.plan.config.grid[0], choice.plan.config.block[0]),
                 zc_offsets: peers.map_or((u64::MAX, u64::MAX), |z| z.offsets),
+                root,
             },
             &self.bootstrap,
         )?;
@@ -541,6 +586,7 @@ impl Communicator {
             dtype,
             op,
             accum,
+            root,
             peers,
         };
         // SAFETY: the caller's obligations (this function's contract); the plan came from

@@ -165,7 +165,7 @@ pub fn run_child_ranks(world: u32, env: &[(&str, &str)], what: &str) {
 /// that check without launching anything sends the same.
 pub fn first_call_signature(count: u64, dtype: DataType, algorithm: u32) -> Vec<u8> {
     // count, then the zero-copy offsets (none), then the collective (allreduce: 0), dtype,
-    // op, accum, algorithm, and the launch (the host backend's fixed 1 x 32).
+    // op, accum, algorithm, the launch (the host backend's fixed 1 x 32) and the root (0).
     let mut v = count.to_le_bytes().to_vec();
     v.extend_from_slice(&u64::MAX.to_le_bytes());
     v.extend_from_slice(&u64::MAX.to_le_bytes());
@@ -177,6 +177,7 @@ pub fn first_call_signature(count: u64, dtype: DataType, algorithm: u32) -> Vec<
         algorithm,
         1,
         32,
+        0, // root
     ] {
         v.extend_from_slice(&x.to_le_bytes());
     }

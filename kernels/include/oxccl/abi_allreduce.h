@@ -92,7 +92,7 @@ typedef struct OxcclAllreduceArgs {
   uint32_t dtype; /* OXCCL_DTYPE_* */
   uint32_t op;    /* OXCCL_OP_* */
   uint32_t accum; /* OXCCL_ACCUM_* */
-  uint32_t _pad0;
+  uint32_t root;  /* broadcast: the rank whose input every rank gets; 0 otherwise */
   /* allreduce_twoshot_zc only (null otherwise): every rank's input / output as mapped in
    * this process (index = rank; [rank] is input / output itself). */
   const void* peer_input[OXCCL_ALLREDUCE_MAX_RANKS];

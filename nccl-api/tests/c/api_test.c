@@ -243,6 +243,32 @@ static void alltoall_suite(ncclComm_t comm, int rank, int nranks) {
   }
 }
 
+/* Broadcasts from every root, out of place (the other ranks pass a NULL sendbuff, which
+ * NCCL ignores) and in place (ncclBcast), of 2- and 8-byte types at odd counts, the output
+ * poisoned first, checked against the root's input computed here. */
+static void broadcast_suite(ncclComm_t comm, int rank, int nranks) {
+  static const size_t BC_COUNTS[] = {1, 1001, 12345};
+  int salt = 1300;
+  for (int root = 0; root < nranks; root++) {
+    for (size_t ci = 0; ci < 3; ci++) {
+      size_t n = BC_COUNTS[ci], bytes = n * 8;
+      unsigned char* in = malloc(bytes);
+      unsigned char* out = malloc(bytes);
+      unsigned char* want = malloc(bytes);
+      salt++;
+      fill_bytes(want, bytes, root, salt);
+      memcpy(in, want, bytes);
+      memset(out, 0xa5, bytes);
+      OK(ncclBroadcast(rank == root ? in : NULL, out, n, ncclFloat64, root, comm, NULL));
+      CHECK(memcmp(out, want, bytes) == 0, "broadcast of %zu doubles from root %d", n, root);
+      if (rank == root) memcpy(out, want, bytes); else memset(out, 0xa5, bytes);
+      OK(ncclBcast(out, 4 * n, ncclFloat16, root, comm, NULL));
+      CHECK(memcmp(out, want, bytes) == 0, "in-place bcast of %zu halves from root %d", 4 * n, root);
+      free(in); free(out); free(want);
+    }
+  }
+}
+
 /* One rank of a job of `nranks` forked processes. */
 static int child(ncclUniqueId id, int rank, int nranks) {
   char name[32];
@@ -292,10 +318,11 @@ static int child(ncclUniqueId id, int rank, int nranks) {
   allgather_suite(comm, rank, nranks);
   reducescatter_suite(comm, rank, nranks);
   alltoall_suite(comm, rank, nranks);
+  broadcast_suite(comm, rank, nranks);
 
   /* Forwarded without a real NCCL. */
   float a[4] = {0}, b[16] = {0};
-  EXPECT(ncclBroadcast(a, b, 4, ncclFloat32, 0, comm, NULL), ncclInvalidUsage);
+  EXPECT(ncclReduce(a, b, 4, ncclFloat32, ncclSum, 0, comm, NULL), ncclInvalidUsage);
   CHECK(last_error_contains("real NCCL"), "forwarding error names the reason");
 
   OK(ncclCommFinalize(comm));
@@ -416,7 +443,9 @@ static void single_process_tests(void) {
   EXPECT(ncclAllReduce(ints, ints, 8, ncclInt32, ncclSum, comm, NULL), ncclInvalidUsage);
   CHECK(last_error_contains("int32") && last_error_contains("real NCCL"), "int32 forward message");
   EXPECT(ncclAllReduce(x, x, 8, ncclFloat32, (ncclRedOp_t)5, comm, NULL), ncclInvalidUsage);
-  EXPECT(ncclBroadcast(x, x, 8, ncclFloat32, 0, comm, NULL), ncclInvalidUsage);
+  OK(ncclBroadcast(x, x, 8, ncclFloat32, 0, comm, NULL)); /* one rank: in place, a no-op */
+  EXPECT(ncclBroadcast(x, x, 8, ncclFloat32, 1, comm, NULL), ncclInvalidArgument);
+  CHECK(last_error_contains("root 1"), "bad root named");
   EXPECT(ncclSend(x, 8, ncclFloat32, 0, comm, NULL), ncclInvalidUsage);
   EXPECT(ncclRecv(x, 8, ncclFloat32, 0, comm, NULL), ncclInvalidUsage);
   OK(ncclReduceScatter(x, x, 8, ncclFloat32, ncclSum, comm, NULL)); /* one rank: in place, a no-op */

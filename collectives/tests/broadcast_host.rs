@@ -1,0 +1,244 @@
+//! Broadcast on the host backend across ranks: both algorithms forced and the default
+//! selection, every root, every data type, counts that are not powers of two, in and out of
+//! place, registered and unregistered outputs, staging rounds, null inputs on the other
+//! ranks (NCCL ignores them), bad roots, and real processes (this test binary re-executed).
+//! Every output is compared bit for bit with the root's input, the output poisoned first.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use oxccl_collectives::algorithms::broadcast::{
+    direct::BROADCAST_DIRECT, staged::BROADCAST_STAGED,
+};
+use oxccl_collectives::hal::{DataType, Device, DevicePtr, Memory, MemoryKind, Stream};
+use oxccl_collectives::{Algorithm, Collective, CommConfig, Communicator};
+
+mod common;
+use common::{input, threads_with, Rank};
+
+fn threads(world: u32, forced: Option<Algorithm>, body: impl Fn(&Rank) + Send + Sync + 'static) {
+    threads_with(
+        world,
+        move |_| CommConfig {
+            timeout: Duration::from_secs(20),
+            staging_bytes: 64 << 10, // small staging: large counts take several rounds
+            forced: forced.into(),
+            ..CommConfig::default()
+        },
+        body,
+    );
+}
+
+/// One checked broadcast from `root`. Out of place, the input sits one element past 16-byte
+/// alignment, and the ranks other than the root pass a null input; in place one buffer.
+fn check(
+    r: &Rank,
+    dtype: DataType,
+    count: usize,
+    root: u32,
+    in_place: bool,
+    register: bool,
+    salt: u64,
+) -> Result<(), String> {
+    let rank = r.comm.rank();
+    let bytes = dtype.bytes(count).unwrap();
+    let out_mem = r
+        .comm
+        .device()
+        .alloc(bytes + 16, MemoryKind::Plain)
+        .unwrap();
+    let in_mem = r
+        .comm
+        .device()
+        .alloc(bytes + 16, MemoryKind::Plain)
+        .unwrap();
+    if register {
+        r.comm.register(&out_mem).unwrap();
+    }
+    let out = out_mem.ptr();
+    let inp = if in_place {
+        out
+    } else if rank == root {
+        in_mem.ptr().offset(dtype.size()).unwrap()
+    } else {
+        DevicePtr::NULL
+    };
+    r.stream.write(out, &vec![0x5au8; bytes]).unwrap();
+    if rank == root {
+        r.stream
+            .write(inp, &input(dtype, root, count, salt))
+            .unwrap();
+    }
+    // SAFETY: the root's input and every output hold `count` elements and live until the
+    // synchronize below.
+    let result = unsafe { r.comm.broadcast(inp, out, count, dtype, root, &r.stream) };
+    r.stream.synchronize().unwrap();
+    let outcome = result
+        .and_then(|()| r.comm.check_error(&r.stream))
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            let mut got = vec![0u8; bytes];
+            r.stream.read(out, &mut got).unwrap();
+            let want = input(dtype, root, count, salt);
+            match got.iter().zip(&want).position(|(g, w)| g != w) {
+                None => Ok(()),
+                Some(i) => Err(format!(
+                    "rank {rank} root {root} {dtype} count {count} in_place {in_place} \
+                     registered {register}: byte {i} is {:#x}, want {:#x}",
+                    got[i], want[i]
+                )),
+            }
+        });
+    if register {
+        r.comm.deregister(&out_mem).unwrap();
+    }
+    outcome
+}
+
+#[test]
+fn every_algorithm_root_and_type_on_three_ranks() {
+    for algo in [BROADCAST_STAGED, BROADCAST_DIRECT] {
+        threads(3, Some(algo), move |r| {
+            let mut salt = 0;
+            for dtype in DataType::ALL {
+                for root in 0..3 {
+                    for (count, in_place) in [(1, false), (3, true), (1000, false), (4097, true)] {
+                        salt += 1;
+                        check(
+                            r,
+                            dtype,
+                            count,
+                            root,
+                            in_place,
+                            algo == BROADCAST_DIRECT,
+                            salt,
+                        )
+                        .unwrap();
+                    }
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn odd_and_large_counts_on_one_to_four_and_eight_ranks() {
+    for world in [1, 2, 3, 4, 8] {
+        for algo in [None, Some(BROADCAST_STAGED), Some(BROADCAST_DIRECT)] {
+            threads(world, algo, move |r| {
+                let register = algo == Some(BROADCAST_DIRECT);
+                let root = world - 1;
+                for (i, count) in [1usize, 7, 12_345, 100_003].into_iter().enumerate() {
+                    check(
+                        r,
+                        DataType::Bf16,
+                        count,
+                        root,
+                        i % 2 == 0,
+                        register,
+                        i as u64,
+                    )
+                    .unwrap();
+                }
+                // Repeated calls from changing roots: every call's data, not a stale one.
+                for salt in 10..14 {
+                    check(
+                        r,
+                        DataType::F32,
+                        333,
+                        salt as u32 % world,
+                        false,
+                        register,
+                        salt,
+                    )
+                    .unwrap();
+                }
+            });
+        }
+    }
+}
+
+#[test]
+fn default_selection_and_bad_roots() {
+    threads(2, None, |r| {
+        let c = r
+            .comm
+            .choose_collective(Collective::Broadcast, 1000, DataType::Bf16)
+            .unwrap();
+        assert_eq!(c.algorithm, BROADCAST_STAGED, "{}", c.reason);
+        check(r, DataType::Bf16, 300_001, 1, false, true, 1).unwrap();
+        check(r, DataType::Bf16, 300_001, 0, true, false, 2).unwrap();
+        let buf = r.comm.device().alloc(64, MemoryKind::Plain).unwrap();
+        // SAFETY: refused before any launch.
+        let e = unsafe {
+            r.comm
+                .broadcast(buf.ptr(), buf.ptr(), 4, DataType::F32, 2, &r.stream)
+        }
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("root 2"), "{e}");
+        check(r, DataType::F32, 100, 0, false, false, 3).unwrap();
+    });
+}
+
+#[test]
+fn mismatched_roots_are_detected_on_first_call() {
+    threads(2, None, |r| {
+        let buf = r.comm.device().alloc(64, MemoryKind::Plain).unwrap();
+        // Each rank names itself the root: the first call's signature check refuses it.
+        let root = r.comm.rank();
+        // SAFETY: refused before any launch (the signatures differ).
+        let e = unsafe {
+            r.comm
+                .broadcast(buf.ptr(), buf.ptr(), 4, DataType::F32, root, &r.stream)
+        }
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("mismatched broadcast calls"), "{e}");
+    });
+}
+
+#[test]
+#[ignore = "a rank process of ranks_in_separate_processes"]
+fn child_rank() {
+    if std::env::var("OXCCL_TEST_CHILD").is_err() {
+        return;
+    }
+    let comm = Communicator::from_env().unwrap();
+    let stream = comm.device().create_stream().unwrap();
+    let r = Rank { comm, stream };
+    let register = std::env::var("OXCCL_ALGO").is_ok_and(|a| a == "broadcast_direct");
+    let world = r.comm.world_size();
+    for (i, count) in [1usize, 777, 50_001, 200_003].into_iter().enumerate() {
+        for dtype in [DataType::Bf16, DataType::Fp8E4m3, DataType::F32] {
+            check(
+                &r,
+                dtype,
+                count,
+                i as u32 % world,
+                i % 2 == 0,
+                register,
+                i as u64,
+            )
+            .unwrap();
+        }
+    }
+    r.stream.synchronize().unwrap();
+    r.comm.destroy().unwrap();
+}
+
+#[test]
+fn ranks_in_separate_processes() {
+    for (world, algo) in [
+        (2, "auto"),
+        (3, "broadcast_staged"),
+        (3, "broadcast_direct"),
+    ] {
+        common::run_child_ranks(
+            world,
+            &[("OXCCL_ALGO", algo), ("OXCCL_STAGING_MB", "1")],
+            &format!("world {world} algo {algo}"),
+        );
+    }
+}

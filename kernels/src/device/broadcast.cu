@@ -1,0 +1,117 @@
+// Broadcast kernels: every rank's output (`count` elements) gets the root's input. The same
+// argument block (`root` names the root), scratch and epoch as the allreduce kernels
+// (include/oxccl/abi_allreduce.h); data only moves, so the kernels see bytes. Host stand-ins
+// with the same protocol: collectives/src/algorithms/broadcast/.
+//
+// No LL one-shot: its epoch-parity halves are safe only when every rank also receives from
+// every peer (a rank cannot then run two calls ahead of a peer); a broadcast root receives
+// nothing, so both kernels order reuse with barriers.
+//
+// - broadcast_staged: any size on buffers nobody registered. The root pushes its input into
+//   every peer's staging; barrier; every peer copies its staging into its output; barrier
+//   (the staging is free again). In rounds when it does not fit.
+// - broadcast_direct: registered outputs. Barrier (every peer's output is free); the root
+//   stores its input into every rank's output; barrier.
+//
+// In place (input == output), the root's own copy is skipped.
+
+#include "oxccl/abi.h"
+#include "oxccl/allreduce_device.hpp"
+
+namespace oxccl {
+namespace broadcast {
+
+using namespace oxccl::allreduce;
+
+/// Rounds of the staged kernel (`Rounds` of allgather.cu, so the host stand-ins share one
+/// geometry): `cap` units per round, block b always owning units [lo, hi) of the slot.
+struct Rounds {
+  uint64_t cap;
+  uint64_t lo, hi;
+  OXCCL_DEVICE_INLINE Rounds(const OxcclAllreduceArgs& a, uint64_t units) {
+    const uint64_t cap_max = a.data_bytes / (16 * a.world_size);
+    const uint64_t rounds = (units + cap_max - 1) / cap_max;
+    cap = rounds == 0 ? 0 : (units + rounds - 1) / rounds;
+    const uint64_t share = (cap + gridDim.x - 1) / gridDim.x;
+    lo = blockIdx.x * share;
+    hi = lo + share < cap ? lo + share : cap;
+  }
+};
+
+OXCCL_DEVICE_INLINE void staged_body(const OxcclAllreduceArgs& a, const CallState call) {
+  const uint64_t total = a.count * dtype_bytes(a.dtype);
+  const uint64_t units = (total + 15) / 16;
+  const uint32_t w = a.world_size;
+  const uint32_t me = a.rank;
+  const bool root = me == a.root;
+  const bool in_place = a.input == a.output;
+  const char* own = static_cast<const char*>(a.scratch[me]) + a.data_offset;
+  const Rounds g(a, units);
+
+  for (uint64_t base = 0; base < units; base += g.cap) {
+    const uint64_t n = units - base < g.cap ? units - base : g.cap;  // units this round
+    // 1. The root pushes this round into every peer's staging (and its own output).
+    if (root) {
+      for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < n; j += blockDim.x) {
+        const uint64_t off = (base + j) * 16;
+        const Vec16 v = load_unit(a.input, off, total);
+        for (uint32_t k = 1; k < w; ++k) {
+          const uint32_t p = me + k < w ? me + k : me + k - w;
+          store16(static_cast<char*>(a.scratch[p]) + a.data_offset + j * 16, v);
+        }
+        if (!in_place) store_unit(a.output, off, v, total);
+      }
+    }
+    if (!block_barrier(a, call.deadline, call.failed)) return;
+    // 2. Every peer copies its staging into its output.
+    if (!root) {
+      for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < n; j += blockDim.x) {
+        store_unit(a.output, (base + j) * 16, load16_peer(own + j * 16), total);
+      }
+    }
+    // The staging is free for the root's next round (or next call).
+    if (!block_barrier(a, call.deadline, call.failed)) return;
+  }
+}
+
+OXCCL_DEVICE_INLINE void direct_body(const OxcclAllreduceArgs& a, const CallState call) {
+  const uint64_t total = a.count * dtype_bytes(a.dtype);
+  const uint64_t units = (total + 15) / 16;
+  const uint32_t w = a.world_size;
+  const uint32_t me = a.rank;
+  const uint64_t share = (units + gridDim.x - 1) / gridDim.x;
+  const uint64_t lo = blockIdx.x * share;
+  const uint64_t hi = lo + share < units ? lo + share : units;
+
+  // Every peer's call has started: its output is free to write.
+  if (!block_barrier(a, call.deadline, call.failed)) return;
+  if (me == a.root) {
+    const bool in_place = a.input == a.output;
+    for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+      const Vec16 v = load_unit(a.input, j * 16, total);
+      for (uint32_t k = 1; k < w; ++k) {
+        const uint32_t p = me + k < w ? me + k : me + k - w;
+        store_unit(a.peer_output[p], j * 16, v, total);
+      }
+      if (!in_place) store_unit(a.output, j * 16, v, total);
+    }
+  }
+  // The root's stores into every output are done.
+  block_barrier(a, call.deadline, call.failed);
+}
+
+}  // namespace broadcast
+}  // namespace oxccl
+
+OXCCL_GLOBAL __launch_bounds__(512, 1) void broadcast_staged(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
+  using namespace oxccl::allreduce;
+  run_call<false>(args, args.root < args.world_size,
+                  [&](const CallState call) { oxccl::broadcast::staged_body(args, call); });
+}
+
+OXCCL_GLOBAL __launch_bounds__(512, 1) void broadcast_direct(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
+  using namespace oxccl::allreduce;
+  const bool registered = args.rank < OXCCL_ALLREDUCE_MAX_RANKS && args.peer_output[args.rank] == args.output;
+  run_call<false>(args, registered && args.root < args.world_size,
+                  [&](const CallState call) { oxccl::broadcast::direct_body(args, call); });
+}
