@@ -75,6 +75,10 @@ pub struct Expect {
     pub count: usize,
     /// Slots of `count` elements in the output (allreduce: 1).
     pub slots: usize,
+    /// This rank (which chunk of every input a reduce-scatter or all-to-all gets).
+    pub rank: u32,
+    /// The root (broadcast).
+    pub root: u32,
 }
 
 /// Outcome of checking one output buffer.
@@ -210,6 +214,49 @@ pub fn reduced(e: &Expect, out: &[u8], exact: bool) -> Verdict {
     })
 }
 
+/// Checks a reduce-scatter result: element i is the reduction, in rank order with the
+/// accumulation type, of element `rank * count + i` of every rank's input (this rank's
+/// chunk). `exact` as in [`reduced`].
+pub fn reduced_chunk(e: &Expect, out: &[u8], exact: bool) -> Verdict {
+    let base = e.rank as usize * e.count;
+    judge(e, out, |_, i, got, inputs| {
+        let bits = exact.then(|| {
+            inputs.clear();
+            inputs.extend((0..e.world).map(|r| element(e.dtype, e.seed, r, base + i)));
+            reduce::reduce_element(e.dtype, e.op, e.accum, inputs).unwrap_or(!got)
+        });
+        (
+            bits,
+            f64_reference(e.dtype, e.op, e.seed, e.world, base + i),
+        )
+    })
+}
+
+/// Checks an all-to-all output: slot s holds chunk `rank` of rank s's input (elements
+/// `rank * count ..`), bit for bit. As in [`gathered`], NCCL's side only reports its error.
+pub fn exchanged(e: &Expect, out: &[u8], exact: bool) -> Verdict {
+    let base = e.rank as usize * e.count;
+    judge(e, out, |slot, i, _, _| {
+        let want = element(e.dtype, e.seed, slot as u32, base + i);
+        (
+            exact.then_some(want),
+            f64::from(formats::decode(e.dtype, want)),
+        )
+    })
+}
+
+/// Checks a broadcast output: the root's input, bit for bit. As in [`gathered`], NCCL's
+/// side only reports its error.
+pub fn broadcasted(e: &Expect, out: &[u8], exact: bool) -> Verdict {
+    judge(e, out, |_, i, _, _| {
+        let want = element(e.dtype, e.seed, e.root, i);
+        (
+            exact.then_some(want),
+            f64::from(formats::decode(e.dtype, want)),
+        )
+    })
+}
+
 /// Checks a gathered output: slot r holds rank r's input ([`fill`] with rank r) bit for
 /// bit, for every r. Data only moves, so NCCL's side (`exact == false`) must match too:
 /// its error against the inputs is reported, only oxccl's mismatches are counted.
@@ -311,6 +358,8 @@ mod tests {
             world,
             count,
             slots,
+            rank: 0,
+            root: 0,
         }
     }
 
@@ -445,5 +494,65 @@ mod tests {
         let v = reduced(&e, &out, false);
         assert_eq!((v.checked, v.wrong), (100, 0));
         assert_eq!(v.max_rel_err, reduced(&e, &out, true).max_rel_err);
+    }
+
+    #[test]
+    fn chunked_and_broadcast_references_accept_themselves_and_catch_flips() {
+        let (world, count) = (3u32, 37usize);
+        for dtype in DataType::ALL {
+            // Reduce-scatter, rank 2: its chunk of every rank's input, reduced.
+            let e = Expect {
+                rank: 2,
+                ..expect(dtype, world, count, 1)
+            };
+            let mut out = vec![0u8; dtype.bytes(count).unwrap()];
+            for i in 0..count {
+                let inputs: Vec<u32> = (0..world)
+                    .map(|r| element(dtype, e.seed, r, 2 * count + i))
+                    .collect();
+                let v = reduce::reduce_element(dtype, e.op, e.accum, &inputs).unwrap();
+                formats::write_element(dtype, &mut out, i, v).unwrap();
+            }
+            assert_eq!(reduced_chunk(&e, &out, true).wrong, 0, "{dtype}");
+            // Rank 0's chunk is not rank 2's.
+            assert!(
+                reduced_chunk(&Expect { rank: 0, ..e }, &out, true).wrong > count / 2,
+                "{dtype}"
+            );
+            // All-to-all, rank 1: slot s is chunk 1 of rank s's input.
+            let e = Expect {
+                rank: 1,
+                ..expect(dtype, world, count, world as usize)
+            };
+            let mut out = vec![0u8; dtype.bytes(count * world as usize).unwrap()];
+            for s in 0..world as usize {
+                for i in 0..count {
+                    let v = element(dtype, e.seed, s as u32, count + i);
+                    formats::write_element(dtype, &mut out, s * count + i, v).unwrap();
+                }
+            }
+            assert_eq!(exchanged(&e, &out, true).wrong, 0, "{dtype}");
+            let at = 2 * count + 5;
+            let flipped = formats::read_element(dtype, &out, at).unwrap() ^ 1;
+            formats::write_element(dtype, &mut out, at, flipped).unwrap();
+            let v = exchanged(&e, &out, true);
+            assert_eq!(
+                (v.wrong, v.first_wrong.map(|w| w.0)),
+                (1, Some(at)),
+                "{dtype}"
+            );
+            // Broadcast from root 2.
+            let e = Expect {
+                root: 2,
+                ..expect(dtype, world, count, 1)
+            };
+            let mut out = vec![0u8; dtype.bytes(count).unwrap()];
+            fill(dtype, e.seed, 2, &mut out);
+            assert_eq!(broadcasted(&e, &out, true).wrong, 0, "{dtype}");
+            assert!(
+                broadcasted(&Expect { root: 1, ..e }, &out, true).wrong > count / 2,
+                "{dtype}"
+            );
+        }
     }
 }

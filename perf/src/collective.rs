@@ -1,7 +1,7 @@
 //! The collectives oxccl-perf measures, one [`Collective`] entry each in [`COLLECTIVES`]:
 //! everything the run loop, the checks and the report need to know about one of them.
-//! Adding a collective (reducescatter, broadcast, reduce, alltoall) is one entry here, its
-//! reference check in [`crate::check`] and its NCCL call in `crate::cuda`.
+//! Adding a collective (reduce is next) is one entry here, its reference check in
+//! [`crate::check`] and its NCCL call in `crate::cuda`.
 //!
 //! Sizes and bandwidths follow nccl-tests exactly (its `src/<collective>.cu`:
 //! `GetCollByteCount` and `GetBw`; `doc/PERFORMANCE.md`), so a row of ours reads like a
@@ -12,7 +12,8 @@
 //!   the larger buffer of that count (so 1001 bytes of bf16 on 2 ranks prints 1000);
 //! * the count column is the count passed to the call (allgather: per rank);
 //! * algbw = size / time; busbw = algbw x a factor per collective, which makes the number
-//!   comparable to the hardware's bandwidth: allreduce 2(n-1)/n, allgather (n-1)/n;
+//!   comparable to the hardware's bandwidth: allreduce 2(n-1)/n, allgather, reducescatter
+//!   and alltoall (n-1)/n, broadcast 1;
 //! * in place: both buffers lie in the receive buffer, at nccl-tests' in-place offsets
 //!   (allgather: the input is this rank's slot, `recv + rank * count`, NCCL's rule).
 
@@ -32,6 +33,8 @@ pub struct Call<'a> {
     pub dtype: DataType,
     pub op: ReduceOp,
     pub accum: AccumType,
+    /// The root (broadcast).
+    pub root: u32,
     pub stream: &'a AnyStream,
 }
 
@@ -77,6 +80,14 @@ pub struct Collective {
     /// Checks the output after `calls` more in-place calls on an output whose checked
     /// elements were `first` ([`check::checked_values`]).
     pub check_repeated: fn(&Expect, first: &[u32], out: &[u8], calls: usize) -> Mismatches,
+    /// Whether the back-to-back check repeats the call in place on its own output
+    /// (allreduce, allgather: the output stays where it is in place). Otherwise it repeats
+    /// the checked call itself, whose output must then stay as it was; that needs the
+    /// input untouched by the call, so a reduce-scatter in place (its output is a chunk of
+    /// its input) gets no back-to-back check.
+    pub repeat_in_place: bool,
+    /// Whether NCCL defines an in-place form (`--in-place` is refused without one).
+    pub has_in_place: bool,
     /// Queues one oxccl call.
     ///
     /// # Safety
@@ -106,6 +117,8 @@ pub const ALL_REDUCE: Collective = Collective {
     in_place_strides: |_| (0, 0),
     check: check::reduced,
     check_repeated: check::repeated_reduction,
+    repeat_in_place: true,
+    has_in_place: true,
     oxccl: all_reduce,
     #[cfg(feature = "cuda")]
     nccl_supports: crate::cuda::Nccl::supports_reduction,
@@ -129,6 +142,8 @@ pub const ALL_GATHER: Collective = Collective {
     in_place_strides: |count| (count, 0),
     check: check::gathered,
     check_repeated: check::unchanged,
+    repeat_in_place: true,
+    has_in_place: true,
     oxccl: all_gather,
     #[cfg(feature = "cuda")]
     nccl_supports: crate::cuda::Nccl::supports_move,
@@ -136,8 +151,87 @@ pub const ALL_GATHER: Collective = Collective {
     nccl: crate::cuda::Nccl::all_gather,
 };
 
+/// Reduce-scatter: send `world * count` elements, receive `count` (the reduction of chunk
+/// `rank` of every rank's input); nccl-tests' size is the send buffer. In place the output
+/// is this rank's chunk of the input (nccl-tests' recvInplaceOffset).
+pub const REDUCE_SCATTER: Collective = Collective {
+    name: "reducescatter",
+    kind: oxccl_collectives::Collective::ReduceScatter,
+    tunable: false,
+    count_for: |elements, world| elements / world.max(1) as usize,
+    send_elements: |count, world| count * world as usize,
+    recv_slots: |_| 1,
+    bus_factor: |world| {
+        let n = f64::from(world.max(1));
+        (n - 1.0) / n
+    },
+    in_place_strides: |count| (0, count),
+    check: check::reduced_chunk,
+    check_repeated: check::unchanged,
+    repeat_in_place: false,
+    has_in_place: true,
+    oxccl: reduce_scatter,
+    #[cfg(feature = "cuda")]
+    nccl_supports: crate::cuda::Nccl::supports_reduction,
+    #[cfg(feature = "cuda")]
+    nccl: crate::cuda::Nccl::reduce_scatter,
+};
+
+/// All-to-all: send and receive `world * count` elements (chunk p goes to rank p, slot r
+/// comes from rank r); nccl-tests' size is either buffer. No in-place form.
+pub const ALL_TO_ALL: Collective = Collective {
+    name: "alltoall",
+    kind: oxccl_collectives::Collective::AllToAll,
+    tunable: false,
+    count_for: |elements, world| elements / world.max(1) as usize,
+    send_elements: |count, world| count * world as usize,
+    recv_slots: |world| world as usize,
+    bus_factor: |world| {
+        let n = f64::from(world.max(1));
+        (n - 1.0) / n
+    },
+    in_place_strides: |_| (0, 0),
+    check: check::exchanged,
+    check_repeated: check::unchanged,
+    repeat_in_place: false,
+    has_in_place: false,
+    oxccl: all_to_all,
+    #[cfg(feature = "cuda")]
+    nccl_supports: crate::cuda::Nccl::supports_move,
+    #[cfg(feature = "cuda")]
+    nccl: crate::cuda::Nccl::all_to_all,
+};
+
+/// Broadcast from `--root`: send and receive `count` elements; busbw = algbw (nccl-tests:
+/// every byte crosses a link once). In place one buffer.
+pub const BROADCAST: Collective = Collective {
+    name: "broadcast",
+    kind: oxccl_collectives::Collective::Broadcast,
+    tunable: false,
+    count_for: |elements, _| elements,
+    send_elements: |count, _| count,
+    recv_slots: |_| 1,
+    bus_factor: |_| 1.0,
+    in_place_strides: |_| (0, 0),
+    check: check::broadcasted,
+    check_repeated: check::unchanged,
+    repeat_in_place: false,
+    has_in_place: true,
+    oxccl: broadcast,
+    #[cfg(feature = "cuda")]
+    nccl_supports: crate::cuda::Nccl::supports_move,
+    #[cfg(feature = "cuda")]
+    nccl: crate::cuda::Nccl::broadcast,
+};
+
 /// Every collective `-c` takes; the first is the default.
-pub const COLLECTIVES: &[&Collective] = &[&ALL_REDUCE, &ALL_GATHER];
+pub const COLLECTIVES: &[&Collective] = &[
+    &ALL_REDUCE,
+    &ALL_GATHER,
+    &REDUCE_SCATTER,
+    &ALL_TO_ALL,
+    &BROADCAST,
+];
 
 /// The collective called `name` ("allgather", also "all_gather", "all-gather", any case).
 pub fn by_name(name: &str) -> Option<&'static Collective> {
@@ -227,6 +321,28 @@ unsafe fn all_gather(comm: &Communicator, c: &Call<'_>) -> Result<()> {
     unsafe { comm.all_gather(c.input, c.output, c.count, c.dtype, c.stream) }
 }
 
+/// # Safety
+/// As [`Collective::oxccl`].
+unsafe fn reduce_scatter(comm: &Communicator, c: &Call<'_>) -> Result<()> {
+    // SAFETY: the caller's obligations: the input holds `world * count` elements, the
+    // output `count`.
+    unsafe { comm.reduce_scatter(c.input, c.output, c.count, c.dtype, c.op, c.accum, c.stream) }
+}
+
+/// # Safety
+/// As [`Collective::oxccl`].
+unsafe fn all_to_all(comm: &Communicator, c: &Call<'_>) -> Result<()> {
+    // SAFETY: the caller's obligations: both buffers hold `world * count` elements.
+    unsafe { comm.all_to_all(c.input, c.output, c.count, c.dtype, c.stream) }
+}
+
+/// # Safety
+/// As [`Collective::oxccl`].
+unsafe fn broadcast(comm: &Communicator, c: &Call<'_>) -> Result<()> {
+    // SAFETY: the caller's obligations: both buffers hold `count` elements.
+    unsafe { comm.broadcast(c.input, c.output, c.count, c.dtype, c.root, c.stream) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,9 +358,12 @@ mod tests {
         ] {
             assert_eq!(by_name(s).map(|c| c.name), Some(want), "{s}");
         }
-        assert!(by_name("broadcast").is_none());
+        assert!(by_name("reduce").is_none());
         assert!(by_name("").is_none());
-        assert_eq!(names(), "allreduce, allgather");
+        assert_eq!(
+            names(),
+            "allreduce, allgather, reducescatter, alltoall, broadcast"
+        );
         assert_eq!(COLLECTIVES[0].name, "allreduce");
         assert!(ALL_REDUCE.reduces() && !ALL_GATHER.reduces());
     }

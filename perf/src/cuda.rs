@@ -141,19 +141,120 @@ impl Nccl {
         .map_err(|e| nccl_error("ncclAllGather", e))
     }
 
-    /// Queues ncclAllReduce on the call's stream.
-    pub fn all_reduce(&self, c: &Call<'_>) -> Result<()> {
+    /// NCCL's reduction operator for `op`.
+    fn op(op: ReduceOp) -> nccl_sys::ncclRedOp_t {
         use nccl_sys::ncclRedOp_t as O;
-        let dtype = c.dtype;
-        let t =
-            Nccl::dtype(dtype).ok_or_else(|| Error::Unsupported(format!("NCCL has no {dtype}")))?;
-        let o = match c.op {
+        match op {
             ReduceOp::Sum => O::ncclSum,
             ReduceOp::Prod => O::ncclProd,
             ReduceOp::Min => O::ncclMin,
             ReduceOp::Max => O::ncclMax,
             ReduceOp::Avg => O::ncclAvg,
-        };
+        }
+    }
+
+    /// Queues ncclReduceScatter on the call's stream (`count` output elements per rank).
+    pub fn reduce_scatter(&self, c: &Call<'_>) -> Result<()> {
+        let dtype = c.dtype;
+        let t =
+            Nccl::dtype(dtype).ok_or_else(|| Error::Unsupported(format!("NCCL has no {dtype}")))?;
+        let s = raw_stream(c.stream)?;
+        // SAFETY: the caller's input holds `world * count` elements and its output `count`
+        // on this communicator's device, both outliving the stream's work; the stream is a
+        // live CUDA stream of that device.
+        unsafe {
+            nccl::reduce_scatter(
+                c.input.0 as usize as *const _,
+                c.output.0 as usize as *mut _,
+                c.count,
+                t,
+                Nccl::op(c.op),
+                self.comm,
+                s,
+            )
+        }
+        .map(|_| ())
+        .map_err(|e| nccl_error("ncclReduceScatter", e))
+    }
+
+    /// Queues ncclBroadcast from the call's root on its stream.
+    pub fn broadcast(&self, c: &Call<'_>) -> Result<()> {
+        let dtype = c.dtype;
+        let t = Nccl::moved_as(dtype)
+            .ok_or_else(|| Error::Unsupported(format!("NCCL cannot move {dtype}")))?;
+        let root = i32::try_from(c.root)
+            .map_err(|_| Error::InvalidArgument(format!("root {}", c.root)))?;
+        let s = raw_stream(c.stream)?;
+        // SAFETY: the caller's buffers hold `count` elements on this communicator's device
+        // and outlive the stream's work; the stream is a live CUDA stream of that device.
+        unsafe {
+            nccl::broadcast(
+                c.input.0 as usize as *const _,
+                c.output.0 as usize as *mut _,
+                c.count,
+                t,
+                root,
+                self.comm,
+                s,
+            )
+        }
+        .map(|_| ())
+        .map_err(|e| nccl_error("ncclBroadcast", e))
+    }
+
+    /// Queues an all-to-all as nccl-tests runs it: one group of a send of chunk p to every
+    /// rank p and a receive of slot p from it (cudarc binds no ncclAlltoAll).
+    pub fn all_to_all(&self, c: &Call<'_>) -> Result<()> {
+        let dtype = c.dtype;
+        let t = Nccl::moved_as(dtype)
+            .ok_or_else(|| Error::Unsupported(format!("NCCL cannot move {dtype}")))?;
+        let s = raw_stream(c.stream)?;
+        // SAFETY: a live communicator.
+        let world =
+            unsafe { nccl::comm_count(self.comm) }.map_err(|e| nccl_error("ncclCommCount", e))?;
+        let chunk = dtype.bytes(c.count)? as u64;
+        nccl::group_start().map_err(|e| nccl_error("ncclGroupStart", e))?;
+        let mut queued = Ok(());
+        for p in 0..world {
+            let at = chunk * p as u64;
+            // SAFETY: both buffers hold `world * count` elements on this communicator's
+            // device and outlive the stream's work; chunk p lies inside them.
+            let r = unsafe {
+                nccl::send(
+                    (c.input.0 + at) as usize as *const _,
+                    c.count,
+                    t,
+                    p,
+                    self.comm,
+                    s,
+                )
+                .and_then(|_| {
+                    nccl::recv(
+                        (c.output.0 + at) as usize as *mut _,
+                        c.count,
+                        t,
+                        p,
+                        self.comm,
+                        s,
+                    )
+                })
+            };
+            if let Err(e) = r {
+                queued = Err(nccl_error("ncclSend/ncclRecv", e));
+                break;
+            }
+        }
+        // The group is always closed, also after a failed call inside it.
+        let ended = nccl::group_end().map_err(|e| nccl_error("ncclGroupEnd", e));
+        queued.and(ended.map(|_| ()))
+    }
+
+    /// Queues ncclAllReduce on the call's stream.
+    pub fn all_reduce(&self, c: &Call<'_>) -> Result<()> {
+        let dtype = c.dtype;
+        let t =
+            Nccl::dtype(dtype).ok_or_else(|| Error::Unsupported(format!("NCCL has no {dtype}")))?;
+        let o = Nccl::op(c.op);
         let s = raw_stream(c.stream)?;
         // SAFETY: the caller's buffers hold `count` elements on this communicator's device
         // and outlive the stream's work; the stream is a live CUDA stream of that device.

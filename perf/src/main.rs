@@ -174,6 +174,8 @@ fn run(opts: &Options) -> Result<bool> {
             world,
             count,
             slots: (c.recv_slots)(world),
+            rank,
+            root: opts.root,
         };
         host.input.resize(shape.send_bytes, 0);
         host.output.resize(shape.recv_bytes, 0);
@@ -193,6 +195,7 @@ fn run(opts: &Options) -> Result<bool> {
             dtype: opts.dtype,
             op: opts.op,
             accum: opts.accum,
+            root: opts.root,
             stream: &stream,
         };
         // Correctness: fresh input, poisoned output, one call, exact check.
@@ -322,20 +325,28 @@ fn measure_side(
         );
     }
     if exact {
-        // Back to back in place on the output just checked: in place the output must lie
-        // where it lies out of place (true of allreduce and allgather; an entry whose
-        // in-place output moves needs its own repeated-call check).
-        let (in_place_input, in_place_output) = c.pointers(send, recv, count, dtype, rank, true)?;
-        if in_place_output != output {
-            return Err(Error::Unsupported(format!(
-                "{}: back-to-back check with the in-place output elsewhere",
-                c.name
-            )));
-        }
-        verdict.wrong +=
-            check_back_to_back(opts, comm, stream, in_place_output, host, expect, &|| {
-                call(in_place_input, in_place_output)
+        // Back to back on the output just checked, as the collective allows (see
+        // `Collective::repeat_in_place`).
+        if c.repeat_in_place {
+            // In place on the output: it must lie where it lies out of place.
+            let (in_place_input, in_place_output) =
+                c.pointers(send, recv, count, dtype, rank, true)?;
+            if in_place_output != output {
+                return Err(Error::Unsupported(format!(
+                    "{}: back-to-back check with the in-place output elsewhere",
+                    c.name
+                )));
+            }
+            verdict.wrong +=
+                check_back_to_back(opts, comm, stream, in_place_output, host, expect, &|| {
+                    call(in_place_input, in_place_output)
+                })?;
+        } else if !(opts.in_place && c.kind == oxccl_collectives::Collective::ReduceScatter) {
+            // The same call again: its input is untouched, so its output stays as it was.
+            verdict.wrong += check_back_to_back(opts, comm, stream, output, host, expect, &|| {
+                call(input, output)
             })?;
+        }
     }
     // Timing. In place, allreduce keeps re-reducing its own output: fine for timing
     // (values may grow, the work is the same); out of place re-reads the same input.

@@ -7,17 +7,21 @@ use crate::collective::{self, Collective};
 /// Usage text.
 pub const USAGE: &str = "\
 usage: oxccl-perf [options]
-  -c, --collective C      allreduce (default) or allgather
+  -c, --collective C      allreduce (default), allgather, reducescatter, alltoall, broadcast
   -b, --minbytes SIZE     smallest size (K/M/G suffixes), default 1K; sizes are nccl-tests':
-                          the larger of one rank's buffers (allreduce: the message;
-                          allgather: the gathered output, ranks x the per-rank count)
+                          the larger of one rank's buffers (allreduce, broadcast: the
+                          message; allgather: the gathered output, ranks x the per-rank
+                          count; reducescatter: the input, ranks x the output; alltoall:
+                          either buffer, ranks x the per-peer count)
+  -r, --root N            the root rank (broadcast), default 0
   -e, --maxbytes SIZE     largest size, default 64M
   -f, --stepfactor N      multiply the size by N each step, default 2
   -d, --datatype T        f32 f16 bf16 fp8_e4m3 fp8_e5m2 fp8_e4m3fnuz fp8_e5m2fnuz fp8_e4m3b15 (default bf16)
-  -o, --op OP             sum prod min max avg (default sum; allreduce only)
-      --accum A           auto native f16 f32 (default auto; allreduce only)
+  -o, --op OP             sum prod min max avg (default sum; allreduce, reducescatter)
+      --accum A           auto native f16 f32 (default auto; allreduce, reducescatter)
       --in-place          in place (allgather: the input is the rank's slot of the output;
-                          default: out of place)
+                          reducescatter: the output is the rank's chunk of the input;
+                          alltoall has none; default: out of place)
       --no-register       do not register the buffers with the communicator (default:
                           registered, so large sizes take the zero-copy two-shot)
   -w, --warmup N          warm-up calls per size, default 5
@@ -47,6 +51,8 @@ pub struct Options {
     pub op: ReduceOp,
     pub accum: AccumType,
     pub in_place: bool,
+    /// The root rank (broadcast).
+    pub root: u32,
     pub no_register: bool,
     pub warmup: usize,
     pub iters: usize,
@@ -105,6 +111,7 @@ impl Options {
             op: ReduceOp::Sum,
             accum: AccumType::Auto,
             in_place: false,
+            root: 0,
             no_register: false,
             warmup: 5,
             iters: 20,
@@ -143,6 +150,10 @@ impl Options {
                 "-o" | "--op" => o.op = value()?.parse()?,
                 "--accum" => o.accum = accum(&value()?)?,
                 "--in-place" => o.in_place = true,
+                "-r" | "--root" => {
+                    o.root = u32::try_from(number(&value()?, "--root")?)
+                        .map_err(|_| Error::InvalidArgument("--root: too large".into()))?
+                }
                 "--no-register" => o.no_register = true,
                 "-w" | "--warmup" => o.warmup = number(&value()?, "-w")?,
                 "--iters" => o.iters = number(&value()?, "--iters")?.max(1),
@@ -210,6 +221,18 @@ impl Options {
                 "-c {}: does not reduce, so -o {} / --accum {} mean nothing (only the \
                  defaults, sum and auto, are accepted)",
                 c.name, self.op, self.accum
+            )));
+        }
+        if self.in_place && !c.has_in_place {
+            return Err(Error::InvalidArgument(format!(
+                "-c {}: NCCL defines no in-place form, so --in-place is refused",
+                c.name
+            )));
+        }
+        if self.root != 0 && c.kind != oxccl_collectives::Collective::Broadcast {
+            return Err(Error::InvalidArgument(format!(
+                "-c {}: has no root, so --root {} means nothing",
+                c.name, self.root
             )));
         }
         if self.tune.is_some() && !c.tunable {

@@ -163,12 +163,123 @@ fn allgather_sizes_round_like_nccl_tests_and_the_algorithm_follows_registration(
     }
 }
 
+/// Flags, the collective's name, (size, count) of the three rows, output slots, bus factor.
+type Case = (
+    &'static [&'static str],
+    &'static str,
+    [(&'static str, &'static str); 3],
+    u64,
+    f64,
+);
+
+#[test]
+fn reducescatter_alltoall_and_broadcast_on_two_ranks_pass() {
+    // Sizes per nccl-tests: reduce-scatter's and all-to-all's is the send buffer (ranks x
+    // the count), broadcast's the message. Every element checked on both ranks, nothing
+    // wrong; busbw = algbw x (n-1)/n, or x 1 for broadcast.
+    let cases: [Case; 5] = [
+        (
+            &["-c", "reducescatter", "-d", "f32"],
+            "reducescatter",
+            [("1000", "125"), ("7000", "875"), ("49000", "6125")],
+            1,
+            0.5,
+        ),
+        (
+            &[
+                "-c",
+                "reducescatter",
+                "-d",
+                "bf16",
+                "--accum",
+                "f32",
+                "-o",
+                "max",
+                "--in-place",
+            ],
+            "reducescatter",
+            [("1000", "250"), ("7000", "1750"), ("49000", "12250")],
+            1,
+            0.5,
+        ),
+        (
+            &["-c", "alltoall", "-d", "f32"],
+            "alltoall",
+            [("1000", "125"), ("7000", "875"), ("49000", "6125")],
+            2,
+            0.5,
+        ),
+        (
+            &["-c", "broadcast", "-d", "f32", "--root", "1"],
+            "broadcast",
+            [("1000", "250"), ("7000", "1750"), ("49000", "12250")],
+            1,
+            1.0,
+        ),
+        (
+            &["-c", "broadcast", "-d", "bf16", "--in-place"],
+            "broadcast",
+            [("1000", "500"), ("7000", "3500"), ("49000", "24500")],
+            1,
+            1.0,
+        ),
+    ];
+    for (flags, name, sizes, slots, factor) in cases {
+        let json =
+            std::env::temp_dir().join(format!("oxccl-perf-{name}-{}.json", std::process::id()));
+        let mut args = vec![
+            "-b",
+            "1000",
+            "-e",
+            "100000",
+            "-f",
+            "7",
+            "--json",
+            json.to_str().unwrap(),
+        ];
+        args.extend(flags);
+        let (stdout, rows) = host_run(&args);
+        assert!(
+            stdout.contains(&format!("# oxccl-perf {name}: 2 ranks")),
+            "{stdout}"
+        );
+        let got: Vec<(&str, &str)> = rows
+            .iter()
+            .map(|r| (r[0].as_str(), r[1].as_str()))
+            .collect();
+        assert_eq!(got, sizes, "{flags:?}\n{stdout}");
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let _ = std::fs::remove_file(&json);
+        assert_eq!(doc["collective"], name);
+        for r in doc["rows"].as_array().unwrap() {
+            let side = &r["oxccl"];
+            assert_eq!(side["wrong"], 0, "{flags:?} {r}");
+            assert_eq!(
+                side["checked"],
+                2 * slots * r["count"].as_u64().unwrap(),
+                "{flags:?} {r}"
+            );
+            let (alg, bus) = (
+                side["algbw_gbps"].as_f64().unwrap(),
+                side["busbw_gbps"].as_f64().unwrap(),
+            );
+            assert!(
+                (bus - alg * factor).abs() <= 1e-12 * alg.max(1.0),
+                "{flags:?} {r}"
+            );
+        }
+    }
+}
+
 #[test]
 fn bad_options_exit_with_usage() {
     for args in [
         &["-b", "4M", "-e", "1M"][..],
         &["-c", "allgather", "-o", "max"][..],
-        &["-c", "broadcast"][..],
+        &["-c", "reduce"][..],
+        &["-c", "alltoall", "--in-place"][..],
+        &["-c", "allgather", "--root", "1"][..],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_oxccl-perf"))
             .args(args)
