@@ -643,6 +643,27 @@ pub fn check_count(count: usize, datatype: NcclDataType) -> ApiResult<usize> {
         })
 }
 
+/// Checks a reduction operator: negative values are no `ncclRedOp_t`, and values past the
+/// built-in ones can only be operators `ncclRedOpCreatePreMulSum` made, which needs a real
+/// NCCL: without one they are `ncclInvalidArgument` too (as NCCL answers an operator it did
+/// not make), not a call to forward.
+fn check_op(op: NcclRedOp) -> ApiResult<()> {
+    if op < 0 {
+        return Err(ApiError::invalid_argument(format!(
+            "op {op} is not an ncclRedOp_t"
+        )));
+    }
+    if op >= NCCL_NUM_OPS {
+        if let Err(why) = real_nccl() {
+            return Err(ApiError::invalid_argument(format!(
+                "op {op} is not a built-in ncclRedOp_t, and no ncclRedOpCreatePreMulSum can \
+                 have made it: {why}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// # Safety
 /// NCCL's contract for ncclAllReduce.
 unsafe fn all_reduce(
@@ -677,11 +698,7 @@ unsafe fn all_reduce(
         Target::Ours(c) => c,
     };
     check_count(count, datatype)?;
-    if op < 0 {
-        return Err(ApiError::invalid_argument(format!(
-            "op {op} is not an ncclRedOp_t"
-        )));
-    }
+    check_op(op)?;
     if count > 0 && (sendbuff.is_null() || recvbuff.is_null()) {
         return Err(ApiError::invalid_argument(format!(
             "sendbuff {sendbuff:?} or recvbuff {recvbuff:?} is NULL with count {count}"
@@ -840,11 +857,7 @@ unsafe fn reduce_scatter(
         Target::Ours(c) => c,
     };
     check_count(recvcount, datatype)?;
-    if op < 0 {
-        return Err(ApiError::invalid_argument(format!(
-            "op {op} is not an ncclRedOp_t"
-        )));
-    }
+    check_op(op)?;
     if recvcount > 0 && (sendbuff.is_null() || recvbuff.is_null()) {
         return Err(ApiError::invalid_argument(format!(
             "sendbuff {sendbuff:?} or recvbuff {recvbuff:?} is NULL with recvcount {recvcount}"
