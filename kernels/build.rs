@@ -112,25 +112,46 @@ fn device_sources(dir: &Path) -> BuildResult<Vec<PathBuf>> {
 
 /// Kernel names: every `OXCCL_GLOBAL [__launch_bounds__(...)] void <name>(` in the device
 /// sources (the declaration starts a line).
+///
+/// Each declaration must take exactly one parameter (the by-value argument struct): the
+/// backends launch with one parameter pointer, and the CUDA backend cannot see a second
+/// parameter on drivers without `cuFuncGetParamCount` (hal-cuda's `check_params`).
 fn write_kernel_names(sources: &[PathBuf], out: &Path) -> BuildResult<()> {
     let mut names = Vec::new();
     for s in sources {
         let text = fs::read_to_string(s).map_err(|e| format!("reading {}: {e}", s.display()))?;
-        for line in text.lines() {
+        for (n, line) in text.lines().enumerate() {
             let Some(rest) = line.trim_start().strip_prefix("OXCCL_GLOBAL ") else {
                 continue;
             };
             let Some(pos) = rest.find("void ") else {
                 continue;
             };
-            let name: String = rest[pos + 5..]
-                .trim_start()
+            let decl = rest[pos + 5..].trim_start();
+            let name: String = decl
                 .chars()
                 .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
                 .collect();
-            if !name.is_empty() {
-                names.push(name);
+            if name.is_empty() {
+                continue;
             }
+            let params = decl[name.len()..]
+                .trim_start()
+                .strip_prefix('(')
+                .and_then(|p| p.split_once(')'))
+                .map(|(p, _)| p.trim());
+            match params {
+                Some(p) if !p.is_empty() && p != "void" && !p.contains(',') => {}
+                _ => {
+                    return Err(format!(
+                        "{}:{}: kernel {name} must declare exactly one parameter (its argument \
+                         struct) on the line of OXCCL_GLOBAL",
+                        s.display(),
+                        n + 1
+                    ))
+                }
+            }
+            names.push(name);
         }
     }
     let mut code = String::from(

@@ -175,6 +175,22 @@ pub(crate) fn has_symbol(symbol: &str) -> bool {
     unsafe { lib.get::<unsafe extern "C" fn()>(name.as_slice()) }.is_ok()
 }
 
+/// The driver's entry point `symbol` as a function pointer, or `None` when the driver does
+/// not export it. For entry points newer than the CUDA version cudarc's bindings are built
+/// for (CUDA 13.0): those bindings do not declare them at all.
+///
+/// # Safety
+/// `F` must be an `unsafe extern "C" fn` type with the C signature the driver gives
+/// `symbol`.
+pub(crate) unsafe fn driver_fn<F: Copy>(symbol: &str) -> Option<F> {
+    let lib = probed().ok()?;
+    let mut name = symbol.as_bytes().to_vec();
+    name.push(0);
+    // SAFETY: the caller guarantees `F` is the symbol's signature; the library stays loaded
+    // for the life of the process (`PROBED` is never dropped), so the pointer never dangles.
+    unsafe { lib.get::<F>(name.as_slice()) }.ok().map(|s| *s)
+}
+
 /// Fails with [`Error::Unsupported`] when the driver lacks `symbol`.
 pub(crate) fn require_symbol(symbol: &'static str) -> Result<()> {
     if has_symbol(symbol) {
@@ -225,6 +241,21 @@ mod tests {
             &again,
             sys::CUresult::CUDA_ERROR_INVALID_DEVICE
         ));
+    }
+
+    #[test]
+    fn driver_fn_finds_exported_entry_points_only() {
+        type NoArgs = unsafe extern "C" fn() -> i32;
+        // SAFETY: the pointers are never called; the type only has to be a fn pointer.
+        let (init, absent) = unsafe {
+            (
+                driver_fn::<NoArgs>("cuInit"),
+                driver_fn::<NoArgs>("cuOxcclNoSuchEntryPoint"),
+            )
+        };
+        assert!(absent.is_none());
+        // Without a driver nothing is found; with one, cuInit always is.
+        assert_eq!(init.is_some(), probed().is_ok());
     }
 
     #[test]

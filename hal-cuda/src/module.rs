@@ -7,7 +7,7 @@ use cudarc::driver::sys;
 use oxccl_hal::{Error, Module, Result};
 
 use crate::device::{Context, CudaBackend};
-use crate::result;
+use crate::result::{self, ParamSlot};
 
 #[derive(Debug)]
 struct ModuleInner {
@@ -91,15 +91,12 @@ impl Module<CudaBackend> for CudaModule {
             Err(e) => return Err(e),
         };
         // SAFETY: `func` belongs to the live module.
-        let params = unsafe { result::func_param_count(func) };
-        // SAFETY: as above.
-        let param_size = unsafe { result::func_param_size(func, 0) };
+        let params = unsafe { param_layout(func) };
         Ok(CudaKernel {
             module: Arc::clone(&self.inner),
             func,
             name: Arc::from(name),
             params,
-            param_size,
         })
     }
 }
@@ -110,10 +107,8 @@ pub struct CudaKernel {
     module: Arc<ModuleInner>,
     func: sys::CUfunction,
     name: Arc<str>,
-    /// Number of parameters, when the driver can tell (CUDA 12.4+).
-    params: Option<usize>,
-    /// Size of the first parameter, when the driver can tell.
-    param_size: Option<usize>,
+    /// The parameter list as far as the driver reports it.
+    params: ParamLayout,
 }
 
 // SAFETY: a CUfunction is a driver handle usable from any thread.
@@ -138,29 +133,13 @@ impl CudaKernel {
 
     /// Size in bytes of the kernel's argument block, when the driver can tell.
     pub fn argument_size(&self) -> Option<usize> {
-        self.param_size
+        self.params.first_size()
     }
 
-    /// Checks `args` against the kernel's parameter list where the driver reports it: one
-    /// parameter of exactly `args.len()` bytes (or none for an empty block).
+    /// Checks `args` against the kernel's parameter list where the driver reports it
+    /// ([`check_params`]).
     pub(crate) fn check_args(&self, args: &[u8]) -> Result<()> {
-        match (self.params, self.param_size) {
-            (Some(0), _) if !args.is_empty() => Err(Error::InvalidArgument(format!(
-                "kernel {} takes no parameters but got a {}-byte argument block",
-                self.name,
-                args.len()
-            ))),
-            (Some(n), _) if n > 1 => Err(Error::InvalidArgument(format!(
-                "kernel {} takes {n} parameters; oxccl kernels take one argument struct",
-                self.name
-            ))),
-            (Some(1), Some(size)) if size != args.len() => Err(Error::InvalidArgument(format!(
-                "kernel {} takes a {size}-byte argument block, got {} bytes",
-                self.name,
-                args.len()
-            ))),
-            _ => Ok(()),
-        }
+        check_params(&self.name, self.params, args.len())
     }
 
     /// Most blocks of `block_size` threads (with `dynamic_smem` bytes of dynamic shared
@@ -173,5 +152,187 @@ impl CudaKernel {
         self.module.ctx.bind()?;
         // SAFETY: the function's module is live (held by `self`).
         unsafe { result::occupancy_max_active_blocks(self.func, block_size, dynamic_smem) }
+    }
+}
+
+/// A kernel's parameter list as far as the driver reports it, read without ever asking
+/// about a parameter that does not exist.
+///
+/// Counting by calling `cuFuncGetParamInfo` with growing indices until it fails made the
+/// driver return `CUDA_ERROR_INVALID_VALUE` once per kernel lookup, which compute-sanitizer
+/// reports as an API error and which hid real ones. Now the count comes from
+/// `cuFuncGetParamCount` where the driver has it (CUDA 13.2+), and otherwise only index 0 is
+/// asked for: every oxccl kernel takes exactly one by-value argument struct, so index 0
+/// exists (a kernel without parameters still makes the driver fail there, but that kernel
+/// breaks the one-struct rule and the error is a real one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ParamLayout {
+    /// The driver cannot say (no `cuFuncGetParamInfo`: drivers before CUDA 12.4).
+    Unknown,
+    /// The exact number of parameters (`cuFuncGetParamCount`) and the first one's slot
+    /// (`None` when there is none or the driver did not report it).
+    Counted {
+        count: usize,
+        first: Option<ParamSlot>,
+    },
+    /// Only the first parameter was asked about (no `cuFuncGetParamCount`); `None`: the
+    /// driver reports no parameter at index 0.
+    FirstOnly(Option<ParamSlot>),
+}
+
+impl ParamLayout {
+    fn first_size(self) -> Option<usize> {
+        match self {
+            ParamLayout::Counted { first, .. } | ParamLayout::FirstOnly(first) => {
+                first.map(|p| p.size)
+            }
+            ParamLayout::Unknown => None,
+        }
+    }
+}
+
+/// Asks the driver about `func`'s parameters ([`ParamLayout`]).
+///
+/// # Safety
+/// `func` must be a function of a live module.
+unsafe fn param_layout(func: sys::CUfunction) -> ParamLayout {
+    // SAFETY: the caller guarantees `func`.
+    let count = match unsafe { result::func_param_count(func) } {
+        Some(Ok(n)) => Some(n),
+        Some(Err(e)) => {
+            tracing::debug!(error = %e, "cuFuncGetParamCount failed; checking index 0 only");
+            None
+        }
+        None => None,
+    };
+    if count == Some(0) {
+        return ParamLayout::Counted {
+            count: 0,
+            first: None,
+        };
+    }
+    // SAFETY: as above; index 0 exists when the count says so, and must exist for an oxccl
+    // kernel otherwise.
+    let first = match unsafe { result::func_param_info(func, 0) } {
+        None => return ParamLayout::Unknown,
+        Some(r) => r.ok(),
+    };
+    match count {
+        Some(count) => ParamLayout::Counted { count, first },
+        None => ParamLayout::FirstOnly(first),
+    }
+}
+
+/// Whether an argument block of `len` bytes fits kernel `name`'s parameters: one by-value
+/// struct at offset 0 of exactly `len` bytes, or no parameter for an empty block.
+///
+/// With [`ParamLayout::FirstOnly`] a parameter after a first one of the right size goes
+/// unseen here (the driver would only reveal it through an error or `cuFuncGetParamCount`);
+/// for oxccl's own kernels `kernels/build.rs` refuses a declaration with more than one
+/// parameter. What the driver does not report at all ([`ParamLayout::Unknown`]) passes.
+fn check_params(name: &str, params: ParamLayout, len: usize) -> Result<()> {
+    let (count, first) = match params {
+        ParamLayout::Unknown => return Ok(()),
+        ParamLayout::Counted { count, first } => (Some(count), first),
+        ParamLayout::FirstOnly(first) => (None, first),
+    };
+    let none = count == Some(0) || (count.is_none() && first.is_none());
+    if none {
+        return if len == 0 {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "kernel {name} takes no parameters but got a {len}-byte argument block"
+            )))
+        };
+    }
+    if let Some(n) = count.filter(|n| *n > 1) {
+        return Err(Error::InvalidArgument(format!(
+            "kernel {name} takes {n} parameters; oxccl kernels take one argument struct"
+        )));
+    }
+    // One parameter (or at least one, when only index 0 was asked about).
+    match first {
+        Some(p) if p.offset != 0 => Err(Error::InvalidArgument(format!(
+            "kernel {name}'s first parameter is at offset {} of its parameter layout, not 0",
+            p.offset
+        ))),
+        Some(p) if p.size != len => Err(Error::InvalidArgument(format!(
+            "kernel {name} takes a {}-byte argument block, got {len} bytes",
+            p.size
+        ))),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ARGS: ParamSlot = ParamSlot {
+        offset: 0,
+        size: 112,
+    };
+
+    fn refused(params: ParamLayout, len: usize) -> String {
+        match check_params("k", params, len) {
+            Err(e) => e.to_string(),
+            Ok(()) => panic!("{params:?} with {len} bytes was accepted"),
+        }
+    }
+
+    #[test]
+    fn one_struct_of_the_block_size_is_accepted() {
+        let counted = ParamLayout::Counted {
+            count: 1,
+            first: Some(ARGS),
+        };
+        assert!(check_params("k", counted, 112).is_ok());
+        assert!(check_params("k", ParamLayout::FirstOnly(Some(ARGS)), 112).is_ok());
+        assert!(refused(counted, 104).contains("takes a 112-byte argument block, got 104"));
+        assert!(refused(ParamLayout::FirstOnly(Some(ARGS)), 0).contains("112-byte"));
+    }
+
+    #[test]
+    fn no_parameters_take_only_an_empty_block() {
+        let counted = ParamLayout::Counted {
+            count: 0,
+            first: None,
+        };
+        assert!(check_params("k", counted, 0).is_ok());
+        assert!(check_params("k", ParamLayout::FirstOnly(None), 0).is_ok());
+        assert!(refused(counted, 8).contains("takes no parameters"));
+        assert!(refused(ParamLayout::FirstOnly(None), 8).contains("takes no parameters"));
+    }
+
+    #[test]
+    fn more_than_one_parameter_is_refused_when_counted() {
+        let two = ParamLayout::Counted {
+            count: 2,
+            first: Some(ARGS),
+        };
+        assert!(refused(two, 112).contains("takes 2 parameters"));
+    }
+
+    #[test]
+    fn a_first_parameter_away_from_offset_zero_is_refused() {
+        let moved = ParamSlot {
+            offset: 8,
+            size: 112,
+        };
+        assert!(refused(ParamLayout::FirstOnly(Some(moved)), 112).contains("offset 8"));
+    }
+
+    #[test]
+    fn what_the_driver_cannot_report_passes() {
+        assert!(check_params("k", ParamLayout::Unknown, 112).is_ok());
+        // Counted, but the size of the one parameter was not reported.
+        let no_size = ParamLayout::Counted {
+            count: 1,
+            first: None,
+        };
+        assert!(check_params("k", no_size, 112).is_ok());
+        assert_eq!(no_size.first_size(), None);
+        assert_eq!(ParamLayout::FirstOnly(Some(ARGS)).first_size(), Some(112));
     }
 }

@@ -761,41 +761,54 @@ pub(crate) unsafe fn module_function_names(m: sys::CUmodule) -> Result<Vec<Strin
     Ok(names)
 }
 
-/// Size in bytes of the kernel's parameter `index`, or `None` when the driver cannot say.
+/// Where one kernel parameter sits in the device-side parameter layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ParamSlot {
+    /// Byte offset from the start of the parameter layout.
+    pub offset: usize,
+    /// Size in bytes.
+    pub size: usize,
+}
+
+/// Offset and size of the kernel's parameter `index` (`cuFuncGetParamInfo`, CUDA 12.4+
+/// drivers); `None` when the driver does not export it.
+///
+/// An index past the last parameter is an error of the driver's (`CUDA_ERROR_INVALID_VALUE`),
+/// which compute-sanitizer reports as an API error: callers only ask for indices they know
+/// exist or must exist.
 ///
 /// # Safety
 /// `f` must be a function of a live module.
-pub(crate) unsafe fn func_param_size(f: sys::CUfunction, index: usize) -> Option<usize> {
+pub(crate) unsafe fn func_param_info(
+    f: sys::CUfunction,
+    index: usize,
+) -> Option<Result<ParamSlot>> {
     if !loader::has_symbol("cuFuncGetParamInfo") {
         return None;
     }
     let (mut offset, mut size) = (0usize, 0usize);
     // SAFETY: the caller guarantees `f`; writes two size_t values.
     let rc = unsafe { sys::cuFuncGetParamInfo(f, index, &mut offset, &mut size) };
-    (rc == sys::CUresult::CUDA_SUCCESS).then_some(size)
+    Some(check("cuFuncGetParamInfo", rc).map(|()| ParamSlot { offset, size }))
 }
 
-/// Whether the kernel has a parameter `index` (`None` when the driver cannot say).
+/// `CUresult cuFuncGetParamCount(CUfunction func, size_t *paramCount)`, CUDA 13.2+.
+type FuncGetParamCount = unsafe extern "C" fn(sys::CUfunction, *mut usize) -> sys::CUresult;
+
+/// Number of the kernel's parameters (`cuFuncGetParamCount`, CUDA 13.2+ drivers); `None`
+/// when the driver does not export it. Resolved here rather than through cudarc, whose
+/// bindings are those of CUDA 13.0.
 ///
 /// # Safety
 /// `f` must be a function of a live module.
-pub(crate) unsafe fn func_param_count(f: sys::CUfunction) -> Option<usize> {
-    if !loader::has_symbol("cuFuncGetParamInfo") {
-        return None;
-    }
-    let mut n = 0;
-    loop {
-        let (mut offset, mut size) = (0usize, 0usize);
-        // SAFETY: the caller guarantees `f`; an index past the end is an error code.
-        let rc = unsafe { sys::cuFuncGetParamInfo(f, n, &mut offset, &mut size) };
-        if rc != sys::CUresult::CUDA_SUCCESS {
-            return Some(n);
-        }
-        n += 1;
-        if n > 64 {
-            return Some(n);
-        }
-    }
+pub(crate) unsafe fn func_param_count(f: sys::CUfunction) -> Option<Result<usize>> {
+    static COUNT_FN: std::sync::OnceLock<Option<FuncGetParamCount>> = std::sync::OnceLock::new();
+    // SAFETY: `FuncGetParamCount` is the driver's C signature of cuFuncGetParamCount.
+    let call = (*COUNT_FN.get_or_init(|| unsafe { loader::driver_fn("cuFuncGetParamCount") }))?;
+    let mut count = 0usize;
+    // SAFETY: the caller guarantees `f`; writes one size_t.
+    let rc = unsafe { call(f, &mut count) };
+    Some(check("cuFuncGetParamCount", rc).map(|()| count))
 }
 
 /// Launch dimensions in the driver's order, and whether the kernel may start before the

@@ -1,9 +1,10 @@
 //! `ncclComm_t` of this library: the oxccl side (a bootstrap, and a communicator where
 //! oxccl can serve) and the real NCCL's communicator, created together.
 
+use std::collections::HashSet;
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock, RwLock};
 
 use oxccl_collectives::backend::{AnyDevice, AnyMemory, AnyStream};
 use oxccl_collectives::channels::bootstrap::{Bootstrap, BootstrapConfig, UniqueId};
@@ -19,7 +20,8 @@ use crate::id::{self, PackedId};
 use crate::real::{real, RealNccl};
 use crate::types::*;
 
-/// First word of every [`Comm`]; anything else at a `ncclComm_t` is not ours.
+/// First word of every live [`Comm`] (the registry in [`resolve`] decides what is ours; the
+/// word tells a destroyed communicator of ours, [`DESTROYED_MAGIC`], from the real NCCL's).
 pub const COMM_MAGIC: u64 = u64::from_le_bytes(*b"OXNCCLCM");
 
 /// The backend this process runs oxccl on, chosen once (`OXCCL_BACKEND`, else the first
@@ -121,29 +123,89 @@ pub enum Target {
     Foreign(Opaque),
 }
 
-/// Classifies a `ncclComm_t`: null is an error, our magic is ours, anything else is the
-/// real NCCL's when one is loaded and an error otherwise.
+/// First word of a destroyed [`Comm`]'s allocation, which is never freed (see [`take`]).
+const DESTROYED_MAGIC: u64 = u64::from_le_bytes(*b"OXNCCLRP");
+
+/// Addresses of this library's live communicators: what [`resolve`] trusts, so a
+/// destroyed or made-up `ncclComm_t` is refused without reading through it.
+fn live() -> &'static RwLock<HashSet<usize>> {
+    static LIVE: OnceLock<RwLock<HashSet<usize>>> = OnceLock::new();
+    LIVE.get_or_init(|| RwLock::new(HashSet::new()))
+}
+
+/// Hands a new communicator to the caller as its `ncclComm_t` (registered as live).
+pub fn publish(comm: Box<Comm>) -> Opaque {
+    let p = Box::into_raw(comm);
+    live()
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(p as usize);
+    p.cast()
+}
+
+/// Takes a live communicator of this library back from its handle, once: `None` when
+/// `comm` is not live (destroyed already, or never ours).
+///
+/// The allocation is not freed: it keeps [`DESTROYED_MAGIC`] as its first word, so a
+/// later call with the stale handle is refused even where [`resolve`] must read through
+/// unknown handles (a real NCCL is loaded), and the address is never reused for another
+/// communicator. That costs one `Comm`'s bytes per destroyed communicator.
+pub fn take(comm: Opaque) -> Option<Comm> {
+    let mut live = live().write().unwrap_or_else(|e| e.into_inner());
+    if !live.remove(&(comm as usize)) {
+        return None;
+    }
+    let p = comm.cast::<Comm>();
+    // SAFETY: `p` was registered by `publish`, so it is a leaked `Box<Comm>` allocation
+    // holding a valid `Comm`; it left the registry just now under the lock, so this moves
+    // the value out exactly once.
+    let c = unsafe { p.read() };
+    // SAFETY: the allocation stays leaked (never freed) and is aligned for `Comm`, whose
+    // first field (`repr(C)`) is a u64; nothing reads the moved-out value through `p`.
+    unsafe { p.cast::<u64>().write(DESTROYED_MAGIC) };
+    drop(live);
+    Some(c)
+}
+
+/// Classifies a `ncclComm_t`: null is an error, a live communicator of this library is
+/// ours, a destroyed one of ours is an error, anything else is the real NCCL's when one is
+/// loaded and an error otherwise (without reading through it).
 ///
 /// # Safety
-/// A non-null `comm` must point at readable memory of at least 8 bytes (a communicator
-/// made by this library or by the real NCCL, not yet destroyed).
+/// A non-null `comm` that is not a communicator of this library (live or destroyed) must,
+/// when a real NCCL is loaded, point at readable memory of at least 8 bytes (one of the
+/// real NCCL's communicators).
 pub unsafe fn resolve(comm: Opaque) -> ApiResult<Target> {
     if comm.is_null() {
         return Err(ApiError::invalid_argument("comm is NULL"));
     }
-    // SAFETY: the caller guarantees 8 readable bytes; unaligned read in case it is foreign.
-    let magic = unsafe { comm.cast::<u64>().read_unaligned() };
-    if magic == COMM_MAGIC {
-        // SAFETY: our magic is only written by `Comm::new`, into a leaked `Box<Comm>` that
-        // lives until ncclCommDestroy/Abort.
+    let is_live = live()
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains(&(comm as usize));
+    if is_live {
+        // SAFETY: a registered address is a leaked `Box<Comm>` (publish) that stays valid
+        // until ncclCommDestroy/Abort takes it; using it concurrently with its destruction
+        // breaks NCCL's contract (one thread at a time per communicator, and no call after
+        // destroy).
         return Ok(Target::Ours(unsafe { &*comm.cast::<Comm>() }));
     }
-    match real_nccl() {
-        Ok(_) => Ok(Target::Foreign(comm)),
-        Err(_) => Err(ApiError::invalid_argument(
-            "comm is not a communicator of this library (bad magic; destroyed already?)",
-        )),
+    if real_nccl().is_err() {
+        return Err(ApiError::invalid_argument(format!(
+            "comm {comm:?} is not a communicator of this library (never made by it, or \
+             destroyed already)"
+        )));
     }
+    // SAFETY: not ours and not live: a destroyed communicator of ours (whose allocation is
+    // kept, see `take`) or, by the caller's contract, one of the real NCCL's; unaligned
+    // read as the latter's layout is not ours.
+    let magic = unsafe { comm.cast::<u64>().read_unaligned() };
+    if magic == DESTROYED_MAGIC || magic == COMM_MAGIC {
+        return Err(ApiError::invalid_argument(format!(
+            "comm {comm:?} is a destroyed communicator of this library"
+        )));
+    }
+    Ok(Target::Foreign(comm))
 }
 
 /// The real NCCL communicator a forwarded call runs on.
@@ -758,8 +820,7 @@ impl Comm {
 
     /// Releases everything; `graceful` waits for this rank's queued work first
     /// (ncclCommDestroy), otherwise not (ncclCommAbort).
-    pub fn destroy(mut self: Box<Self>, graceful: bool) -> ApiResult<()> {
-        self.magic = 0;
+    pub fn destroy(mut self, graceful: bool) -> ApiResult<()> {
         let mut result = Ok(());
         if graceful {
             result = self.finalize();

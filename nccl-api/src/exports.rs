@@ -18,8 +18,8 @@ use oxccl_collectives::hal::{BackendKind, DataType, DevicePtr, ReduceOp};
 use oxccl_collectives::Communicator;
 
 use crate::comm::{
-    backend, check_real, moved_as, new_unique_id, real_comm_of, real_nccl, resolve, served_dtype,
-    served_op, Comm, Target,
+    self, backend, check_real, moved_as, new_unique_id, real_comm_of, real_nccl, resolve,
+    served_dtype, served_op, Comm, Target,
 };
 use crate::error::{
     error_string, guard, guard_value, last_error_ptr, log_enabled, log_info, set_last_error,
@@ -189,7 +189,7 @@ export! {
 
 /// Stores a new communicator into the caller's slot.
 fn publish(slot: &mut Opaque, comm: Box<Comm>) {
-    *slot = Box::into_raw(comm).cast();
+    *slot = comm::publish(comm);
 }
 
 export! {
@@ -270,7 +270,7 @@ export! {
             });
             if let Some(e) = results.iter().find_map(|r| r.as_ref().err()).cloned() {
                 for c in results.into_iter().flatten() {
-                    let _ = c.destroy(false);
+                    let _ = (*c).destroy(false);
                 }
                 return Err(e);
             }
@@ -345,12 +345,13 @@ fn release(name: &'static str, comm: Opaque, graceful: bool) -> ApiResult<()> {
     }
     // SAFETY: NCCL's contract on comm.
     match unsafe { resolve(comm) }? {
-        Target::Ours(_) => {
-            // SAFETY: `resolve` saw our magic: `comm` is a `Box<Comm>` leaked by `publish`,
-            // released exactly once here (the magic is cleared first).
-            let boxed = unsafe { Box::from_raw(comm.cast::<Comm>()) };
-            boxed.destroy(graceful)
-        }
+        Target::Ours(_) => comm::take(comm)
+            .ok_or_else(|| {
+                ApiError::invalid_argument(format!(
+                    "comm {comm:?} is a destroyed communicator of this library"
+                ))
+            })?
+            .destroy(graceful),
         Target::Foreign(_) => {
             let call = |real: &'static RealNccl, c: Opaque| {
                 let f = if graceful {
@@ -642,6 +643,27 @@ pub fn check_count(count: usize, datatype: NcclDataType) -> ApiResult<usize> {
         })
 }
 
+/// Checks a reduction operator: negative values are no `ncclRedOp_t`, and values past the
+/// built-in ones can only be operators `ncclRedOpCreatePreMulSum` made, which needs a real
+/// NCCL: without one they are `ncclInvalidArgument` too (as NCCL answers an operator it did
+/// not make), not a call to forward.
+fn check_op(op: NcclRedOp) -> ApiResult<()> {
+    if op < 0 {
+        return Err(ApiError::invalid_argument(format!(
+            "op {op} is not an ncclRedOp_t"
+        )));
+    }
+    if op >= NCCL_NUM_OPS {
+        if let Err(why) = real_nccl() {
+            return Err(ApiError::invalid_argument(format!(
+                "op {op} is not a built-in ncclRedOp_t, and no ncclRedOpCreatePreMulSum can \
+                 have made it: {why}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// # Safety
 /// NCCL's contract for ncclAllReduce.
 unsafe fn all_reduce(
@@ -676,11 +698,7 @@ unsafe fn all_reduce(
         Target::Ours(c) => c,
     };
     check_count(count, datatype)?;
-    if op < 0 {
-        return Err(ApiError::invalid_argument(format!(
-            "op {op} is not an ncclRedOp_t"
-        )));
-    }
+    check_op(op)?;
     if count > 0 && (sendbuff.is_null() || recvbuff.is_null()) {
         return Err(ApiError::invalid_argument(format!(
             "sendbuff {sendbuff:?} or recvbuff {recvbuff:?} is NULL with count {count}"
@@ -839,11 +857,7 @@ unsafe fn reduce_scatter(
         Target::Ours(c) => c,
     };
     check_count(recvcount, datatype)?;
-    if op < 0 {
-        return Err(ApiError::invalid_argument(format!(
-            "op {op} is not an ncclRedOp_t"
-        )));
-    }
+    check_op(op)?;
     if recvcount > 0 && (sendbuff.is_null() || recvbuff.is_null()) {
         return Err(ApiError::invalid_argument(format!(
             "sendbuff {sendbuff:?} or recvbuff {recvbuff:?} is NULL with recvcount {recvcount}"

@@ -442,7 +442,10 @@ static void single_process_tests(void) {
   int32_t ints[8] = {0};
   EXPECT(ncclAllReduce(ints, ints, 8, ncclInt32, ncclSum, comm, NULL), ncclInvalidUsage);
   CHECK(last_error_contains("int32") && last_error_contains("real NCCL"), "int32 forward message");
-  EXPECT(ncclAllReduce(x, x, 8, ncclFloat32, (ncclRedOp_t)5, comm, NULL), ncclInvalidUsage);
+  /* An operator past the built-in ones: only ncclRedOpCreatePreMulSum makes those, and it
+     needs a real NCCL, so here it is an invalid argument (as NCCL answers one it did not make). */
+  EXPECT(ncclAllReduce(x, x, 8, ncclFloat32, (ncclRedOp_t)5, comm, NULL), ncclInvalidArgument);
+  CHECK(last_error_contains("op 5"), "unknown operator named");
   OK(ncclBroadcast(x, x, 8, ncclFloat32, 0, comm, NULL)); /* one rank: in place, a no-op */
   EXPECT(ncclBroadcast(x, x, 8, ncclFloat32, 1, comm, NULL), ncclInvalidArgument);
   CHECK(last_error_contains("root 1"), "bad root named");
