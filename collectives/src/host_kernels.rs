@@ -241,7 +241,7 @@ pub(crate) fn reduce_unit(
     valid: usize,
 ) -> Result<[u8; 16]> {
     let mut out = [0u8; 16];
-    let mut bits = [0u32; OXCCL_ALLREDUCE_MAX_RANKS as usize];
+    let mut bits = [0u64; OXCCL_ALLREDUCE_MAX_RANKS as usize];
     for lane in 0..valid.div_ceil(dtype.size()) {
         for (slot, input) in bits.iter_mut().zip(inputs) {
             *slot = formats::read_element(dtype, input, lane).unwrap_or_default();

@@ -29,7 +29,7 @@ use oxccl_collectives::tuner::{TuneSource, TuneTable};
 use oxccl_collectives::{Algorithm, Collective, CommConfig, Communicator};
 
 mod common;
-use common::{check_buffers, expected, same_bits, stage, threads_with, Rank};
+use common::{accums, check_buffers, expected, same_bits, stage, threads_with, Rank};
 
 impl Rank {
     /// Runs one checked allreduce; returns a description of the first mismatch.
@@ -104,14 +104,6 @@ fn threads(world: u32, algo: Option<Algorithm>, body: impl Fn(&Rank) + Send + Sy
 }
 
 const ALGOS: [Algorithm; 4] = [ONESHOT_LL, ONESHOT_LL128, TWOSHOT, TWOSHOT_PUSH];
-
-fn accums(dtype: DataType) -> Vec<AccumType> {
-    match dtype {
-        DataType::F32 => vec![AccumType::Auto],
-        DataType::F16 | DataType::Bf16 => vec![AccumType::Auto, AccumType::F32],
-        _ => vec![AccumType::Auto, AccumType::Native, AccumType::F32],
-    }
-}
 
 #[test]
 fn every_type_op_and_accumulation_on_three_ranks() {
@@ -448,6 +440,10 @@ fn bad_input_is_refused_before_any_launch() {
         assert!(e.to_string().contains("aligned"), "{e}");
         let e = call(p, p, 4, DataType::F32, AccumType::F16).unwrap_err();
         assert!(e.to_string().contains("f16 accumulator"), "{e}");
+        for d in [DataType::I32, DataType::U8, DataType::F64] {
+            let e = call(p, p, 4, d, AccumType::F32).unwrap_err();
+            assert!(e.to_string().contains("reduce in their own type"), "{e}");
+        }
         let e = call(p, p.offset(4).unwrap(), 4, DataType::F32, AccumType::Auto).unwrap_err();
         assert!(e.to_string().contains("overlap"), "{e}");
         let e = call(

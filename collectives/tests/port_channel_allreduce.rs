@@ -27,7 +27,7 @@ use oxccl_collectives::hal::{
 use oxccl_collectives::{CommConfig, Communicator};
 
 mod common;
-use common::{check_buffers, expected, first_call_signature, input, same_bits, stage};
+use common::{accums, check_buffers, expected, first_call_signature, input, same_bits, stage};
 
 struct Rank {
     comm: Communicator,
@@ -141,14 +141,6 @@ fn threads(world: u32, cfg: CommConfig, body: impl Fn(&Rank) + Send + Sync + 'st
         .collect();
     for h in handles {
         h.join().expect("rank thread panicked");
-    }
-}
-
-fn accums(dtype: DataType) -> Vec<AccumType> {
-    match dtype {
-        DataType::F32 => vec![AccumType::Auto],
-        DataType::F16 | DataType::Bf16 => vec![AccumType::Auto, AccumType::F32],
-        _ => vec![AccumType::Auto, AccumType::Native, AccumType::F32],
     }
 }
 

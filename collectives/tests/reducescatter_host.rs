@@ -19,7 +19,7 @@ use oxccl_collectives::kernels::reduce;
 use oxccl_collectives::{Algorithm, Collective, CommConfig, Communicator};
 
 mod common;
-use common::{input, same_bits, threads_with, Rank};
+use common::{accums, input, same_bits, threads_with, Rank};
 
 fn threads(world: u32, forced: Option<Algorithm>, body: impl Fn(&Rank) + Send + Sync + 'static) {
     threads_with(
@@ -122,14 +122,6 @@ fn check(
         r.comm.deregister(&in_mem).unwrap();
     }
     outcome
-}
-
-fn accums(dtype: DataType) -> Vec<AccumType> {
-    match dtype {
-        DataType::F32 => vec![AccumType::Auto],
-        DataType::F16 | DataType::Bf16 => vec![AccumType::Auto, AccumType::F32],
-        _ => vec![AccumType::Auto, AccumType::Native, AccumType::F32],
-    }
 }
 
 const ALGOS: [Algorithm; 3] = [

@@ -115,11 +115,45 @@ pub enum DataType {
     Fp8E5m2Fnuz,
     /// fp8 E4M3 with exponent bias 15, defined in software; every code is finite.
     Fp8E4m3b15,
+    /// Signed 8-bit integer (two's complement).
+    I8,
+    /// Unsigned 8-bit integer.
+    U8,
+    /// Signed 32-bit integer.
+    I32,
+    /// Unsigned 32-bit integer.
+    U32,
+    /// Signed 64-bit integer.
+    I64,
+    /// Unsigned 64-bit integer.
+    U64,
+    /// IEEE binary64.
+    F64,
 }
 
 impl DataType {
     /// Every data type, in declaration order.
-    pub const ALL: [DataType; 8] = [
+    pub const ALL: [DataType; 15] = [
+        DataType::F32,
+        DataType::F16,
+        DataType::Bf16,
+        DataType::Fp8E4m3,
+        DataType::Fp8E5m2,
+        DataType::Fp8E4m3Fnuz,
+        DataType::Fp8E5m2Fnuz,
+        DataType::Fp8E4m3b15,
+        DataType::I8,
+        DataType::U8,
+        DataType::I32,
+        DataType::U32,
+        DataType::I64,
+        DataType::U64,
+        DataType::F64,
+    ];
+
+    /// The types reduced through an f32 accumulator (f32 and narrower floats): the
+    /// mixed-precision path, with a choice of [`AccumType`].
+    pub const WIDENED: [DataType; 8] = [
         DataType::F32,
         DataType::F16,
         DataType::Bf16,
@@ -133,19 +167,54 @@ impl DataType {
     /// Size of one element in bytes.
     pub const fn size(self) -> usize {
         match self {
-            DataType::F32 => 4,
+            DataType::I64 | DataType::U64 | DataType::F64 => 8,
+            DataType::F32 | DataType::I32 | DataType::U32 => 4,
             DataType::F16 | DataType::Bf16 => 2,
             DataType::Fp8E4m3
             | DataType::Fp8E5m2
             | DataType::Fp8E4m3Fnuz
             | DataType::Fp8E5m2Fnuz
-            | DataType::Fp8E4m3b15 => 1,
+            | DataType::Fp8E4m3b15
+            | DataType::I8
+            | DataType::U8 => 1,
         }
     }
 
     /// Whether this is one of the 8-bit float formats.
     pub const fn is_fp8(self) -> bool {
-        self.size() == 1
+        matches!(
+            self,
+            DataType::Fp8E4m3
+                | DataType::Fp8E5m2
+                | DataType::Fp8E4m3Fnuz
+                | DataType::Fp8E5m2Fnuz
+                | DataType::Fp8E4m3b15
+        )
+    }
+
+    /// Whether this is an integer type.
+    pub const fn is_integer(self) -> bool {
+        matches!(
+            self,
+            DataType::I8
+                | DataType::U8
+                | DataType::I32
+                | DataType::U32
+                | DataType::I64
+                | DataType::U64
+        )
+    }
+
+    /// Whether this is a signed integer type.
+    pub const fn is_signed_integer(self) -> bool {
+        matches!(self, DataType::I8 | DataType::I32 | DataType::I64)
+    }
+
+    /// Whether elements are reduced in their own type, with no accumulation choice: the
+    /// integers (wrapping, as NCCL) and f64 (wider than any accumulator). The other types
+    /// widen to an accumulator ([`DataType::WIDENED`]).
+    pub const fn reduces_in_own_type(self) -> bool {
+        self.is_integer() || matches!(self, DataType::F64)
     }
 
     /// Bytes taken by `count` elements, or an error when that overflows.
@@ -166,7 +235,16 @@ impl DataType {
             | DataType::Fp8E5m2
             | DataType::Fp8E4m3Fnuz
             | DataType::Fp8E5m2Fnuz => AccumType::F16,
-            DataType::F32 | DataType::F16 | DataType::Bf16 => AccumType::Native,
+            DataType::F32
+            | DataType::F16
+            | DataType::Bf16
+            | DataType::I8
+            | DataType::U8
+            | DataType::I32
+            | DataType::U32
+            | DataType::I64
+            | DataType::U64
+            | DataType::F64 => AccumType::Native,
         }
     }
 
@@ -181,6 +259,13 @@ impl DataType {
             DataType::Fp8E4m3Fnuz => 5,
             DataType::Fp8E5m2Fnuz => 6,
             DataType::Fp8E4m3b15 => 7,
+            DataType::I8 => 8,
+            DataType::U8 => 9,
+            DataType::I32 => 10,
+            DataType::U32 => 11,
+            DataType::I64 => 12,
+            DataType::U64 => 13,
+            DataType::F64 => 14,
         }
     }
 
@@ -204,6 +289,13 @@ impl fmt::Display for DataType {
             DataType::Fp8E4m3Fnuz => "fp8_e4m3fnuz",
             DataType::Fp8E5m2Fnuz => "fp8_e5m2fnuz",
             DataType::Fp8E4m3b15 => "fp8_e4m3b15",
+            DataType::I8 => "i8",
+            DataType::U8 => "u8",
+            DataType::I32 => "i32",
+            DataType::U32 => "u32",
+            DataType::I64 => "i64",
+            DataType::U64 => "u64",
+            DataType::F64 => "f64",
         })
     }
 }
@@ -211,10 +303,31 @@ impl fmt::Display for DataType {
 impl std::str::FromStr for DataType {
     type Err = Error;
 
+    /// The names [`fmt::Display`] prints, and nccl-tests' names (`int8`, `uint32`,
+    /// `half`, `float`, `double`, `bfloat16`, ...).
     fn from_str(s: &str) -> Result<Self> {
+        const NCCL_TESTS_NAMES: [(&str, DataType); 11] = [
+            ("int8", DataType::I8),
+            ("uint8", DataType::U8),
+            ("int32", DataType::I32),
+            ("uint32", DataType::U32),
+            ("int64", DataType::I64),
+            ("uint64", DataType::U64),
+            ("half", DataType::F16),
+            ("float", DataType::F32),
+            ("double", DataType::F64),
+            ("bfloat16", DataType::Bf16),
+            ("float64", DataType::F64),
+        ];
         DataType::ALL
             .into_iter()
             .find(|d| d.to_string().eq_ignore_ascii_case(s))
+            .or_else(|| {
+                NCCL_TESTS_NAMES
+                    .iter()
+                    .find(|(name, _)| name.eq_ignore_ascii_case(s))
+                    .map(|&(_, d)| d)
+            })
             .ok_or_else(|| Error::Unsupported(format!("unknown data type '{s}'")))
     }
 }
@@ -317,6 +430,24 @@ impl AccumType {
             AccumType::Auto => dtype.default_accum(),
             other => other,
         }
+    }
+
+    /// Why the kernels do not serve this accumulation type for `dtype`, or `None` when
+    /// they do: every float type of f32 or narrower takes `Auto`, `Native` and `F32`, and
+    /// `F16` when narrower than f32 (for f32 data it would silently truncate); integers and
+    /// f64 take `Auto` and `Native` only (they reduce in their own type).
+    pub fn refusal(self, dtype: DataType) -> Option<String> {
+        let wider_accum = matches!(self, AccumType::F16 | AccumType::F32);
+        if dtype.reduces_in_own_type() && wider_accum {
+            return Some(format!(
+                "{dtype} data with an {self} accumulator (integers and f64 reduce in their \
+                 own type: use auto or native)"
+            ));
+        }
+        if dtype == DataType::F32 && self == AccumType::F16 {
+            return Some("f32 data with an f16 accumulator (narrower than the data)".into());
+        }
+        None
     }
 
     /// Stable numeric code, shared with the device code's C header.
@@ -429,7 +560,19 @@ mod tests {
         for a in AccumType::ALL {
             assert_eq!(AccumType::from_code(a.code()).unwrap(), a);
         }
-        assert!(DataType::from_code(8).is_err());
+        assert!(DataType::from_code(15).is_err());
+        assert_eq!("int32".parse::<DataType>().unwrap(), DataType::I32);
+        assert_eq!("double".parse::<DataType>().unwrap(), DataType::F64);
+        assert_eq!("u64".parse::<DataType>().unwrap(), DataType::U64);
+        assert!("int16".parse::<DataType>().is_err());
+        for d in DataType::ALL {
+            assert_eq!(
+                d.reduces_in_own_type(),
+                !DataType::WIDENED.contains(&d),
+                "{d}"
+            );
+            assert_eq!(d.to_string().parse::<DataType>().unwrap(), d);
+        }
         assert!(ReduceOp::from_code(5).is_err());
         let e = AccumType::from_code(4).unwrap_err().to_string();
         assert!(e.contains("accumulation code 4"), "{e}");

@@ -204,9 +204,17 @@ mod tests {
                 oxccl_hal::DataType::Fp8E4m3Fnuz => OXCCL_DTYPE_FP8_E4M3_FNUZ,
                 oxccl_hal::DataType::Fp8E5m2Fnuz => OXCCL_DTYPE_FP8_E5M2_FNUZ,
                 oxccl_hal::DataType::Fp8E4m3b15 => OXCCL_DTYPE_FP8_E4M3B15,
+                oxccl_hal::DataType::I8 => OXCCL_DTYPE_I8,
+                oxccl_hal::DataType::U8 => OXCCL_DTYPE_U8,
+                oxccl_hal::DataType::I32 => OXCCL_DTYPE_I32,
+                oxccl_hal::DataType::U32 => OXCCL_DTYPE_U32,
+                oxccl_hal::DataType::I64 => OXCCL_DTYPE_I64,
+                oxccl_hal::DataType::U64 => OXCCL_DTYPE_U64,
+                oxccl_hal::DataType::F64 => OXCCL_DTYPE_F64,
             };
             assert_eq!(d.code(), c, "{d}");
         }
+        assert_eq!(oxccl_hal::DataType::ALL.len() as u32, OXCCL_DTYPE_COUNT);
         assert_eq!(oxccl_hal::ReduceOp::Avg.code(), OXCCL_OP_AVG);
         assert_eq!(oxccl_hal::ReduceOp::Min.code(), OXCCL_OP_MIN);
         assert_eq!(oxccl_hal::AccumType::F16.code(), OXCCL_ACCUM_F16);

@@ -151,7 +151,7 @@ fn selftest_decode(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     for i in 0..n {
         let bits = formats::read_element(dtype, input, i).unwrap_or_default();
         let v = formats::decode(dtype, bits);
-        formats::write_element(DataType::F32, output, i, v.to_bits());
+        formats::write_element(DataType::F32, output, i, u64::from(v.to_bits()));
     }
     Ok(())
 }
@@ -170,7 +170,9 @@ fn selftest_encode(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
         )
     };
     for i in 0..n {
-        let x = f32::from_bits(formats::read_element(DataType::F32, input, i).unwrap_or_default());
+        let x = f32::from_bits(
+            formats::read_element(DataType::F32, input, i).unwrap_or_default() as u32,
+        );
         formats::write_element(dtype, output, i, formats::encode(dtype, x));
     }
     Ok(())

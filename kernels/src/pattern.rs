@@ -38,9 +38,11 @@ pub fn mismatches(data: &[u32], seed: u32) -> u64 {
         .count() as u64
 }
 
-/// Deterministic non-zero inputs of `rank` for an allreduce of `count` elements: values
-/// near ±1 rounded to `dtype` (a zero would hide a missing contribution of a rank in a
-/// sum), different per rank and per `salt`.
+/// Deterministic non-zero inputs of `rank` for an allreduce of `count` elements (a zero
+/// would hide a missing contribution of a rank in a sum), different per rank and per
+/// `salt`: for floats, values near ±1 rounded to `dtype`; for f64 the same with every
+/// mantissa bit used (an f32 path would lose them); for integers, random bits over the
+/// whole range (sums and products wrap, min and max see both signs).
 pub fn allreduce_input(dtype: DataType, rank: u32, count: usize, salt: u64) -> Result<Vec<u8>> {
     let mut out = vec![0u8; dtype.bytes(count)?];
     let mut s = 0x9e37_79b9_7f4a_7c15u64
@@ -50,12 +52,26 @@ pub fn allreduce_input(dtype: DataType, rank: u32, count: usize, salt: u64) -> R
         s ^= s << 13;
         s ^= s >> 7;
         s ^= s << 17;
-        let mag = 0.25 + (s % 1000) as f32 / 1000.0;
-        let v = if s & (1 << 20) != 0 { -mag } else { mag };
-        let mut bits = formats::encode(dtype, v);
-        if formats::decode(dtype, bits) == 0.0 {
-            bits = formats::encode(dtype, 0.5);
-        }
+        let negative = s & (1 << 20) != 0;
+        let bits = if dtype.is_integer() {
+            let b = s.rotate_left(23) & formats::mask(dtype);
+            if b == 0 {
+                1
+            } else {
+                b
+            }
+        } else if dtype == DataType::F64 {
+            let mag = 0.25 + (s >> 11) as f64 / (1u64 << 53) as f64;
+            (if negative { -mag } else { mag }).to_bits()
+        } else {
+            let mag = 0.25 + (s % 1000) as f32 / 1000.0;
+            let bits = formats::encode(dtype, if negative { -mag } else { mag });
+            if formats::decode(dtype, bits) == 0.0 {
+                formats::encode(dtype, 0.5)
+            } else {
+                bits
+            }
+        };
         formats::write_element(dtype, &mut out, i, bits)
             .ok_or_else(|| Error::InvalidArgument("allreduce input buffer too short".into()))?;
     }
@@ -77,5 +93,30 @@ mod tests {
         assert_eq!(mismatches(&v, 8), 1000);
         let distinct: std::collections::HashSet<_> = v.iter().collect();
         assert_eq!(distinct.len(), 1000);
+    }
+
+    #[test]
+    fn inputs_are_never_zero_and_use_every_type_range() {
+        for dtype in DataType::ALL {
+            let count = 4000;
+            let data = allreduce_input(dtype, 1, count, 3).unwrap();
+            let bits: Vec<u64> = (0..count)
+                .map(|i| formats::read_element(dtype, &data, i).unwrap())
+                .collect();
+            assert!(
+                bits.iter().all(|&b| b & formats::mask(dtype) != 0),
+                "{dtype}"
+            );
+            if dtype.is_integer() {
+                // Both halves of the range (the sign bit set and clear).
+                let top = 1u64 << (8 * dtype.size() - 1);
+                assert!(bits.iter().any(|&b| b & top != 0), "{dtype}");
+                assert!(bits.iter().any(|&b| b & top == 0), "{dtype}");
+            }
+            if dtype == DataType::F64 {
+                // Not all f32 values: some use mantissa bits below f32's.
+                assert!(bits.iter().any(|&b| b & 0x1fff_ffff != 0));
+            }
+        }
     }
 }

@@ -11,6 +11,11 @@
 //! narrow type": for f16, bf16 and fp8 that is exactly the correctly rounded operation
 //! (f32 has more than twice their precision plus two bits, so the double rounding is
 //! innocuous for +, *, /), which is also what native f16 instructions give.
+//!
+//! Integers and f64 ([`DataType::reduces_in_own_type`]) take none of that: each step is one
+//! operation of the type itself (integer sums and products wrap, as NCCL's), `Avg` divides
+//! the wrapped sum once (integers truncate toward zero, as NCCL's integer average), and
+//! only the `Auto` and `Native` accumulation types are accepted for them.
 
 use oxccl_hal::{AccumType, DataType, Error, ReduceOp, Result};
 
@@ -83,18 +88,33 @@ pub fn apply(op: ReduceOp, a: f32, b: f32) -> f32 {
 
 /// Reduces one element: `inputs` are bit patterns of `dtype`; returns the result's bits.
 ///
-/// An empty input list gives an error.
+/// An empty input list gives an error, and so does an accumulation type other than `Auto`
+/// or `Native` for a type reduced in its own type.
 pub fn reduce_element(
     dtype: DataType,
     op: ReduceOp,
     accum: AccumType,
-    inputs: &[u32],
-) -> Result<u32> {
-    let acc_kind = Accumulator::new(dtype, accum);
-    let widen = |bits: u32| acc_kind.round(formats::decode(dtype, bits));
+    inputs: &[u64],
+) -> Result<u64> {
     let (first, rest) = inputs
         .split_first()
         .ok_or_else(|| Error::InvalidArgument("reduce of zero inputs".into()))?;
+    if dtype.reduces_in_own_type() {
+        if let Some(why) = accum.refusal(dtype) {
+            return Err(Error::Unsupported(why));
+        }
+        let kind = OwnKind::of(dtype);
+        let mut acc = *first;
+        for &x in rest {
+            acc = kind.apply(op, acc, x);
+        }
+        if op == ReduceOp::Avg {
+            acc = kind.average(acc, inputs.len() as u64);
+        }
+        return Ok(acc & formats::mask(dtype));
+    }
+    let acc_kind = Accumulator::new(dtype, accum);
+    let widen = |bits: u64| acc_kind.round(formats::decode(dtype, bits));
     let mut acc = widen(*first);
     for &x in rest {
         acc = acc_kind.combine(op, acc, widen(x));
@@ -103,6 +123,97 @@ pub fn reduce_element(
         acc = acc_kind.round(acc / inputs.len() as f32);
     }
     Ok(formats::encode(dtype, acc))
+}
+
+/// How the bits of a type reduced in its own type are read (the device's `OwnKind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OwnKind {
+    /// Two's complement integer of `bits` bits.
+    Signed(u32),
+    /// Unsigned integer of `bits` bits.
+    Unsigned(u32),
+    /// IEEE binary64.
+    F64,
+}
+
+impl OwnKind {
+    fn of(dtype: DataType) -> OwnKind {
+        let bits = 8 * dtype.size() as u32;
+        match dtype {
+            DataType::F64 => OwnKind::F64,
+            d if d.is_signed_integer() => OwnKind::Signed(bits),
+            _ => OwnKind::Unsigned(bits),
+        }
+    }
+
+    /// Sign-extends the low `bits` bits.
+    fn signed(bits: u32, x: u64) -> i64 {
+        let shift = 64 - bits;
+        ((x << shift) as i64) >> shift
+    }
+
+    /// `a op b` in the type (bits in, bits out, upper bits unspecified); `Avg` combines as
+    /// a sum. Min and max keep `a` on ties and, for f64, on unordered inputs.
+    fn apply(self, op: ReduceOp, a: u64, b: u64) -> u64 {
+        match self {
+            OwnKind::F64 => {
+                let (x, y) = (f64::from_bits(a), f64::from_bits(b));
+                let r = match op {
+                    ReduceOp::Sum | ReduceOp::Avg => x + y,
+                    ReduceOp::Prod => x * y,
+                    ReduceOp::Min => {
+                        if y < x {
+                            y
+                        } else {
+                            x
+                        }
+                    }
+                    ReduceOp::Max => {
+                        if y > x {
+                            y
+                        } else {
+                            x
+                        }
+                    }
+                };
+                r.to_bits()
+            }
+            OwnKind::Signed(bits) | OwnKind::Unsigned(bits) => {
+                // Wrapping sums and products of the low bits are the same for both.
+                let key = |x: u64| match self {
+                    OwnKind::Signed(_) => i128::from(OwnKind::signed(bits, x)),
+                    _ => i128::from(x & (u64::MAX >> (64 - bits))),
+                };
+                match op {
+                    ReduceOp::Sum | ReduceOp::Avg => a.wrapping_add(b),
+                    ReduceOp::Prod => a.wrapping_mul(b),
+                    ReduceOp::Min => {
+                        if key(b) < key(a) {
+                            b
+                        } else {
+                            a
+                        }
+                    }
+                    ReduceOp::Max => {
+                        if key(b) > key(a) {
+                            b
+                        } else {
+                            a
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The average of `n` inputs from their sum: integers truncate toward zero.
+    fn average(self, sum: u64, n: u64) -> u64 {
+        match self {
+            OwnKind::F64 => (f64::from_bits(sum) / n as f64).to_bits(),
+            OwnKind::Signed(bits) => (OwnKind::signed(bits, sum) / n as i64) as u64,
+            OwnKind::Unsigned(bits) => (sum & (u64::MAX >> (64 - bits))) / n,
+        }
+    }
 }
 
 /// Reduces `count` elements of `dtype` from each buffer in `inputs` (little-endian bytes)
@@ -124,7 +235,7 @@ pub fn reduce(
             "reduce of {count} x {dtype}: a buffer is shorter than {bytes} bytes"
         )));
     }
-    let mut elems = vec![0u32; inputs.len()];
+    let mut elems = vec![0u64; inputs.len()];
     for i in 0..count {
         for (slot, input) in elems.iter_mut().zip(inputs) {
             *slot = formats::read_element(dtype, input, i).unwrap_or_default();
@@ -140,8 +251,61 @@ pub fn reduce(
 mod tests {
     use super::*;
 
-    fn e(dtype: DataType, x: f32) -> u32 {
+    fn e(dtype: DataType, x: f32) -> u64 {
         formats::encode(dtype, x)
+    }
+
+    fn own(dtype: DataType, op: ReduceOp, xs: &[i64]) -> i64 {
+        let bits: Vec<u64> = xs
+            .iter()
+            .map(|&x| x as u64 & formats::mask(dtype))
+            .collect();
+        let r = reduce_element(dtype, op, AccumType::Auto, &bits).unwrap_or(u64::MAX);
+        if dtype.is_signed_integer() {
+            OwnKind::signed(8 * dtype.size() as u32, r)
+        } else {
+            r as i64
+        }
+    }
+
+    #[test]
+    fn integers_wrap_and_average_truncates_toward_zero() {
+        use DataType::*;
+        assert_eq!(own(I8, ReduceOp::Sum, &[100, 100]), -56);
+        assert_eq!(own(U8, ReduceOp::Sum, &[200, 100]), 44);
+        assert_eq!(own(I32, ReduceOp::Prod, &[1 << 20, 1 << 12]), 0);
+        assert_eq!(
+            own(I32, ReduceOp::Sum, &[i32::MAX as i64, 1]),
+            i32::MIN as i64
+        );
+        assert_eq!(own(I64, ReduceOp::Sum, &[i64::MAX, 2]), i64::MIN + 1);
+        assert_eq!(own(I8, ReduceOp::Min, &[5, -3, 7]), -3);
+        assert_eq!(own(U8, ReduceOp::Min, &[5, 0xfd, 7]), 5);
+        assert_eq!(own(I32, ReduceOp::Max, &[-5, -3, -7]), -3);
+        assert_eq!(own(U32, ReduceOp::Max, &[5, 0xffff_fffd, 7]), 0xffff_fffd);
+        assert_eq!(own(I32, ReduceOp::Avg, &[-7, 0, 0]), -2);
+        assert_eq!(own(I32, ReduceOp::Avg, &[7, 0, 0]), 2);
+        assert_eq!(own(I8, ReduceOp::Avg, &[-128, 0]), -64);
+        assert_eq!(own(U64, ReduceOp::Avg, &[u64::MAX as i64, 1]), 0);
+        assert_eq!(own(U64, ReduceOp::Min, &[-1, 3]), 3);
+    }
+
+    #[test]
+    fn f64_reduces_in_f64() {
+        let d = DataType::F64;
+        let x = |v: f64| v.to_bits();
+        // 2^60 + 1 is not an f32 (nor a sum rounded through one).
+        let big = (1u64 << 60) as f64;
+        let r = reduce_element(d, ReduceOp::Sum, AccumType::Auto, &[x(big), x(1.0)]).unwrap_or(0);
+        assert_eq!(f64::from_bits(r), big + 1.0);
+        let r = reduce_element(d, ReduceOp::Avg, AccumType::Native, &[x(1.0), x(2.0)]).unwrap_or(0);
+        assert_eq!(f64::from_bits(r), 1.5);
+        let r =
+            reduce_element(d, ReduceOp::Min, AccumType::Auto, &[x(f64::NAN), x(1.0)]).unwrap_or(0);
+        assert!(f64::from_bits(r).is_nan());
+        let e = reduce_element(d, ReduceOp::Sum, AccumType::F32, &[x(1.0)]).unwrap_err();
+        assert!(e.to_string().contains("own"), "{e}");
+        assert!(reduce_element(DataType::I32, ReduceOp::Sum, AccumType::F16, &[1]).is_err());
     }
 
     #[test]
@@ -193,9 +357,9 @@ mod tests {
         let one = e(d, 1.0);
         // In f16, 2048 + 1 = 2048 (ulp 2 at 2048, tie to even), twice.
         let r = reduce_element(d, ReduceOp::Sum, AccumType::F16, &[big, one, one]).unwrap_or(0);
-        assert_eq!(f32::from_bits(r), 2048.0);
+        assert_eq!(f32::from_bits(r as u32), 2048.0);
         let r = reduce_element(d, ReduceOp::Sum, AccumType::F32, &[big, one, one]).unwrap_or(0);
-        assert_eq!(f32::from_bits(r), 2050.0);
+        assert_eq!(f32::from_bits(r as u32), 2050.0);
     }
 
     #[test]

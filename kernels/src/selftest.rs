@@ -57,11 +57,11 @@ pub struct Mismatch {
     /// Element index.
     pub index: usize,
     /// Input bit patterns of the element (the f32 bits for encode).
-    pub inputs: Vec<u32>,
+    pub inputs: Vec<u64>,
     /// What the device produced (bits).
-    pub got: u32,
+    pub got: u64,
     /// What the host reference says (bits).
-    pub want: u32,
+    pub want: u64,
 }
 
 /// Outcome of [`run`].
@@ -131,7 +131,11 @@ impl fmt::Display for SelfTestReport {
             }
         }
         for (dtype, cases, elements, mismatches) in reduce_rows {
-            let detail = format!("{cases} cases: 5 ops x 4 accum types");
+            let detail = if dtype.reduces_in_own_type() {
+                format!("{cases} cases: 5 ops, own type")
+            } else {
+                format!("{cases} cases: 5 ops x 4 accum types")
+            };
             writeln!(
                 f,
                 "{:<22} {:<13} {:<34} {:>9} {:>10}",
@@ -184,16 +188,15 @@ impl Rng {
     }
 
     /// A random finite, non-zero element of `dtype` (bits).
-    fn element(&mut self, dtype: DataType) -> u32 {
+    fn element(&mut self, dtype: DataType) -> u64 {
         loop {
             let bits = match dtype {
                 // f32: exponents within 2^-20..2^20, so products of 8 stay finite.
                 DataType::F32 => {
-                    let e = 127 - 20 + self.below(41) as u32;
-                    (self.next() as u32 & 0x807f_ffff) | (e << 23)
+                    let e = 127 - 20 + self.below(41);
+                    (self.next() & 0x807f_ffff) | (e << 23)
                 }
-                d if d.size() == 2 => self.next() as u32 & 0xffff,
-                _ => self.next() as u32 & 0xff,
+                d => self.next() & formats::mask(d),
             };
             let v = formats::decode(dtype, bits);
             if v.is_finite() && v != 0.0 {
@@ -284,7 +287,7 @@ impl Collector {
         dtype: DataType,
         detail: String,
         elements: usize,
-        mut compare: impl FnMut(usize) -> Option<(u32, u32, Vec<u32>)>,
+        mut compare: impl FnMut(usize) -> Option<(u64, u64, Vec<u64>)>,
     ) {
         let mut mismatches = 0;
         for i in 0..elements {
@@ -343,6 +346,24 @@ pub fn run<B: Backend>(device: &B::Device, seed: u64) -> Result<SelfTestReport> 
         },
     };
     for dtype in DataType::ALL {
+        // Integers and f64 have no f32 format to decode or encode: only their reduction.
+        if dtype.reduces_in_own_type() {
+            for (k, op) in ReduceOp::ALL.into_iter().enumerate() {
+                let count = SIZES[k % SIZES.len()];
+                let inputs = INPUT_COUNTS[k % INPUT_COUNTS.len()];
+                reduce_case(
+                    &h,
+                    &mut out,
+                    &mut rng,
+                    dtype,
+                    op,
+                    AccumType::Auto,
+                    count,
+                    inputs,
+                )?;
+            }
+            continue;
+        }
         if dtype != DataType::F32 {
             decode_case(&h, &mut out, dtype)?;
         }
@@ -373,7 +394,7 @@ fn decode_case<B: Backend>(h: &Harness<'_, B>, out: &mut Collector, dtype: DataT
     let count = 1usize << (8 * dtype.size()).min(16);
     let mut input = vec![0u8; dtype.bytes(count)?];
     for code in 0..count {
-        formats::write_element(dtype, &mut input, code, code as u32);
+        formats::write_element(dtype, &mut input, code, code as u64);
     }
     h.stream.write(h.inputs[0].ptr(), &input)?;
     h.poison_output()?;
@@ -393,9 +414,9 @@ fn decode_case<B: Backend>(h: &Harness<'_, B>, out: &mut Collector, dtype: DataT
         count,
         |i| {
             let g = formats::read_element(DataType::F32, &got, i).unwrap_or_default();
-            let want = formats::decode(dtype, i as u32);
-            (!formats::same_value(f32::from_bits(g), want))
-                .then(|| (g, want.to_bits(), vec![i as u32]))
+            let want = formats::decode(dtype, i as u64);
+            (!formats::same_value(f32::from_bits(g as u32), want))
+                .then(|| (g, u64::from(want.to_bits()), vec![i as u64]))
         },
     );
     Ok(())
@@ -429,7 +450,8 @@ fn encode_case<B: Backend>(
         |i| {
             let g = formats::read_element(dtype, &got, i).unwrap_or_default();
             let want = formats::encode(dtype, xs[i]);
-            (!formats::same_bits(dtype, g, want)).then(|| (g, want, vec![xs[i].to_bits()]))
+            (!formats::same_bits(dtype, g, want))
+                .then(|| (g, want, vec![u64::from(xs[i].to_bits())]))
         },
     );
     Ok(())

@@ -23,7 +23,7 @@ impl Rng {
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
     /// Finite, non-zero values in [-4, 4] of `dtype`, as bits.
-    fn value(&mut self, dtype: DataType) -> u32 {
+    fn value(&mut self, dtype: DataType) -> u64 {
         loop {
             let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
             let x = ((u * 8.0 - 4.0) as f32).clamp(-4.0, 4.0);
@@ -41,7 +41,7 @@ struct Errors {
     max: f64,
 }
 
-fn errors(dtype: DataType, accum: AccumType, cases: &[Vec<u32>]) -> (Errors, Vec<f64>) {
+fn errors(dtype: DataType, accum: AccumType, cases: &[Vec<u64>]) -> (Errors, Vec<f64>) {
     let mut per = Vec::with_capacity(cases.len());
     for inputs in cases {
         let exact: f64 = inputs
@@ -81,7 +81,7 @@ fn wider_accumulation_is_never_less_accurate() {
         for ranks in [2usize, 4, 8] {
             let mut rng =
                 Rng(0x9e37_79b9_7f4a_7c15 ^ (ranks as u64) ^ u64::from(dtype.code()) << 8);
-            let cases: Vec<Vec<u32>> = (0..20_000)
+            let cases: Vec<Vec<u64>> = (0..20_000)
                 .map(|_| (0..ranks).map(|_| rng.value(dtype)).collect())
                 .collect();
             let (native, per_native) = errors(dtype, AccumType::Native, &cases);

@@ -10,6 +10,7 @@ fn host_selftest_passes() {
     let report = oxccl_kernels::selftest::run::<HostBackend>(&device, 0x5eed).unwrap();
     println!("{report}");
     assert!(report.passed(), "{report}");
-    // decode: 7 types; encode: 1 + 7 x 4; reduce: 8 types x 5 ops x 4 accum.
-    assert_eq!(report.cases.len(), 7 + 29 + 160);
+    // decode: 7 types; encode: 1 + 7 x 4; reduce: 8 float types x 5 ops x 4 accum, and
+    // 7 own-type types (integers, f64) x 5 ops.
+    assert_eq!(report.cases.len(), 7 + 29 + 160 + 35);
 }

@@ -923,6 +923,13 @@ pub fn served_dtype(dtype: NcclDataType) -> Option<DataType> {
         NCCL_BFLOAT16 => Some(DataType::Bf16),
         NCCL_FLOAT8_E4M3 => Some(DataType::Fp8E4m3),
         NCCL_FLOAT8_E5M2 => Some(DataType::Fp8E5m2),
+        NCCL_INT8 => Some(DataType::I8),
+        NCCL_UINT8 => Some(DataType::U8),
+        NCCL_INT32 => Some(DataType::I32),
+        NCCL_UINT32 => Some(DataType::U32),
+        NCCL_INT64 => Some(DataType::I64),
+        NCCL_UINT64 => Some(DataType::U64),
+        NCCL_FLOAT64 => Some(DataType::F64),
         _ => None,
     }
 }

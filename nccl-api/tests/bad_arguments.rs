@@ -167,12 +167,9 @@ fn type_size(dtype: NcclDataType) -> Option<usize> {
     }
 }
 
-/// Types oxccl reduces itself; the others are forwarded to the real NCCL.
+/// Types oxccl reduces itself (every NCCL type); the others are forwarded to the real NCCL.
 fn reduced_by_oxccl(dtype: NcclDataType) -> bool {
-    matches!(
-        dtype,
-        NCCL_FLOAT32 | NCCL_FLOAT16 | NCCL_BFLOAT16 | NCCL_FLOAT8_E4M3 | NCCL_FLOAT8_E5M2
-    )
+    type_size(dtype).is_some()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -257,7 +254,12 @@ fn exact_element(dtype: NcclDataType, i: usize) -> Vec<u8> {
             .to_vec(),
         NCCL_FLOAT8_E4M3 => vec![[0x38u8, 0x40, 0x30, 0x44][k]],
         NCCL_FLOAT8_E5M2 => vec![[0x3cu8, 0x40, 0x38, 0x42][k]],
-        _ => vec![0; type_size(dtype).unwrap_or(0)],
+        // A signaling NaN of the arena's bytes would come back quieted from x / 1.
+        NCCL_FLOAT64 => [1.0f64, 2.0, 0.5, 3.0][k].to_le_bytes().to_vec(),
+        // Integers: any bits reduce to themselves on one rank.
+        _ => (0..type_size(dtype).unwrap_or(0))
+            .map(|b| (i * 31 + b * 7 + 1) as u8)
+            .collect(),
     }
 }
 

@@ -76,11 +76,13 @@ fn two_ranks_on_threads_reduce_forward_and_tear_down() {
                     let (r, j) = (i / 1001, i % 1001);
                     assert_eq!(*v, (j * 3 + r * 7 + 1) as f64, "all-gather element {i}");
                 }
-                let mut y = [0u8; 8];
-                // SAFETY: as above; int8 is forwarded, and there is no real NCCL here.
+                // int8 is served: the sum wraps (100 + 101 = -55 on two ranks).
+                let x = [100i8 + rank as i8; 8];
+                let mut y = [0i8; 8];
+                // SAFETY: 8 bytes in and out, host memory (host backend).
                 let rc = unsafe {
                     ncclAllReduce(
-                        y.as_ptr().cast(),
+                        x.as_ptr().cast(),
                         y.as_mut_ptr().cast(),
                         8,
                         NCCL_INT8,
@@ -89,9 +91,23 @@ fn two_ranks_on_threads_reduce_forward_and_tear_down() {
                         std::ptr::null_mut(),
                     )
                 };
+                assert_eq!(rc, NCCL_SUCCESS, "{}", last_error());
+                assert_eq!(y, [-55i8; 8]);
+                // Point-to-point is forwarded, and there is no real NCCL here.
+                // SAFETY: as above.
+                let rc = unsafe {
+                    ncclSend(
+                        x.as_ptr().cast(),
+                        8,
+                        NCCL_INT8,
+                        1 - rank as i32,
+                        c.0,
+                        std::ptr::null_mut(),
+                    )
+                };
                 assert_eq!(rc, NCCL_INVALID_USAGE);
                 let e = last_error();
-                assert!(e.contains("int8") && e.contains("real NCCL"), "{e}");
+                assert!(e.contains("real NCCL"), "{e}");
             })
         })
         .collect();

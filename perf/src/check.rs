@@ -2,7 +2,8 @@
 //!
 //! Inputs are a pure function of (seed, rank, index), so every rank computes the reference
 //! for every element without exchanging data: random non-zero values near ±1 (never 0),
-//! rounded to the element type.
+//! rounded to the element type (f64 with every mantissa bit used); integers are non-zero
+//! in -999..=999 (8-bit: -15..=15; unsigned: positive), so sums on 8 ranks stay in range.
 //!
 //! Two references: the exact one (the kernels' reduction in rank order with the
 //! accumulation type, `oxccl_kernels::reduce::reduce_element`), which oxccl must match bit
@@ -26,15 +27,40 @@ fn mix(mut x: u64) -> u64 {
 }
 
 /// Element `i` of `rank`'s input, as its bit pattern.
-pub fn element(dtype: DataType, seed: u64, rank: u32, i: usize) -> u32 {
+pub fn element(dtype: DataType, seed: u64, rank: u32, i: usize) -> u64 {
     let h = mix(seed ^ (u64::from(rank) << 48) ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let negative = h & (1 << 40) != 0;
+    if dtype.is_integer() {
+        let most = if dtype.size() == 1 { 15 } else { 999 };
+        let mag = 1 + (h % most) as i64;
+        let v = if negative && dtype.is_signed_integer() {
+            -mag
+        } else {
+            mag
+        };
+        return v as u64 & formats::mask(dtype);
+    }
+    if dtype == DataType::F64 {
+        let mag = 0.25 + (h >> 11) as f64 / (1u64 << 53) as f64;
+        return (if negative { -mag } else { mag }).to_bits();
+    }
     let mag = 0.25 + (h % 4096) as f32 / 4096.0;
-    let v = if h & (1 << 40) != 0 { -mag } else { mag };
-    let bits = formats::encode(dtype, v);
+    let bits = formats::encode(dtype, if negative { -mag } else { mag });
     if formats::decode(dtype, bits) == 0.0 {
         formats::encode(dtype, 0.5)
     } else {
         bits
+    }
+}
+
+/// The value of an element, for error measurements: exact for f64 and the 64-bit integers
+/// (which `formats::decode` gives as f32), the format's decode otherwise.
+pub fn value(dtype: DataType, bits: u64) -> f64 {
+    match dtype {
+        DataType::F64 => f64::from_bits(bits),
+        DataType::I64 => bits as i64 as f64,
+        DataType::U64 => bits as f64,
+        d => f64::from(formats::decode(d, bits)),
     }
 }
 
@@ -92,7 +118,7 @@ pub struct Verdict {
     /// of order 1, so results that cancel to near zero are judged by absolute error).
     pub max_rel_err: f64,
     /// First wrong element (index in the output, got bits, want bits).
-    pub first_wrong: Option<(usize, u32, u32)>,
+    pub first_wrong: Option<(usize, u64, u64)>,
 }
 
 /// The elements checked for `count`: all, or a stride sample plus the tail.
@@ -113,9 +139,15 @@ fn output_indices(e: &Expect) -> impl Iterator<Item = (usize, usize)> + Clone {
 }
 
 fn f64_reference(dtype: DataType, op: ReduceOp, seed: u64, world: u32, i: usize) -> f64 {
-    let mut acc = f64::from(formats::decode(dtype, element(dtype, seed, 0, i)));
+    if dtype.is_integer() {
+        // Integer reductions are exact in any order (wrapping, the average truncated).
+        let inputs: Vec<u64> = (0..world).map(|r| element(dtype, seed, r, i)).collect();
+        return reduce::reduce_element(dtype, op, AccumType::Auto, &inputs)
+            .map_or(f64::NAN, |bits| value(dtype, bits));
+    }
+    let mut acc = value(dtype, element(dtype, seed, 0, i));
     for r in 1..world {
-        let x = f64::from(formats::decode(dtype, element(dtype, seed, r, i)));
+        let x = value(dtype, element(dtype, seed, r, i));
         acc = match op {
             ReduceOp::Sum | ReduceOp::Avg => acc + x,
             ReduceOp::Prod => acc * x,
@@ -125,6 +157,9 @@ fn f64_reference(dtype: DataType, op: ReduceOp, seed: u64, world: u32, i: usize)
     }
     if op == ReduceOp::Avg {
         acc /= f64::from(world);
+    }
+    if dtype == DataType::F64 {
+        return acc;
     }
     f64::from(formats::round(dtype, acc as f32))
 }
@@ -149,7 +184,7 @@ fn rel_err(got: f64, reference: f64) -> f64 {
 fn judge(
     e: &Expect,
     out: &[u8],
-    want: impl Fn(usize, usize, u32, &mut Vec<u32>) -> (Option<u32>, f64) + Sync,
+    want: impl Fn(usize, usize, u64, &mut Vec<u64>) -> (Option<u64>, f64) + Sync,
 ) -> Verdict {
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
@@ -175,7 +210,7 @@ fn judge(
                                 v.first_wrong.get_or_insert((at, got, w));
                             }
                         }
-                        let g = f64::from(formats::decode(e.dtype, got));
+                        let g = value(e.dtype, got);
                         v.max_rel_err = v.max_rel_err.max(rel_err(g, reference));
                     }
                     v
@@ -238,10 +273,7 @@ pub fn exchanged(e: &Expect, out: &[u8], exact: bool) -> Verdict {
     let base = e.rank as usize * e.count;
     judge(e, out, |slot, i, _, _| {
         let want = element(e.dtype, e.seed, slot as u32, base + i);
-        (
-            exact.then_some(want),
-            f64::from(formats::decode(e.dtype, want)),
-        )
+        (exact.then_some(want), value(e.dtype, want))
     })
 }
 
@@ -250,10 +282,7 @@ pub fn exchanged(e: &Expect, out: &[u8], exact: bool) -> Verdict {
 pub fn broadcasted(e: &Expect, out: &[u8], exact: bool) -> Verdict {
     judge(e, out, |_, i, _, _| {
         let want = element(e.dtype, e.seed, e.root, i);
-        (
-            exact.then_some(want),
-            f64::from(formats::decode(e.dtype, want)),
-        )
+        (exact.then_some(want), value(e.dtype, want))
     })
 }
 
@@ -263,16 +292,13 @@ pub fn broadcasted(e: &Expect, out: &[u8], exact: bool) -> Verdict {
 pub fn gathered(e: &Expect, out: &[u8], exact: bool) -> Verdict {
     judge(e, out, |slot, i, _, _| {
         let want = element(e.dtype, e.seed, slot as u32, i);
-        (
-            exact.then_some(want),
-            f64::from(formats::decode(e.dtype, want)),
-        )
+        (exact.then_some(want), value(e.dtype, want))
     })
 }
 
 /// This rank's result at the elements the checks look at, in their order: what
 /// the repeated-call checks start from.
-pub fn checked_values(e: &Expect, out: &[u8]) -> Vec<u32> {
+pub fn checked_values(e: &Expect, out: &[u8]) -> Vec<u64> {
     output_indices(e)
         .map(|(s, i)| formats::read_element(e.dtype, out, s * e.count + i).unwrap_or_default())
         .collect()
@@ -284,13 +310,13 @@ pub fn checked_values(e: &Expect, out: &[u8]) -> Vec<u32> {
 /// Returns the wrong elements and the first of them (index, got bits, want bits).
 pub fn repeated_reduction(
     e: &Expect,
-    first: &[u32],
+    first: &[u64],
     out: &[u8],
     calls: usize,
-) -> (usize, Option<(usize, u32, u32)>) {
+) -> (usize, Option<(usize, u64, u64)>) {
     let mut wrong = 0;
     let mut first_wrong = None;
-    let mut copies = vec![0u32; e.world as usize];
+    let mut copies = vec![0u64; e.world as usize];
     for ((s, i), &start) in output_indices(e).zip(first) {
         let at = s * e.count + i;
         let mut want = start;
@@ -315,10 +341,10 @@ pub fn repeated_reduction(
 /// want bits).
 pub fn unchanged(
     e: &Expect,
-    first: &[u32],
+    first: &[u64],
     out: &[u8],
     _calls: usize,
-) -> (usize, Option<(usize, u32, u32)>) {
+) -> (usize, Option<(usize, u64, u64)>) {
     let mut wrong = 0;
     let mut first_wrong = None;
     for ((s, i), &want) in output_indices(e).zip(first) {
@@ -479,7 +505,7 @@ mod tests {
         let e = expect(d, world, count, 1);
         let mut out = vec![0u8; d.bytes(count).unwrap()];
         for i in 0..count {
-            let bits: Vec<u32> = (0..world).map(|r| element(d, 7, r, i)).collect();
+            let bits: Vec<u64> = (0..world).map(|r| element(d, 7, r, i)).collect();
             let r = reduce::reduce_element(d, ReduceOp::Sum, AccumType::Auto, &bits).unwrap();
             formats::write_element(d, &mut out, i, r).unwrap();
         }
@@ -507,7 +533,7 @@ mod tests {
             };
             let mut out = vec![0u8; dtype.bytes(count).unwrap()];
             for i in 0..count {
-                let inputs: Vec<u32> = (0..world)
+                let inputs: Vec<u64> = (0..world)
                     .map(|r| element(dtype, e.seed, r, 2 * count + i))
                     .collect();
                 let v = reduce::reduce_element(dtype, e.op, e.accum, &inputs).unwrap();

@@ -52,7 +52,7 @@ pub struct Shape {
 }
 
 /// (wrong elements, first of them as (index, got bits, want bits)).
-pub type Mismatches = (usize, Option<(usize, u32, u32)>);
+pub type Mismatches = (usize, Option<(usize, u64, u64)>);
 
 /// One collective as oxccl-perf measures it.
 #[derive(Debug)]
@@ -79,7 +79,7 @@ pub struct Collective {
     pub check: fn(&Expect, out: &[u8], exact: bool) -> Verdict,
     /// Checks the output after `calls` more in-place calls on an output whose checked
     /// elements were `first` ([`check::checked_values`]).
-    pub check_repeated: fn(&Expect, first: &[u32], out: &[u8], calls: usize) -> Mismatches,
+    pub check_repeated: fn(&Expect, first: &[u64], out: &[u8], calls: usize) -> Mismatches,
     /// Whether the back-to-back check repeats the call in place on its own output
     /// (allreduce, allgather: the output stays where it is in place). Otherwise it repeats
     /// the checked call itself, whose output must then stay as it was; that needs the

@@ -91,7 +91,14 @@ impl Nccl {
             DataType::Bf16 => Some(T::ncclBfloat16),
             DataType::Fp8E4m3 => Some(T::ncclFloat8e4m3),
             DataType::Fp8E5m2 => Some(T::ncclFloat8e5m2),
-            _ => None,
+            DataType::I8 => Some(T::ncclInt8),
+            DataType::U8 => Some(T::ncclUint8),
+            DataType::I32 => Some(T::ncclInt32),
+            DataType::U32 => Some(T::ncclUint32),
+            DataType::I64 => Some(T::ncclInt64),
+            DataType::U64 => Some(T::ncclUint64),
+            DataType::F64 => Some(T::ncclFloat64),
+            DataType::Fp8E4m3Fnuz | DataType::Fp8E5m2Fnuz | DataType::Fp8E4m3b15 => None,
         }
     }
 

@@ -292,3 +292,39 @@ fn bad_options_exit_with_usage() {
         );
     }
 }
+
+#[test]
+fn integer_and_f64_reductions_on_two_ranks_pass() {
+    // The own-type types through the perf tool's reference: i32 sums, u8 max, i64 avg
+    // (truncating), f64 sums, all bit for bit on both ranks; and reduce-scatter of i32.
+    for (dtype, op) in [
+        ("i32", "sum"),
+        ("u8", "max"),
+        ("int64", "avg"),
+        ("double", "sum"),
+    ] {
+        let (stdout, rows) =
+            host_run(&["-b", "999", "-e", "70000", "-f", "7", "-d", dtype, "-o", op]);
+        assert!(rows.len() >= 3, "{stdout}");
+    }
+    let (stdout, _) = host_run(&[
+        "-c",
+        "reducescatter",
+        "-b",
+        "1000",
+        "-e",
+        "9000",
+        "-d",
+        "u32",
+    ]);
+    assert!(stdout.contains("u32"), "{stdout}");
+    // f32 accumulation has no meaning for integers: refused with a usage error.
+    let out = Command::new(env!("CARGO_BIN_EXE_oxccl-perf"))
+        .args(["-N", "2", "-d", "i32", "--accum", "f32"])
+        .env("OXCCL_BACKEND", "host")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("own type"), "{err}");
+}

@@ -166,16 +166,12 @@ pub(crate) fn check_buffers(
     Ok(())
 }
 
-/// Type combinations the kernels serve: every data type with `Auto`, `Native`, `F32`;
-/// `F16` accumulation for everything narrower than f32 (refused for f32 data, which it
-/// would silently truncate).
+/// Type combinations the kernels serve ([`AccumType::refusal`]).
 pub(crate) fn check_types(collective: Collective, dtype: DataType, accum: AccumType) -> Result<()> {
-    if dtype == DataType::F32 && accum == AccumType::F16 {
-        return Err(Error::Unsupported(format!(
-            "{collective}: f32 data with an f16 accumulator (narrower than the data)"
-        )));
+    match accum.refusal(dtype) {
+        Some(why) => Err(Error::Unsupported(format!("{collective}: {why}"))),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 #[cfg(test)]

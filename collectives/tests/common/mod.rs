@@ -57,6 +57,17 @@ pub fn input(dtype: DataType, rank: u32, count: usize, salt: u64) -> Vec<u8> {
     pattern::allreduce_input(dtype, rank, count, salt).unwrap()
 }
 
+/// The accumulation types the tests try for `dtype` (each one the kernels serve:
+/// `AccumType::refusal`). Integers and f64 have one (they reduce in their own type).
+pub fn accums(dtype: DataType) -> Vec<AccumType> {
+    match dtype {
+        DataType::F32 => vec![AccumType::Auto],
+        DataType::F16 | DataType::Bf16 => vec![AccumType::Auto, AccumType::F32],
+        d if d.reduces_in_own_type() => vec![AccumType::Auto],
+        _ => vec![AccumType::Auto, AccumType::Native, AccumType::F32],
+    }
+}
+
 /// What every rank must hold after the allreduce of [`input`]s: the host reference, in
 /// rank order.
 pub fn expected(

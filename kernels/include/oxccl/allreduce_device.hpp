@@ -192,10 +192,15 @@ OXCCL_DEVICE_INLINE void finish_call(void* own_scratch, bool counted) {
 /// Bytes of one element of a data type code (0 for an unknown code).
 OXCCL_DEVICE_INLINE uint64_t dtype_bytes(uint32_t dtype) {
   switch (dtype) {
-    case OXCCL_DTYPE_F32: return 4;
+    case OXCCL_DTYPE_I64:
+    case OXCCL_DTYPE_U64:
+    case OXCCL_DTYPE_F64: return 8;
+    case OXCCL_DTYPE_F32:
+    case OXCCL_DTYPE_I32:
+    case OXCCL_DTYPE_U32: return 4;
     case OXCCL_DTYPE_F16:
     case OXCCL_DTYPE_BF16: return 2;
-    default: return dtype < OXCCL_DTYPE_COUNT ? 1 : 0;  // the fp8 formats
+    default: return dtype < OXCCL_DTYPE_COUNT ? 1 : 0;  // the fp8 formats, i8, u8
   }
 }
 

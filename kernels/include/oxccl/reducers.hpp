@@ -83,6 +83,126 @@ struct DynamicReducer {
   }
 };
 
+// ---- types reduced in their own type ----------------------------------------------------
+// Integers (two's complement: sums and products wrap, as NCCL's) and f64 have no
+// accumulation choice: each step is one operation of the type itself. One reducer per
+// element width, with the type (signed, unsigned, f64) and op read at run time, keeps the
+// image small: 3 bodies per kernel for 7 types. The host reference is the own-type path
+// of kernels/src/reduce.rs.
+
+/// The element width of a type reduced in its own type: all a body needs to know of it
+/// (`sizeof(Fmt::Storage)`).
+template <typename T>
+struct OwnTypeWidth {
+  using Storage = T;
+};
+
+template <typename T> struct SignedOf;
+template <> struct SignedOf<uint8_t> { using Type = int8_t; };
+template <> struct SignedOf<uint32_t> { using Type = int32_t; };
+template <> struct SignedOf<uint64_t> { using Type = int64_t; };
+
+/// How the bits of an own-type element are read.
+enum class OwnKind : uint32_t { Unsigned, Signed, F64 };
+
+OXCCL_DEVICE_INLINE OwnKind own_kind(uint32_t dtype) {
+  if (dtype == OXCCL_DTYPE_I8 || dtype == OXCCL_DTYPE_I32 || dtype == OXCCL_DTYPE_I64) return OwnKind::Signed;
+  if (dtype == OXCCL_DTYPE_F64) return OwnKind::F64;
+  return OwnKind::Unsigned;
+}
+
+/// `a op b` in the element's own type (Avg combines as a sum). Min/max keep `a` on ties
+/// and, for f64, on unordered inputs (as the f32 path and the host reference).
+template <typename T>
+OXCCL_DEVICE_INLINE T own_apply(OwnKind kind, uint32_t op, T a, T b) {
+  using S = typename SignedOf<T>::Type;
+  if constexpr (sizeof(T) == 8) {
+    if (kind == OwnKind::F64) {
+      const double x = bit_cast<double>(a), y = bit_cast<double>(b);
+      double r;
+      switch (op) {
+        case OXCCL_OP_PROD: r = x * y; break;
+        case OXCCL_OP_MIN: r = y < x ? y : x; break;
+        case OXCCL_OP_MAX: r = y > x ? y : x; break;
+        default: r = x + y; break;
+      }
+      return bit_cast<T>(r);
+    }
+  }
+  switch (op) {
+    // Unsigned arithmetic wraps, and its bits are those of the signed wrap.
+    case OXCCL_OP_PROD: return static_cast<T>(a * b);
+    case OXCCL_OP_MIN:
+      if (kind == OwnKind::Signed) return static_cast<S>(b) < static_cast<S>(a) ? b : a;
+      return b < a ? b : a;
+    case OXCCL_OP_MAX:
+      if (kind == OwnKind::Signed) return static_cast<S>(b) > static_cast<S>(a) ? b : a;
+      return b > a ? b : a;
+    default: return static_cast<T>(a + b);
+  }
+}
+
+/// The average of `n` ranks from their (wrapped) sum: integers divide truncating toward
+/// zero, as NCCL's integer average; f64 divides.
+template <typename T>
+OXCCL_DEVICE_INLINE T own_average(OwnKind kind, T sum, uint32_t n) {
+  using S = typename SignedOf<T>::Type;
+  if constexpr (sizeof(T) == 8) {
+    if (kind == OwnKind::F64) return bit_cast<T>(bit_cast<double>(sum) / static_cast<double>(n));
+  }
+  if (kind == OwnKind::Signed) {
+    // In 64 bits, so the smallest value of a narrower type divides without overflow.
+    return static_cast<T>(static_cast<S>(static_cast<int64_t>(static_cast<S>(sum)) / static_cast<int64_t>(n)));
+  }
+  return static_cast<T>(sum / static_cast<T>(n));
+}
+
+template <typename T>
+struct OwnTypeReducer {
+  OwnKind kind;
+  uint32_t op;
+  struct State {
+    T e[16 / sizeof(T)];
+  };
+  static constexpr int kLanes = 16 / sizeof(T);
+  OXCCL_DEVICE_INLINE State first(const Vec16& v) const { return bit_cast<State>(v); }
+  OXCCL_DEVICE_INLINE void add(State& s, const Vec16& v) const {
+    const State x = bit_cast<State>(v);
+#pragma unroll
+    for (int i = 0; i < kLanes; ++i) s.e[i] = own_apply<T>(kind, op, s.e[i], x.e[i]);
+  }
+  OXCCL_DEVICE_INLINE Vec16 finish(State s, uint32_t n) const {
+    if (op == OXCCL_OP_AVG) {
+#pragma unroll
+      for (int i = 0; i < kLanes; ++i) s.e[i] = own_average<T>(kind, s.e[i], n);
+    }
+    return bit_cast<Vec16>(s);
+  }
+};
+
+/// Calls `body.template operator()<OwnTypeWidth<T>>(reducer)` for a type reduced in its
+/// own type; false for any other code.
+template <typename Body>
+OXCCL_DEVICE_INLINE bool dispatch_own_type(uint32_t dtype, uint32_t op, Body&& body) {
+  const OwnKind kind = own_kind(dtype);
+  switch (dtype) {
+    case OXCCL_DTYPE_I8:
+    case OXCCL_DTYPE_U8:
+      body.template operator()<OwnTypeWidth<uint8_t>>(OwnTypeReducer<uint8_t>{kind, op});
+      return true;
+    case OXCCL_DTYPE_I32:
+    case OXCCL_DTYPE_U32:
+      body.template operator()<OwnTypeWidth<uint32_t>>(OwnTypeReducer<uint32_t>{kind, op});
+      return true;
+    case OXCCL_DTYPE_I64:
+    case OXCCL_DTYPE_U64:
+    case OXCCL_DTYPE_F64:
+      body.template operator()<OwnTypeWidth<uint64_t>>(OwnTypeReducer<uint64_t>{kind, op});
+      return true;
+    default: return false;
+  }
+}
+
 /// Reduces `n` ranks' vectors in rank order. Every index is a constant once the loop is
 /// unrolled, so the array stays in registers: a per-rank array indexed at run time lives
 /// in local memory, which cost 0.4 us per call at 1 KB and 1.2 us at 64 KB in 512-thread
@@ -102,6 +222,7 @@ OXCCL_DEVICE_INLINE Vec16 reduce_ranks(const Reducer& reduce, const Vec16 (&in)[
 /// Calls `body.template operator()<Fmt>(reducer)` with the reducer for the call's types.
 template <typename Body>
 __device__ void dispatch_all(const OxcclAllreduceArgs& a, Body&& body) {
+  if (dispatch_own_type(a.dtype, a.op, body)) return;
   dispatch_dtype(a.dtype, [&]<typename Fmt>() {
     const Acc acc = resolve_accum<Fmt>(a.accum);
     if (a.op == OXCCL_OP_SUM) {

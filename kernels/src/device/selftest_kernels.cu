@@ -1,8 +1,11 @@
-// Self-test kernels: number-format conversions and the mixed-precision reduction, run on
-// the GPU and compared bit for bit with the host reference (kernels/src/selftest.rs).
+// Self-test kernels: number-format conversions and the reductions (mixed precision, and
+// the integers' and f64's own-type reducer of the collective kernels), run on the GPU and
+// compared bit for bit with the host reference (kernels/src/selftest.rs).
 #include "oxccl/abi.h"
+#include "oxccl/allreduce_device.hpp"
 #include "oxccl/number_formats.hpp"
 #include "oxccl/reduce.hpp"
+#include "oxccl/reducers.hpp"
 #include "oxccl/vector.hpp"
 
 OXCCL_GLOBAL void oxccl_selftest_decode(OxcclSelftestDecodeArgs args) {
@@ -50,10 +53,28 @@ __device__ __noinline__ void reduce_body(const OxcclSelftestReduceArgs& args) {
   }
 }
 
+// Integers and f64: the collective kernels' own-type reducer, unit by unit (the tail unit
+// zero-padded; its lanes are independent).
+template <typename Reducer>
+__device__ __noinline__ void own_type_body(const OxcclSelftestReduceArgs& args, const Reducer reduce,
+                                           uint64_t total) {
+  const uint32_t n = args.num_inputs;
+  const uint64_t stride = oxccl::thread_count();
+  for (uint64_t u = oxccl::thread_index(); u < (total + 15) / 16; u += stride) {
+    auto s = reduce.first(oxccl::allreduce::load_unit(args.inputs[0], u * 16, total));
+    for (uint32_t k = 1; k < n; ++k) reduce.add(s, oxccl::allreduce::load_unit(args.inputs[k], u * 16, total));
+    oxccl::allreduce::store_unit(args.output, u * 16, reduce.finish(s, n), total);
+  }
+}
+
 }  // namespace
 
 OXCCL_GLOBAL void oxccl_selftest_reduce(OxcclSelftestReduceArgs args) {
   if (args.num_inputs == 0 || args.num_inputs > OXCCL_SELFTEST_MAX_INPUTS) return;
+  const bool own_type = oxccl::allreduce::dispatch_own_type(args.dtype, args.op, [&]<typename W>(auto reducer) {
+    own_type_body(args, reducer, args.count * sizeof(typename W::Storage));
+  });
+  if (own_type) return;
   oxccl::dispatch_dtype(args.dtype, [&]<typename Fmt>() {
     oxccl::dispatch_op(args.op, [&]<uint32_t Op>() {
       oxccl::dispatch_acc(oxccl::resolve_accum<Fmt>(args.accum), [&]<oxccl::Acc A>() {

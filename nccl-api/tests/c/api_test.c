@@ -135,6 +135,61 @@ static void allreduce_suite(ncclComm_t comm, int rank, int nranks, int salt) {
   }
 }
 
+/* Integer and f64 allreduces, served by oxccl: sums wrap (int32 near its limits, uint8),
+ * max and min compare with the type's sign, the integer average truncates toward zero, and
+ * f64 sums of values below f32's precision are exact. References computed here. */
+static void integer_suite(ncclComm_t comm, int rank, int nranks) {
+  static const size_t N[] = {1, 3, 1001, 12345};
+  for (size_t ci = 0; ci < 4; ci++) {
+    size_t n = N[ci];
+    int32_t* i32 = malloc(n * sizeof(int32_t));
+    int32_t* i32_sum = malloc(n * sizeof(int32_t));
+    int32_t* i32_avg = malloc(n * sizeof(int32_t));
+    int64_t* i64 = malloc(n * sizeof(int64_t));
+    int64_t* i64_max = malloc(n * sizeof(int64_t));
+    uint8_t* u8 = malloc(n);
+    uint8_t* u8_sum = malloc(n);
+    double* f64 = malloc(n * sizeof(double));
+    double* f64_sum = malloc(n * sizeof(double));
+    for (int r = 0; r <= nranks; r++) {
+      /* r == nranks: this rank's own input, last, into the send buffers. */
+      int me = r == nranks ? rank : r;
+      rng_state = 0x51afd7ed558ccd1dull ^ ((uint64_t)me << 36) ^ (uint64_t)ci * 1299709u ^ n;
+      for (size_t i = 0; i < n; i++) {
+        uint64_t h = next_u64();
+        int32_t a = (int32_t)(uint32_t)h; /* the whole range: sums wrap */
+        int64_t b = (int64_t)h;
+        uint8_t c = (uint8_t)(h >> 40);
+        double d = (double)(int64_t)(h >> 11) / 9007199254740992.0; /* 53-bit fractions */
+        if (r == nranks) {
+          i32[i] = a; i64[i] = b; u8[i] = c; f64[i] = d;
+        } else if (r == 0) {
+          i32_sum[i] = a; i64_max[i] = b; u8_sum[i] = c; f64_sum[i] = d;
+        } else {
+          i32_sum[i] = (int32_t)((uint32_t)i32_sum[i] + (uint32_t)a);
+          i64_max[i] = b > i64_max[i] ? b : i64_max[i];
+          u8_sum[i] = (uint8_t)(u8_sum[i] + c);
+          f64_sum[i] += d;
+        }
+      }
+    }
+    for (size_t i = 0; i < n; i++) i32_avg[i] = i32_sum[i] / nranks;
+    int32_t* o32 = malloc(n * sizeof(int32_t));
+    OK(ncclAllReduce(i32, o32, n, ncclInt32, ncclSum, comm, NULL));
+    CHECK(memcmp(o32, i32_sum, n * sizeof(int32_t)) == 0, "int32 sum of %zu", n);
+    OK(ncclAllReduce(i32, o32, n, ncclInt32, ncclAvg, comm, NULL));
+    CHECK(memcmp(o32, i32_avg, n * sizeof(int32_t)) == 0, "int32 avg of %zu", n);
+    OK(ncclAllReduce(i64, i64, n, ncclInt64, ncclMax, comm, NULL)); /* in place */
+    CHECK(memcmp(i64, i64_max, n * sizeof(int64_t)) == 0, "in-place int64 max of %zu", n);
+    OK(ncclAllReduce(u8, u8, n, ncclUint8, ncclSum, comm, NULL));
+    CHECK(memcmp(u8, u8_sum, n) == 0, "uint8 sum of %zu", n);
+    OK(ncclAllReduce(f64, f64, n, ncclFloat64, ncclSum, comm, NULL));
+    CHECK(memcmp(f64, f64_sum, n * sizeof(double)) == 0, "float64 sum of %zu", n);
+    free(i32); free(i32_sum); free(i32_avg); free(i64); free(i64_max);
+    free(u8); free(u8_sum); free(f64); free(f64_sum); free(o32);
+  }
+}
+
 /* Bytes of `rank`'s all-gather input (never all zero, different per rank and call). */
 static void fill_bytes(unsigned char* x, size_t n, int rank, int salt) {
   rng_state = 0x2545f4914f6cdd1dull ^ ((uint64_t)rank << 40) ^ (uint64_t)salt * 104729u ^ n;
@@ -284,6 +339,7 @@ static int child(ncclUniqueId id, int rank, int nranks) {
   CHECK(v == rank, "rank %d", v);
   allreduce_suite(comm, rank, nranks, 100);
   half_suite(comm, rank, nranks);
+  integer_suite(comm, rank, nranks);
 
   /* Split: even and odd ranks; the last rank of an odd-sized job opts out. */
   int color = (nranks % 2 == 1 && rank == nranks - 1) ? NCCL_SPLIT_NOCOLOR : rank % 2;
@@ -438,10 +494,7 @@ static void single_process_tests(void) {
   allreduce_suite(comm, 0, 1, 200);
   half_suite(comm, 0, 1);
 
-  /* Forwarded without a real NCCL: a clear ncclInvalidUsage. */
-  int32_t ints[8] = {0};
-  EXPECT(ncclAllReduce(ints, ints, 8, ncclInt32, ncclSum, comm, NULL), ncclInvalidUsage);
-  CHECK(last_error_contains("int32") && last_error_contains("real NCCL"), "int32 forward message");
+  integer_suite(comm, 0, 1);
   /* An operator past the built-in ones: only ncclRedOpCreatePreMulSum makes those, and it
      needs a real NCCL, so here it is an invalid argument (as NCCL answers one it did not make). */
   EXPECT(ncclAllReduce(x, x, 8, ncclFloat32, (ncclRedOp_t)5, comm, NULL), ncclInvalidArgument);
@@ -450,9 +503,12 @@ static void single_process_tests(void) {
   EXPECT(ncclBroadcast(x, x, 8, ncclFloat32, 1, comm, NULL), ncclInvalidArgument);
   CHECK(last_error_contains("root 1"), "bad root named");
   EXPECT(ncclSend(x, 8, ncclFloat32, 0, comm, NULL), ncclInvalidUsage);
+  CHECK(last_error_contains("real NCCL"), "forwarding error names the reason");
   EXPECT(ncclRecv(x, 8, ncclFloat32, 0, comm, NULL), ncclInvalidUsage);
   OK(ncclReduceScatter(x, x, 8, ncclFloat32, ncclSum, comm, NULL)); /* one rank: in place, a no-op */
-  EXPECT(ncclReduceScatter(ints, ints, 8, ncclInt32, ncclSum, comm, NULL), ncclInvalidUsage);
+  int32_t ints[8] = {5, -7, 1, 2, 3, 4, 5, 6};
+  OK(ncclReduceScatter(ints, ints, 8, ncclInt32, ncclSum, comm, NULL)); /* one rank: a no-op */
+  CHECK(ints[0] == 5 && ints[1] == -7, "one-rank int32 reduce-scatter changed its input");
   ncclRedOp_t op;
   float scalar = 2.0f;
   EXPECT(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat32, ncclScalarHostImmediate, comm), ncclInvalidUsage);
