@@ -35,6 +35,11 @@ step selftest "$BIN/oxccl-gpu-suite" selftest
 step default-bf16-graph "$BIN/oxccl-perf" -b 1000 -e 64M -f 7 -d bf16 --graph
 step default-f32-inplace "$BIN/oxccl-perf" -b 999 -e 8M -f 9 -d f32 --in-place
 step default-e4m3b15-unregistered "$BIN/oxccl-perf" -b 1001 -e 8M -f 9 -d fp8_e4m3b15 --accum f32 --no-register
+# Integers and f64 (reduced in their own type; the self-test above checks their reducer
+# against the host reference on several inputs).
+step default-i32-sum "$BIN/oxccl-perf" -b 999 -e 8M -f 9 -d i32
+step default-f64-avg-inplace "$BIN/oxccl-perf" -b 1001 -e 8M -f 9 -d f64 -o avg --in-place
+step default-u8-max-unregistered "$BIN/oxccl-perf" -b 1000 -e 1M -f 7 -d u8 -o max --no-register
 for algo in oneshot_ll twoshot twoshot_push twoshot_zc port_channel; do
     step "forced-$algo" env OXCCL_ALGO=$algo "$BIN/oxccl-perf" -b 1000 -e 4M -f 7 -d bf16
 done

@@ -96,9 +96,15 @@ allreduce)
                 step "check ${n}gpu ${algo} ${dtype} in-place odd 1003B..${max}" 60 env OXCCL_ALGO="${algo}" \
                     .gpu/oxccl-perf -N "${n}" -b 1003 -e "${max}" -f 7 -d "${dtype}" --in-place "${q[@]}"
             done
-            for dtype in f16 fp8_e4m3 fp8_e5m2; do
+            for dtype in f16 fp8_e4m3 fp8_e5m2 i8 u32 i64 f64; do
                 step "check ${n}gpu ${algo} ${dtype} 2B..${max}" 60 env OXCCL_ALGO="${algo}" \
                     .gpu/oxccl-perf -N "${n}" -b 2 -e "${max}" -f 8 -d "${dtype}" "${q[@]}"
+            done
+        done
+        for dtype in i32 u8 f64; do
+            for op in sum prod min max avg; do
+                step "check ${n}gpu auto ${dtype} ${op} odd in-place" 60 .gpu/oxccl-perf -N "${n}" -b 1003 -e 16M -f 7 \
+                    -d "${dtype}" -o "${op}" --in-place "${q[@]}"
             done
         done
         for op in prod min max avg; do
