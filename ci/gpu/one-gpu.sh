@@ -48,9 +48,9 @@ step forced-oneshot_ll128-refused bash -c "! OXCCL_ALGO=oneshot_ll128 $BIN/oxccl
 # The other collectives on one rank: every algorithm's kernel launched through its
 # descriptor (one rank moves nothing between GPUs: this checks launch, arguments and the
 # local copies, not the NVLink protocol, which needs 2 GPUs: ci/gpu/session.sh collectives).
-for c in ${ONE_GPU_COLLECTIVES:-allgather reducescatter alltoall broadcast}; do
+for c in ${ONE_GPU_COLLECTIVES:-allgather reducescatter alltoall broadcast reduce}; do
     kinds="oneshot_ll staged direct"
-    [[ $c == broadcast ]] && kinds="staged direct" # no LL one-shot (see broadcast.cu)
+    [[ $c == broadcast || $c == reduce ]] && kinds="staged direct" # no LL one-shot (see broadcast.cu, reduce.cu)
     for kind in $kinds; do
         reg=(); [[ ${kind} == staged ]] && reg=(--no-register)
         step "$c-$kind" env OXCCL_ALGO="${c}_${kind}" "$BIN/oxccl-perf" -c "$c" -b 1000 -e 4M -f 7 -d bf16 "${reg[@]}"

@@ -6,7 +6,7 @@
 #     ci/gpu/session.sh hal        # topology, hal-cuda GPU tests, kernels self-test,
 #                                  # multi-process suite on 2 and 4 GPUs, channels tables
 #     ci/gpu/session.sh allreduce  # correctness matrix (ci/gpu/run-allreduce.sh, part 1)
-#     ci/gpu/session.sh collectives # all-gather, reduce-scatter, all-to-all, broadcast: every algorithm
+#     ci/gpu/session.sh collectives # all-gather, reduce-scatter, all-to-all, broadcast, reduce: every algorithm
 #                                  # x type x placement checked, then each vs NCCL (graph)
 #     ci/gpu/session.sh latency    # 1K..4M vs NCCL: early launch on/off, and an earlier
 #                                  # build in .gpu/base/ when there is one
@@ -128,9 +128,10 @@ collectives)
     for n in ${OXCCL_SESSION_GPUS:-2 4}; do
         ((ngpus >= n)) || continue
         export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
-        for c in allgather reducescatter alltoall broadcast; do
+        for c in allgather reducescatter alltoall broadcast reduce; do
             kinds="oneshot_ll staged direct"
-            [[ ${c} == broadcast ]] && kinds="staged direct" # no LL one-shot (broadcast.cu)
+            # No LL one-shot (broadcast.cu, reduce.cu).
+            [[ ${c} == broadcast || ${c} == reduce ]] && kinds="staged direct"
             for kind in ${kinds}; do
                 algo="${c}_${kind}"
                 if [[ ${kind} == oneshot_ll ]]; then max=1M; else max=256M; fi
@@ -148,7 +149,7 @@ collectives)
             step "check ${n}gpu ${c} auto bf16 graph" 60 .gpu/oxccl-perf -c "${c}" -N "${n}" -b 1K -e 64M -f 8 \
                 -d bf16 --graph "${q[@]}"
         done
-        for c in allgather reducescatter alltoall broadcast; do
+        for c in allgather reducescatter alltoall broadcast reduce; do
             step "perf ${n}gpu ${c} bf16 vs NCCL graph" 150 .gpu/oxccl-perf -c "${c}" -N "${n}" -b 1K -e 1G -f 2 \
                 -d bf16 -w 5 --iters 20 --graph --compare nccl --json "${out}/${c}-bf16-${n}gpu.json"
         done

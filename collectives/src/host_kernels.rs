@@ -135,7 +135,7 @@ impl Call {
         unsafe { write_unit(self.a.output, self.total, off, v) }
     }
 
-    /// The call's root rank (broadcast), checked against the world.
+    /// The call's root rank (broadcast, reduce), checked against the world.
     pub(crate) fn root(&self) -> Result<usize> {
         let root = self.a.root as usize;
         if root >= self.world {

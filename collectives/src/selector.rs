@@ -15,6 +15,7 @@ use crate::algorithms::all_to_all::{
     direct::ALLTOALL_DIRECT, one_shot::ALLTOALL_ONESHOT_LL, staged::ALLTOALL_STAGED,
 };
 use crate::algorithms::broadcast::{direct::BROADCAST_DIRECT, staged::BROADCAST_STAGED};
+use crate::algorithms::reduce::{direct::REDUCE_DIRECT, staged::REDUCE_STAGED};
 use crate::algorithms::reduce_scatter::{
     direct::REDUCESCATTER_DIRECT, one_shot::REDUCESCATTER_ONESHOT_LL, staged::REDUCESCATTER_STAGED,
 };
@@ -151,16 +152,10 @@ impl Selector {
                     [ALLTOALL_ONESHOT_LL, ALLTOALL_DIRECT, ALLTOALL_STAGED],
                 )?,
                 Collective::Broadcast => {
-                    let (algorithm, reason) = if shape.zero_copy {
-                        (BROADCAST_DIRECT, "registered output")
-                    } else {
-                        (BROADCAST_STAGED, "unregistered output")
-                    };
-                    Choice {
-                        algorithm,
-                        plan: algorithm.plan(shape)?,
-                        reason: format!("{reason}, {} bytes", shape.bytes),
-                    }
+                    Self::direct_or_staged(shape, [BROADCAST_DIRECT, BROADCAST_STAGED], "output")?
+                }
+                Collective::Reduce => {
+                    Self::direct_or_staged(shape, [REDUCE_DIRECT, REDUCE_STAGED], "input")?
                 }
                 Collective::ReduceScatter => Self::one_shot_direct_staged(
                     shape,
@@ -282,6 +277,26 @@ impl Selector {
             staged,
             format!("unregistered buffers, {} bytes", shape.bytes),
         )
+    }
+
+    /// The policy of the rooted collectives (broadcast, reduce), which have no one-shot: the
+    /// direct kernel when the buffers it reaches on the peers (`needs`: the outputs, the
+    /// inputs) are registered, else the staged one.
+    fn direct_or_staged(
+        shape: &CallShape<'_>,
+        [direct, staged]: [Algorithm; 2],
+        needs: &str,
+    ) -> Result<Choice> {
+        let (algorithm, reason) = if shape.zero_copy {
+            (direct, "registered")
+        } else {
+            (staged, "unregistered")
+        };
+        Ok(Choice {
+            algorithm,
+            plan: algorithm.plan(shape)?,
+            reason: format!("{reason} {needs}, {} bytes", shape.bytes),
+        })
     }
 }
 

@@ -760,6 +760,73 @@ impl Comm {
         Ok(algo)
     }
 
+    /// Reduce of `count` elements to `root` on the caller's stream (the host backend:
+    /// through host memory, see [`Comm::host_call`]); returns the algorithm for the log when
+    /// logging.
+    ///
+    /// # Safety
+    /// NCCL's contract for ncclReduce: `send` (and on the root `recv`) holds `count`
+    /// elements on this communicator's device (host memory on the host backend), `stream`
+    /// is a live stream of that device, every rank makes the same calls.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn reduce(
+        &self,
+        comm: &Communicator,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: u32,
+        stream: CudaStreamT,
+    ) -> ApiResult<String> {
+        let collective = Collective::Reduce;
+        let algo = if crate::error::log_enabled() && self.host.is_none() {
+            comm.choose_collective(collective, count, dtype)
+                .map(|c| c.algorithm.to_string())
+                .unwrap_or_else(|e| format!("? ({e})"))
+        } else {
+            String::new()
+        };
+        if let Some(host) = &self.host {
+            let bytes = dtype.bytes(count)?;
+            // Only the root's output is written (and checked: the library ignores the other
+            // ranks' output, which may be NULL); nothing is copied back elsewhere.
+            let (output, recv_bytes) = if root == self.rank {
+                (recv, bytes)
+            } else {
+                (send, 0)
+            };
+            comm.check_buffers(collective, send, output, count, dtype)?;
+            return self.host_call(
+                host,
+                comm,
+                (send, bytes, 0),
+                (output, recv_bytes, 0),
+                |buf| {
+                    // SAFETY: the staging buffer holds `count` elements (this rank's input), in
+                    // place, and lives until the stream is synchronized (host_call).
+                    unsafe {
+                        comm.reduce(
+                            buf,
+                            buf,
+                            count,
+                            dtype,
+                            op,
+                            AccumType::Auto,
+                            root,
+                            &host.stream,
+                        )
+                    }
+                },
+            );
+        }
+        let s = self.borrow_stream(comm, stream)?;
+        // SAFETY: this function's contract is reduce's (buffers and stream).
+        unsafe { comm.reduce(send, recv, count, dtype, op, AccumType::Auto, root, &s) }?;
+        Ok(algo)
+    }
+
     /// A call on the host backend: the caller's host input (`send`, its bytes, and where
     /// it goes in the staging buffer) is copied into a host-backend (shared-memory)
     /// staging buffer, `run` queues the collective on it, and the output (`recv`, its

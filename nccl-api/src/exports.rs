@@ -942,7 +942,84 @@ unsafe fn all_to_all(
     Ok(())
 }
 
-forwarded!(ncclReduce / pncclReduce, reduce, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, op: NcclRedOp, root: c_int, comm: Opaque, stream: CudaStreamT));
+export! {
+    /// Served by oxccl for the types and operators of ncclAllReduce on a communicator oxccl
+    /// serves, on the caller's stream, in place when `sendbuff == recvbuff` on the root
+    /// (`recvbuff` is written on the root only, and may be NULL elsewhere); every other call
+    /// is forwarded to the real NCCL.
+    fn ncclReduce / pncclReduce(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, op: NcclRedOp, root: c_int, comm: Opaque, stream: CudaStreamT) -> NcclResult {
+        guard("ncclReduce", || {
+            // SAFETY: NCCL's contract on every argument.
+            unsafe { reduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream) }
+        })
+    }
+}
+
+/// # Safety
+/// NCCL's contract for ncclReduce.
+#[allow(clippy::too_many_arguments)]
+unsafe fn reduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: NcclDataType,
+    op: NcclRedOp,
+    root: c_int,
+    comm: Opaque,
+    stream: CudaStreamT,
+) -> ApiResult<()> {
+    // SAFETY: NCCL's contract on comm.
+    let target = unsafe { resolve(comm) }?;
+    let detail = || {
+        format!(
+            " count={count} dtype={} op={} root={root}",
+            type_name(datatype),
+            op_name(op)
+        )
+    };
+    let forward_why = |why: String| {
+        let call = |real: &'static RealNccl, c: Opaque| {
+            let f = real.fns.reduce?;
+            // SAFETY: the caller's arguments with the real communicator.
+            Some(unsafe { f(sendbuff, recvbuff, count, datatype, op, root, c, stream) })
+        };
+        // SAFETY: NCCL's contract on comm.
+        unsafe { forward("ncclReduce", comm, &why, detail, call) }
+    };
+    let c = match target {
+        Target::Foreign(_) => return forward_why(NOT_SERVED.into()),
+        Target::Ours(c) => c,
+    };
+    check_count(count, datatype)?;
+    check_op(op)?;
+    let root = u32::try_from(root)
+        .ok()
+        .filter(|r| *r < c.nranks)
+        .ok_or_else(|| {
+            ApiError::invalid_argument(format!("root {root} is not a rank of {} ranks", c.nranks))
+        })?;
+    let is_root = root == c.rank;
+    if count > 0 && (sendbuff.is_null() || (is_root && recvbuff.is_null())) {
+        return Err(ApiError::invalid_argument(format!(
+            "sendbuff {sendbuff:?} (or the root's recvbuff {recvbuff:?}) is NULL with count \
+             {count}"
+        )));
+    }
+    let (ox, dtype, rop) = match served_reduction(c, datatype, op) {
+        Ok(served) => served,
+        Err(why) => return forward_why(why),
+    };
+    if count == 0 {
+        return Ok(());
+    }
+    let send = DevicePtr(sendbuff as usize as u64);
+    let recv = DevicePtr(recvbuff as usize as u64);
+    // SAFETY: NCCL's contract on buffers and stream is oxccl's.
+    let algo = unsafe { c.reduce(ox, send, recv, count, dtype, rop, root, stream) }?;
+    log_info!("rank {} ncclReduce{} -> oxccl ({algo})", c.rank, detail());
+    Ok(())
+}
+
 export! {
     /// Served by oxccl for every data type (data only moves) on a communicator oxccl
     /// serves, on the caller's stream (`sendbuff` is read on the root only); every other

@@ -120,6 +120,7 @@ enum Coll {
     AlltoAll,
     Broadcast,
     Bcast,
+    Reduce,
 }
 
 impl Coll {
@@ -131,11 +132,12 @@ impl Coll {
             Coll::AlltoAll => "ncclAlltoAll",
             Coll::Broadcast => "ncclBroadcast",
             Coll::Bcast => "ncclBcast",
+            Coll::Reduce => "ncclReduce",
         }
     }
 
     fn reduces(self) -> bool {
-        matches!(self, Coll::AllReduce | Coll::ReduceScatter)
+        matches!(self, Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce)
     }
 }
 
@@ -205,7 +207,7 @@ fn expected(call: &Call) -> Expect {
             return Refused(NCCL_INVALID_ARGUMENT);
         }
     }
-    if matches!(call.coll, Coll::Broadcast | Coll::Bcast) && call.root != 0 {
+    if matches!(call.coll, Coll::Broadcast | Coll::Bcast | Coll::Reduce) && call.root != 0 {
         return Refused(NCCL_INVALID_ARGUMENT);
     }
     if call.count > 0 && null {
@@ -316,6 +318,16 @@ fn run_call(comm: Handle, call: Call) -> (Outcome, Vec<u8>, Vec<u8>) {
                 null_stream,
             ),
             Coll::Bcast => ncclBcast(recv, call.count, call.dtype, call.root, c, null_stream),
+            Coll::Reduce => ncclReduce(
+                send,
+                recv,
+                call.count,
+                call.dtype,
+                call.op,
+                call.root,
+                c,
+                null_stream,
+            ),
         }
     };
     let got = outcome(rc);
@@ -333,6 +345,7 @@ fn any_coll() -> impl Strategy<Value = Coll> {
         Just(Coll::AlltoAll),
         Just(Coll::Broadcast),
         Just(Coll::Bcast),
+        Just(Coll::Reduce),
     ]
 }
 
@@ -628,7 +641,8 @@ enum Misuse {
     UnbalancedGroupEnd {
         simulate: bool,
     },
-    /// Forwarded calls (no real NCCL on the host backend) with bad roots and peers.
+    /// Forwarded calls (no real NCCL on the host backend) with bad roots and peers
+    /// (ncclReduce is served: its roots are in the collectives property).
     ForwardedBadRank {
         which: usize,
         rank: c_int,
@@ -665,7 +679,7 @@ fn any_misuse() -> impl Strategy<Value = Misuse> {
         Just(MemAllocNullSlot),
         (0..4096usize).prop_map(|k| MemAllocHuge(usize::MAX - k)),
         any::<bool>().prop_map(|simulate| UnbalancedGroupEnd { simulate }),
-        (0..5usize, any::<c_int>()).prop_map(|(which, rank)| ForwardedBadRank { which, rank }),
+        (0..4usize, any::<c_int>()).prop_map(|(which, rank)| ForwardedBadRank { which, rank }),
     ]
 }
 
@@ -694,13 +708,7 @@ fn misuse_expectation(m: &Misuse) -> (&'static str, NcclResult) {
         UnbalancedGroupEnd { simulate: false } => ("ncclGroupEnd", NCCL_INVALID_USAGE),
         UnbalancedGroupEnd { simulate: true } => ("ncclGroupSimulateEnd", NCCL_INVALID_USAGE),
         ForwardedBadRank { which, .. } => (
-            [
-                "ncclReduce",
-                "ncclGather",
-                "ncclScatter",
-                "ncclSend",
-                "ncclRecv",
-            ][*which % 5],
+            ["ncclGather", "ncclScatter", "ncclSend", "ncclRecv"][*which % 4],
             NCCL_INVALID_USAGE,
         ),
     }
@@ -774,11 +782,10 @@ fn run_misuse(comm: Handle, m: Misuse) -> Outcome {
             ForwardedBadRank { which, rank } => {
                 let (xs, s) = (x.as_ptr().cast::<c_void>(), null);
                 let f = NCCL_FLOAT32;
-                match which % 5 {
-                    0 => ncclReduce(xs, xm, 4, f, NCCL_SUM, rank, c, s),
-                    1 => ncclGather(xs, xm, 4, f, rank, c, s),
-                    2 => ncclScatter(xs, xm, 4, f, rank, c, s),
-                    3 => ncclSend(xs, 4, f, rank, c, s),
+                match which % 4 {
+                    0 => ncclGather(xs, xm, 4, f, rank, c, s),
+                    1 => ncclScatter(xs, xm, 4, f, rank, c, s),
+                    2 => ncclSend(xs, 4, f, rank, c, s),
                     _ => ncclRecv(xm, 4, f, rank, c, s),
                 }
             }

@@ -103,8 +103,11 @@ pub struct Expect {
     pub slots: usize,
     /// This rank (which chunk of every input a reduce-scatter or all-to-all gets).
     pub rank: u32,
-    /// The root (broadcast).
+    /// The root (broadcast, reduce).
     pub root: u32,
+    /// Whether the call is in place (a reduce leaves a non-root rank's buffer as it was:
+    /// its input in place, else the poison).
+    pub in_place: bool,
 }
 
 /// Outcome of checking one output buffer.
@@ -286,6 +289,33 @@ pub fn broadcasted(e: &Expect, out: &[u8], exact: bool) -> Verdict {
     })
 }
 
+/// The bits of an element of an output poisoned before the call (every byte 0xff, as the
+/// run fills it).
+pub fn poison(dtype: DataType) -> u64 {
+    formats::mask(dtype)
+}
+
+/// Checks a reduce output: on the root, element i is the reduction of every rank's element i
+/// in rank order with the accumulation type, as [`reduced`]; on the other ranks the output
+/// is not written (NCCL: recvbuff matters at the root only), so it still holds the poison,
+/// or in place this rank's input. `exact` as in [`reduced`].
+pub fn reduced_at_root(e: &Expect, out: &[u8], exact: bool) -> Verdict {
+    if e.rank == e.root {
+        return reduced(e, out, exact);
+    }
+    judge(e, out, |_, i, _, _| {
+        let want = if e.in_place {
+            element(e.dtype, e.seed, e.rank, i)
+        } else {
+            poison(e.dtype)
+        };
+        (
+            exact.then_some(want),
+            f64::from(formats::decode(e.dtype, want)),
+        )
+    })
+}
+
 /// Checks a gathered output: slot r holds rank r's input ([`fill`] with rank r) bit for
 /// bit, for every r. Data only moves, so NCCL's side (`exact == false`) must match too:
 /// its error against the inputs is reported, only oxccl's mismatches are counted.
@@ -386,6 +416,7 @@ mod tests {
             slots,
             rank: 0,
             root: 0,
+            in_place: false,
         }
     }
 
@@ -577,6 +608,50 @@ mod tests {
             assert_eq!(broadcasted(&e, &out, true).wrong, 0, "{dtype}");
             assert!(
                 broadcasted(&Expect { root: 1, ..e }, &out, true).wrong > count / 2,
+                "{dtype}"
+            );
+            // Reduce to root 1: the reduction there; the poison, or in place the rank's own
+            // input, everywhere else.
+            let e = Expect {
+                root: 1,
+                rank: 1,
+                ..expect(dtype, world, count, 1)
+            };
+            let mut out = vec![0u8; dtype.bytes(count).unwrap()];
+            for i in 0..count {
+                let inputs: Vec<u64> = (0..world).map(|r| element(dtype, e.seed, r, i)).collect();
+                let v = reduce::reduce_element(dtype, e.op, e.accum, &inputs).unwrap();
+                formats::write_element(dtype, &mut out, i, v).unwrap();
+            }
+            assert_eq!(reduced_at_root(&e, &out, true).wrong, 0, "{dtype}");
+            // Not every element: a sum that overflows a narrow format (e4m3b15) is a NaN,
+            // which matches the poison's NaN.
+            let other = Expect { rank: 2, ..e };
+            assert!(
+                reduced_at_root(&other, &out, true).wrong > count / 2,
+                "{dtype}"
+            );
+            let poisoned = vec![0xffu8; out.len()];
+            assert_eq!(reduced_at_root(&other, &poisoned, true).wrong, 0, "{dtype}");
+            assert!(
+                reduced_at_root(&e, &poisoned, true).wrong > count / 2,
+                "{dtype}"
+            );
+            let mut own = vec![0u8; out.len()];
+            fill(dtype, e.seed, 2, &mut own);
+            let in_place = Expect {
+                in_place: true,
+                ..other
+            };
+            assert_eq!(reduced_at_root(&in_place, &own, true).wrong, 0, "{dtype}");
+            // Every element but those of the input that happen to be the poison's bits
+            // (-1 is an input of the signed integers).
+            let differ = (0..count)
+                .filter(|&i| element(dtype, e.seed, 2, i) != poison(dtype))
+                .count();
+            assert_eq!(
+                reduced_at_root(&in_place, &poisoned, true).wrong,
+                differ,
                 "{dtype}"
             );
         }

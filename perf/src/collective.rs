@@ -1,7 +1,7 @@
 //! The collectives oxccl-perf measures, one [`Collective`] entry each in [`COLLECTIVES`]:
 //! everything the run loop, the checks and the report need to know about one of them.
-//! Adding a collective (reduce is next) is one entry here, its reference check in
-//! [`crate::check`] and its NCCL call in `crate::cuda`.
+//! Adding a collective is one entry here, its reference check in [`crate::check`] and its
+//! NCCL call in `crate::cuda`.
 //!
 //! Sizes and bandwidths follow nccl-tests exactly (its `src/<collective>.cu`:
 //! `GetCollByteCount` and `GetBw`; `doc/PERFORMANCE.md`), so a row of ours reads like a
@@ -13,7 +13,7 @@
 //! * the count column is the count passed to the call (allgather: per rank);
 //! * algbw = size / time; busbw = algbw x a factor per collective, which makes the number
 //!   comparable to the hardware's bandwidth: allreduce 2(n-1)/n, allgather, reducescatter
-//!   and alltoall (n-1)/n, broadcast 1;
+//!   and alltoall (n-1)/n, broadcast and reduce 1;
 //! * in place: both buffers lie in the receive buffer, at nccl-tests' in-place offsets
 //!   (allgather: the input is this rank's slot, `recv + rank * count`, NCCL's rule).
 
@@ -33,7 +33,7 @@ pub struct Call<'a> {
     pub dtype: DataType,
     pub op: ReduceOp,
     pub accum: AccumType,
-    /// The root (broadcast).
+    /// The root (broadcast, reduce).
     pub root: u32,
     pub stream: &'a AnyStream,
 }
@@ -224,6 +224,29 @@ pub const BROADCAST: Collective = Collective {
     nccl: crate::cuda::Nccl::broadcast,
 };
 
+/// Reduce to `--root`: send and receive `count` elements (the receive buffer matters at the
+/// root only); busbw = algbw (nccl-tests: every byte crosses a link once). In place one
+/// buffer.
+pub const REDUCE: Collective = Collective {
+    name: "reduce",
+    kind: oxccl_collectives::Collective::Reduce,
+    tunable: false,
+    count_for: |elements, _| elements,
+    send_elements: |count, _| count,
+    recv_slots: |_| 1,
+    bus_factor: |_| 1.0,
+    in_place_strides: |_| (0, 0),
+    check: check::reduced_at_root,
+    check_repeated: check::unchanged,
+    repeat_in_place: false,
+    has_in_place: true,
+    oxccl: reduce,
+    #[cfg(feature = "cuda")]
+    nccl_supports: crate::cuda::Nccl::supports_reduction,
+    #[cfg(feature = "cuda")]
+    nccl: crate::cuda::Nccl::reduce,
+};
+
 /// Every collective `-c` takes; the first is the default.
 pub const COLLECTIVES: &[&Collective] = &[
     &ALL_REDUCE,
@@ -231,6 +254,7 @@ pub const COLLECTIVES: &[&Collective] = &[
     &REDUCE_SCATTER,
     &ALL_TO_ALL,
     &BROADCAST,
+    &REDUCE,
 ];
 
 /// The collective called `name` ("allgather", also "all_gather", "all-gather", any case).
@@ -343,6 +367,17 @@ unsafe fn broadcast(comm: &Communicator, c: &Call<'_>) -> Result<()> {
     unsafe { comm.broadcast(c.input, c.output, c.count, c.dtype, c.root, c.stream) }
 }
 
+/// # Safety
+/// As [`Collective::oxccl`].
+unsafe fn reduce(comm: &Communicator, c: &Call<'_>) -> Result<()> {
+    // SAFETY: the caller's obligations: both buffers hold `count` elements.
+    unsafe {
+        comm.reduce(
+            c.input, c.output, c.count, c.dtype, c.op, c.accum, c.root, c.stream,
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -358,14 +393,15 @@ mod tests {
         ] {
             assert_eq!(by_name(s).map(|c| c.name), Some(want), "{s}");
         }
-        assert!(by_name("reduce").is_none());
+        assert_eq!(by_name("reduce").map(|c| c.name), Some("reduce"));
+        assert!(by_name("gather").is_none());
         assert!(by_name("").is_none());
         assert_eq!(
             names(),
-            "allreduce, allgather, reducescatter, alltoall, broadcast"
+            "allreduce, allgather, reducescatter, alltoall, broadcast, reduce"
         );
         assert_eq!(COLLECTIVES[0].name, "allreduce");
-        assert!(ALL_REDUCE.reduces() && !ALL_GATHER.reduces());
+        assert!(ALL_REDUCE.reduces() && !ALL_GATHER.reduces() && REDUCE.reduces());
     }
 
     #[test]

@@ -209,6 +209,33 @@ impl Nccl {
         .map_err(|e| nccl_error("ncclBroadcast", e))
     }
 
+    /// Queues ncclReduce to the call's root on its stream (`count` elements; the output is
+    /// written on the root only).
+    pub fn reduce(&self, c: &Call<'_>) -> Result<()> {
+        let dtype = c.dtype;
+        let t =
+            Nccl::dtype(dtype).ok_or_else(|| Error::Unsupported(format!("NCCL has no {dtype}")))?;
+        let root = i32::try_from(c.root)
+            .map_err(|_| Error::InvalidArgument(format!("root {}", c.root)))?;
+        let s = raw_stream(c.stream)?;
+        // SAFETY: the caller's buffers hold `count` elements on this communicator's device
+        // and outlive the stream's work; the stream is a live CUDA stream of that device.
+        unsafe {
+            nccl::reduce(
+                c.input.0 as usize as *const _,
+                c.output.0 as usize as *mut _,
+                c.count,
+                t,
+                Nccl::op(c.op),
+                root,
+                self.comm,
+                s,
+            )
+        }
+        .map(|_| ())
+        .map_err(|e| nccl_error("ncclReduce", e))
+    }
+
     /// Queues an all-to-all as nccl-tests runs it: one group of a send of chunk p to every
     /// rank p and a receive of slot p from it (cudarc binds no ncclAlltoAll).
     pub fn all_to_all(&self, c: &Call<'_>) -> Result<()> {

@@ -176,6 +176,7 @@ fn run(opts: &Options) -> Result<bool> {
             slots: (c.recv_slots)(world),
             rank,
             root: opts.root,
+            in_place: opts.in_place,
         };
         host.input.resize(shape.send_bytes, 0);
         host.output.resize(shape.recv_bytes, 0);
@@ -341,8 +342,16 @@ fn measure_side(
                 check_back_to_back(opts, comm, stream, in_place_output, host, expect, &|| {
                     call(in_place_input, in_place_output)
                 })?;
-        } else if !(opts.in_place && c.kind == oxccl_collectives::Collective::ReduceScatter) {
-            // The same call again: its input is untouched, so its output stays as it was.
+        } else if !(opts.in_place
+            && matches!(
+                c.kind,
+                oxccl_collectives::Collective::ReduceScatter
+                    | oxccl_collectives::Collective::Reduce
+            ))
+        {
+            // The same call again: its input is untouched, so its output stays as it was
+            // (not so for the reducing ones in place, whose output is (part of) their input:
+            // no back-to-back check there).
             verdict.wrong += check_back_to_back(opts, comm, stream, output, host, expect, &|| {
                 call(input, output)
             })?;

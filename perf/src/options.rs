@@ -7,18 +7,21 @@ use crate::collective::{self, Collective};
 /// Usage text.
 pub const USAGE: &str = "\
 usage: oxccl-perf [options]
-  -c, --collective C      allreduce (default), allgather, reducescatter, alltoall, broadcast
+  -c, --collective C      allreduce (default), allgather, reducescatter, alltoall, broadcast,
+                          reduce
   -b, --minbytes SIZE     smallest size (K/M/G suffixes), default 1K; sizes are nccl-tests':
-                          the larger of one rank's buffers (allreduce, broadcast: the
-                          message; allgather: the gathered output, ranks x the per-rank
+                          the larger of one rank's buffers (allreduce, broadcast, reduce:
+                          the message; allgather: the gathered output, ranks x the per-rank
                           count; reducescatter: the input, ranks x the output; alltoall:
                           either buffer, ranks x the per-peer count)
-  -r, --root N            the root rank (broadcast), default 0
+  -r, --root N            the root rank (broadcast, reduce), default 0
   -e, --maxbytes SIZE     largest size, default 64M
   -f, --stepfactor N      multiply the size by N each step, default 2
   -d, --datatype T        f32 f16 bf16 fp8_e4m3 fp8_e5m2 fp8_e4m3fnuz fp8_e5m2fnuz fp8_e4m3b15 (default bf16)
-  -o, --op OP             sum prod min max avg (default sum; allreduce, reducescatter)
-      --accum A           auto native f16 f32 (default auto; allreduce, reducescatter)
+  -o, --op OP             sum prod min max avg (default sum; allreduce, reducescatter,
+                          reduce)
+      --accum A           auto native f16 f32 (default auto; allreduce, reducescatter,
+                          reduce)
       --in-place          in place (allgather: the input is the rank's slot of the output;
                           reducescatter: the output is the rank's chunk of the input;
                           alltoall has none; default: out of place)
@@ -51,7 +54,7 @@ pub struct Options {
     pub op: ReduceOp,
     pub accum: AccumType,
     pub in_place: bool,
-    /// The root rank (broadcast).
+    /// The root rank (broadcast, reduce).
     pub root: u32,
     pub no_register: bool,
     pub warmup: usize,
@@ -229,7 +232,7 @@ impl Options {
                 c.name
             )));
         }
-        if self.root != 0 && c.kind != oxccl_collectives::Collective::Broadcast {
+        if self.root != 0 && !c.kind.has_root() {
             return Err(Error::InvalidArgument(format!(
                 "-c {}: has no root, so --root {} means nothing",
                 c.name, self.root

@@ -1,7 +1,8 @@
 //! oxccl-perf on 2 ranks of the host backend: the README command `oxccl-perf -N 2 -b 1K -e
 //! 1M -f 4` must pass (every size checked against the reference) and write its JSON and its
-//! plot; all-gather must pass in and out of place at sizes that are not powers of two, with
-//! nccl-tests' sizes and bus bandwidth; flags that make no sense are refused.
+//! plot; all-gather, reduce-scatter, all-to-all, broadcast and reduce must pass in and out of
+//! place at sizes that are not powers of two, with nccl-tests' sizes and bus bandwidth; flags
+//! that make no sense are refused.
 
 #![allow(clippy::unwrap_used, clippy::panic)]
 
@@ -273,11 +274,98 @@ fn reducescatter_alltoall_and_broadcast_on_two_ranks_pass() {
 }
 
 #[test]
+fn reduce_on_two_ranks_passes_at_either_root_in_and_out_of_place() {
+    // nccl-tests' reduce: the size is the message, busbw = algbw. The root's output is the
+    // reduction bit for bit; the other rank's output must stay poisoned (in place: its
+    // input). Registered buffers take the direct kernel, unregistered ones the staged one.
+    let cases: [(&[&str], &str); 4] = [
+        (&["-d", "f32", "--root", "1"], "reduce_direct"),
+        (
+            &["-d", "bf16", "-o", "max", "--accum", "f32", "--in-place"],
+            "reduce_direct",
+        ),
+        (
+            &[
+                "-d",
+                "fp8_e4m3",
+                "-o",
+                "avg",
+                "--root",
+                "1",
+                "--no-register",
+            ],
+            "reduce_staged",
+        ),
+        (
+            &["-d", "f16", "-o", "prod", "--in-place", "--no-register"],
+            "reduce_staged",
+        ),
+    ];
+    for (flags, algorithm) in cases {
+        let json = std::env::temp_dir().join(format!(
+            "oxccl-perf-reduce-{}-{}.json",
+            algorithm,
+            std::process::id()
+        ));
+        let mut args = vec![
+            "-c",
+            "reduce",
+            "-b",
+            "1000",
+            "-e",
+            "100000",
+            "-f",
+            "7",
+            "--json",
+            json.to_str().unwrap(),
+        ];
+        args.extend(flags);
+        let (stdout, rows) = host_run(&args);
+        assert!(stdout.contains("# oxccl-perf reduce: 2 ranks"), "{stdout}");
+        let size = |d: &str| match d {
+            "f32" => 4,
+            "fp8_e4m3" => 1,
+            _ => 2,
+        };
+        let elt = size(flags[1]);
+        let want: Vec<(String, String, &str)> = [1000usize, 7000, 49000]
+            .iter()
+            .map(|b| (b.to_string(), (b / elt).to_string(), algorithm))
+            .collect();
+        let got: Vec<(String, String, &str)> = rows
+            .iter()
+            .map(|r| (r[0].clone(), r[1].clone(), r[2].as_str()))
+            .collect();
+        assert_eq!(got, want, "{flags:?}\n{stdout}");
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let _ = std::fs::remove_file(&json);
+        assert_eq!(doc["collective"], "reduce");
+        for r in doc["rows"].as_array().unwrap() {
+            let side = &r["oxccl"];
+            assert_eq!(side["wrong"], 0, "{flags:?} {r}");
+            // Every element of the output checked on both ranks (the root's reduction, the
+            // other rank's untouched buffer).
+            assert_eq!(
+                side["checked"],
+                2 * r["count"].as_u64().unwrap(),
+                "{flags:?} {r}"
+            );
+            let (alg, bus) = (
+                side["algbw_gbps"].as_f64().unwrap(),
+                side["busbw_gbps"].as_f64().unwrap(),
+            );
+            assert!((bus - alg).abs() <= 1e-12 * alg.max(1.0), "{flags:?} {r}");
+        }
+    }
+}
+
+#[test]
 fn bad_options_exit_with_usage() {
     for args in [
         &["-b", "4M", "-e", "1M"][..],
         &["-c", "allgather", "-o", "max"][..],
-        &["-c", "reduce"][..],
+        &["-c", "gather"][..],
         &["-c", "alltoall", "--in-place"][..],
         &["-c", "allgather", "--root", "1"][..],
     ] {

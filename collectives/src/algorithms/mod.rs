@@ -26,15 +26,18 @@
 //! | `alltoall_direct` | all-to-all | `alltoall_direct` | registered outputs: every chunk stored straight into its owner's output between two barriers |
 //! | `broadcast_staged` | broadcast | `broadcast_staged` | any size on unregistered buffers: the root pushes into the peers' staging, they copy out |
 //! | `broadcast_direct` | broadcast | `broadcast_direct` | registered outputs: the root stores into every rank's output between two barriers |
+//! | `reduce_staged` | reduce | `reduce_staged` | any size on unregistered buffers: the other ranks push into the root's staging, the root reduces locally |
+//! | `reduce_direct` | reduce | `reduce_direct` | registered inputs: the root reduces straight from every rank's input between two barriers |
 //!
 //! Each collective's algorithms live in their own module ([`all_reduce`], [`all_gather`],
-//! [`reduce_scatter`], [`all_to_all`], [`broadcast`]);
+//! [`reduce_scatter`], [`all_to_all`], [`broadcast`], [`reduce`]);
 //! what several share (the scratch-protocol launch) lives here.
 
 pub mod all_gather;
 pub mod all_reduce;
 pub mod all_to_all;
 pub mod broadcast;
+pub mod reduce;
 pub mod reduce_scatter;
 pub mod scratch_kernel;
 
@@ -60,6 +63,7 @@ use all_reduce::{
 };
 use all_to_all::{direct::ALLTOALL_DIRECT, one_shot::ALLTOALL_ONESHOT_LL, staged::ALLTOALL_STAGED};
 use broadcast::{direct::BROADCAST_DIRECT, staged::BROADCAST_STAGED};
+use reduce::{direct::REDUCE_DIRECT, staged::REDUCE_STAGED};
 use reduce_scatter::{
     direct::REDUCESCATTER_DIRECT, one_shot::REDUCESCATTER_ONESHOT_LL, staged::REDUCESCATTER_STAGED,
 };
@@ -87,6 +91,8 @@ pub const ALGORITHMS: &[Algorithm] = &[
     ALLTOALL_DIRECT,
     BROADCAST_STAGED,
     BROADCAST_DIRECT,
+    REDUCE_STAGED,
+    REDUCE_DIRECT,
 ];
 
 /// The collective operations algorithms serve.
@@ -103,16 +109,19 @@ pub enum Collective {
     AllToAll = 3,
     /// Every rank gets the root's input.
     Broadcast = 4,
+    /// The root gets the reduction of every rank's input, in rank order.
+    Reduce = 5,
 }
 
 impl Collective {
     /// Every collective, in declaration order (index = `as usize`).
-    pub const ALL: [Collective; 5] = [
+    pub const ALL: [Collective; 6] = [
         Collective::AllReduce,
         Collective::AllGather,
         Collective::ReduceScatter,
         Collective::AllToAll,
         Collective::Broadcast,
+        Collective::Reduce,
     ];
 
     /// Bytes of one rank's input and output buffers for a call of `bytes` (`count`
@@ -125,7 +134,9 @@ impl Collective {
             })
         };
         match self {
-            Collective::AllReduce | Collective::Broadcast => Ok((bytes, bytes)),
+            Collective::AllReduce | Collective::Broadcast | Collective::Reduce => {
+                Ok((bytes, bytes))
+            }
             Collective::AllGather => Ok((bytes, all()?)),
             Collective::ReduceScatter => Ok((all()?, bytes)),
             Collective::AllToAll => Ok((all()?, all()?)),
@@ -133,14 +144,15 @@ impl Collective {
     }
 
     /// Where the input lies when the call is in place (NCCL's rules): the output itself
-    /// (allreduce, broadcast), the output's slot `rank` (all-gather: `input == output + rank * count`),
+    /// (allreduce, broadcast, reduce), the output's slot `rank` (all-gather:
+    /// `input == output + rank * count`),
     /// or where the output is the input's chunk `rank` (reduce-scatter:
     /// `output == input + rank * count`); none for all-to-all, which NCCL does not define
     /// in place.
     pub fn in_place_input(self, output: DevicePtr, bytes: usize, rank: u32) -> Option<DevicePtr> {
         let slot = bytes.checked_mul(rank as usize)? as u64;
         match self {
-            Collective::AllReduce | Collective::Broadcast => Some(output),
+            Collective::AllReduce | Collective::Broadcast | Collective::Reduce => Some(output),
             Collective::AllGather => output.0.checked_add(slot).map(DevicePtr),
             Collective::ReduceScatter => output.0.checked_sub(slot).map(DevicePtr),
             Collective::AllToAll => None,
@@ -153,7 +165,7 @@ impl Collective {
         match self {
             Collective::AllReduce => (true, true),
             Collective::AllGather => (false, true),
-            Collective::ReduceScatter => (true, false),
+            Collective::ReduceScatter | Collective::Reduce => (true, false),
             Collective::AllToAll | Collective::Broadcast => (false, true),
         }
     }
@@ -161,14 +173,33 @@ impl Collective {
     /// Whether calls reduce (take an op and an accumulation type).
     pub fn reduces(self) -> bool {
         match self {
-            Collective::AllReduce | Collective::ReduceScatter => true,
+            Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce => true,
             Collective::AllGather | Collective::AllToAll | Collective::Broadcast => false,
         }
     }
 
     /// Whether calls name a root rank.
     pub fn has_root(self) -> bool {
-        self == Collective::Broadcast
+        matches!(self, Collective::Broadcast | Collective::Reduce)
+    }
+
+    /// The (input, output) a rank's call of a rooted collective actually uses, NCCL's
+    /// semantics: a broadcast reads only the root's input (the others' may be anything,
+    /// null included, and become their output: in place), a reduce writes only the root's
+    /// output (the others' may be anything, null included, and become their input: in
+    /// place, never written). Other collectives use both as given.
+    pub fn used_buffers(
+        self,
+        input: DevicePtr,
+        output: DevicePtr,
+        root: u32,
+        rank: u32,
+    ) -> (DevicePtr, DevicePtr) {
+        match self {
+            Collective::Broadcast if rank != root => (output, output),
+            Collective::Reduce if rank != root => (input, input),
+            _ => (input, output),
+        }
     }
 }
 
@@ -180,6 +211,7 @@ impl fmt::Display for Collective {
             Collective::ReduceScatter => "reduce_scatter",
             Collective::AllToAll => "all_to_all",
             Collective::Broadcast => "broadcast",
+            Collective::Reduce => "reduce",
         })
     }
 }
@@ -498,7 +530,7 @@ pub struct Call {
     pub op: ReduceOp,
     /// Accumulation type.
     pub accum: AccumType,
-    /// The root rank (broadcast; 0 for the collectives without one).
+    /// The root rank (broadcast, reduce; 0 for the collectives without one).
     pub root: u32,
     /// Every rank's buffers, when registered and the algorithm uses them.
     pub peers: Option<PeerBuffers>,
@@ -772,6 +804,7 @@ mod tests {
             include_str!("../../../kernels/src/device/allreduce_port.cu"),
             include_str!("../../../kernels/src/device/alltoall.cu"),
             include_str!("../../../kernels/src/device/broadcast.cu"),
+            include_str!("../../../kernels/src/device/reduce.cu"),
             include_str!("../../../kernels/src/device/reducescatter.cu")
         );
         for a in ALGORITHMS {

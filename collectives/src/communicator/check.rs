@@ -25,7 +25,7 @@ pub(crate) struct Signature {
     /// Zero-copy: offsets of input and output in their registered buffers (ranks must
     /// agree); `u64::MAX` otherwise.
     pub(crate) zc_offsets: (u64, u64),
-    /// The root rank (broadcast; 0 otherwise).
+    /// The root rank (broadcast, reduce; 0 otherwise).
     pub(crate) root: u32,
 }
 

@@ -9,7 +9,7 @@
 //!
 //! Steady state ([`Communicator::all_reduce`], [`Communicator::all_gather`],
 //! [`Communicator::reduce_scatter`], [`Communicator::all_to_all`],
-//! [`Communicator::broadcast`], below): check
+//! [`Communicator::broadcast`], [`Communicator::reduce`], below): check
 //! the call ([`check`]), choose the algorithm ([`crate::selector`]), one launch through the
 //! algorithm's instance; every collective takes the same path. No host
 //! synchronization, no host-side counter that advances per call (the epoch lives in device
@@ -499,6 +499,46 @@ impl Communicator {
         }
     }
 
+    /// Reduce: the output of rank `root` (`count` elements) gets the reduction, in rank
+    /// order, of every rank's input (`count` elements each) with the accumulation type, so
+    /// the root gets the bits of the host reference (as [`Communicator::all_reduce`]). In
+    /// place when `input == output` on the root; only the root's output is written, the
+    /// other ranks' is ignored (it may be null). `count == 0` does nothing.
+    ///
+    /// Errors (before any launch): as [`Communicator::all_reduce`], and a root that is not
+    /// a rank.
+    ///
+    /// # Safety
+    /// `input` (and on the root `output`) must be device memory of this communicator's
+    /// device holding `count` elements of `dtype`, live until the work queued on `stream`
+    /// completes; no other work may write them meanwhile. Every rank must make the same
+    /// sequence of calls, with the same root, ordered on one stream per rank.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn reduce(
+        &self,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        accum: AccumType,
+        root: u32,
+        stream: &AnyStream,
+    ) -> Result<()> {
+        // SAFETY: the caller's obligations (this function's contract).
+        unsafe {
+            self.run(
+                Collective::Reduce,
+                input,
+                output,
+                count,
+                dtype,
+                (op, accum, root),
+                stream,
+            )
+        }
+    }
+
     /// The entry checks of a call of `collective` on these buffers (pointers, sizes,
     /// overlap and NCCL's in-place rule) without launching anything: for callers that
     /// stage the data elsewhere before the call (the NCCL API on the host backend).
@@ -543,12 +583,9 @@ impl Communicator {
                 self.world
             ))));
         }
-        // A broadcast reads only the root's input (NCCL ignores the others' sendbuff).
-        let input = if collective.has_root() && root != self.rank {
-            output
-        } else {
-            input
-        };
+        // A broadcast reads only the root's input, a reduce writes only the root's output
+        // (NCCL ignores the others' sendbuff, resp. recvbuff).
+        let (input, output) = collective.used_buffers(input, output, root, self.rank);
         if count == 0 {
             return Ok(());
         }

@@ -96,6 +96,33 @@ OXCCL_DEVICE_INLINE Vec16 load16_peer(const void* p) {
 #endif
 }
 
+/// Unit `j` of a peer's buffer of `total` bytes at `base` (registered inputs: reduce-scatter,
+/// reduce): one L2-only 16-byte load when whole and aligned, else the bytes inside the
+/// buffer and zeros.
+OXCCL_DEVICE_INLINE Vec16 peer_unit(const char* base, uint64_t j, uint64_t total) {
+  const char* p = base + j * 16;
+  if (j * 16 + 16 <= total && (reinterpret_cast<uintptr_t>(p) & 15) == 0) return load16_peer(p);
+  return load_unit(base, j * 16, total);
+}
+
+/// Rounds of the staged kernels that give every rank one slot of the staging
+/// (reducescatter.cu, reduce.cu; the host stand-ins' `equal_rounds`): `cap` units of each
+/// slot per round, `world` slots of `cap` units filling at most the staging, in equal rounds
+/// over `units`; block b always owns units [lo, hi) of every slot, so the per-block
+/// barriers order every reuse of a staging position.
+struct SlotRounds {
+  uint64_t cap;
+  uint64_t lo, hi;
+  OXCCL_DEVICE_INLINE SlotRounds(const OxcclAllreduceArgs& a, uint64_t units) {
+    const uint64_t cap_max = a.data_bytes / (16 * a.world_size);
+    const uint64_t rounds = (units + cap_max - 1) / cap_max;
+    cap = rounds == 0 ? 0 : (units + rounds - 1) / rounds;
+    const uint64_t share = (cap + gridDim.x - 1) / gridDim.x;
+    lo = blockIdx.x * share;
+    hi = lo + share < cap ? lo + share : cap;
+  }
+};
+
 /// The LL flag of a call: never 0 (the zeroed scratch must not match).
 OXCCL_DEVICE_INLINE uint32_t flag_of(uint64_t epoch) {
   return static_cast<uint32_t>(epoch % 0xffffffffull) + 1u;

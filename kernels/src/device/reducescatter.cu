@@ -73,22 +73,6 @@ OXCCL_DEVICE_INLINE void oneshot_body(const Reducer reduce, const OxcclAllreduce
   }
 }
 
-/// Rounds of the staged kernel (`Rounds` of allgather.cu): `cap` units of every chunk per
-/// round, `world` slots of `cap` units filling at most the staging, block b always owning
-/// units [lo, hi) of every slot.
-struct Rounds {
-  uint64_t cap;
-  uint64_t lo, hi;
-  OXCCL_DEVICE_INLINE Rounds(const OxcclAllreduceArgs& a, uint64_t units) {
-    const uint64_t cap_max = a.data_bytes / (16 * a.world_size);
-    const uint64_t rounds = (units + cap_max - 1) / cap_max;
-    cap = rounds == 0 ? 0 : (units + rounds - 1) / rounds;
-    const uint64_t share = (cap + gridDim.x - 1) / gridDim.x;
-    lo = blockIdx.x * share;
-    hi = lo + share < cap ? lo + share : cap;
-  }
-};
-
 template <typename Fmt, typename Reducer>
 OXCCL_DEVICE_INLINE void staged_body(const Reducer reduce, const OxcclAllreduceArgs& a, const CallState call) {
   const uint64_t total = a.count * sizeof(typename Fmt::Storage);
@@ -96,7 +80,7 @@ OXCCL_DEVICE_INLINE void staged_body(const Reducer reduce, const OxcclAllreduceA
   const uint32_t w = a.world_size;
   const uint32_t me = a.rank;
   const char* own = static_cast<const char*>(a.scratch[me]) + a.data_offset;
-  const Rounds g(a, units);
+  const SlotRounds g(a, units);  // `cap` units of every chunk per round
 
   for (uint64_t base = 0; base < units; base += g.cap) {
     const uint64_t n = units - base < g.cap ? units - base : g.cap;  // units this round
@@ -125,14 +109,6 @@ OXCCL_DEVICE_INLINE void staged_body(const Reducer reduce, const OxcclAllreduceA
     // My staging is free for the peers' next round (or next call).
     if (!block_barrier(a, call.deadline, call.failed)) return;
   }
-}
-
-/// Unit `j` of a chunk of a peer's input: one L2-only 16-byte load when whole and aligned,
-/// else the bytes inside the chunk and zeros.
-OXCCL_DEVICE_INLINE Vec16 peer_unit(const char* base, uint64_t j, uint64_t total) {
-  const char* p = base + j * 16;
-  if (j * 16 + 16 <= total && (reinterpret_cast<uintptr_t>(p) & 15) == 0) return load16_peer(p);
-  return load_unit(base, j * 16, total);
 }
 
 template <typename Fmt, typename Reducer>

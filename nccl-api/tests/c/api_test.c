@@ -324,6 +324,45 @@ static void broadcast_suite(ncclComm_t comm, int rank, int nranks) {
   }
 }
 
+/* Reduces to every root of floats at counts that are not powers of two: a sum out of place
+ * (the root's output poisoned first; the other ranks pass a NULL recvbuff, or a poisoned
+ * one that must stay as it was) and a max in place on the root, checked against the
+ * reduction computed here (small multiples of 1/8: exact in any order). */
+static void reduce_suite(ncclComm_t comm, int rank, int nranks) {
+  static const size_t RD_COUNTS[] = {1, 3, 1001, 12345};
+  for (int root = 0; root < nranks; root++) {
+    for (size_t ci = 0; ci < 4; ci++) {
+      size_t n = RD_COUNTS[ci];
+      int salt = 1700 + 10 * root + (int)ci;
+      float* in = malloc(n * sizeof(float));
+      float* out = malloc(n * sizeof(float));
+      float* peer = malloc(n * sizeof(float));
+      float* sum = malloc(n * sizeof(float));
+      float* max = malloc(n * sizeof(float));
+      for (int r = 0; r < nranks; r++) {
+        fill(peer, n, r, salt);
+        for (size_t i = 0; i < n; i++) {
+          sum[i] = r == 0 ? peer[i] : sum[i] + peer[i];
+          max[i] = r == 0 ? peer[i] : fmaxf(max[i], peer[i]);
+        }
+      }
+      fill(in, n, rank, salt);
+      for (size_t i = 0; i < n; i++) out[i] = -1e30f;
+      int null_out = rank != root && ci % 2 == 1;
+      OK(ncclReduce(in, null_out ? NULL : out, n, ncclFloat32, ncclSum, root, comm, NULL));
+      size_t bad = 0;
+      for (size_t i = 0; i < n; i++) bad += out[i] != (rank == root ? sum[i] : -1e30f);
+      CHECK(bad == 0, "reduce sum of %zu floats to root %d: %zu wrong", n, root, bad);
+      OK(ncclReduce(in, in, n, ncclFloat32, ncclMax, root, comm, NULL));
+      fill(peer, n, rank, salt);
+      bad = 0;
+      for (size_t i = 0; i < n; i++) bad += in[i] != (rank == root ? max[i] : peer[i]);
+      CHECK(bad == 0, "in-place reduce max of %zu floats to root %d: %zu wrong", n, root, bad);
+      free(in); free(out); free(peer); free(sum); free(max);
+    }
+  }
+}
+
 /* One rank of a job of `nranks` forked processes. */
 static int child(ncclUniqueId id, int rank, int nranks) {
   char name[32];
@@ -375,11 +414,21 @@ static int child(ncclUniqueId id, int rank, int nranks) {
   reducescatter_suite(comm, rank, nranks);
   alltoall_suite(comm, rank, nranks);
   broadcast_suite(comm, rank, nranks);
+  reduce_suite(comm, rank, nranks);
 
   /* Forwarded without a real NCCL. */
   float a[4] = {0}, b[16] = {0};
-  EXPECT(ncclReduce(a, b, 4, ncclFloat32, ncclSum, 0, comm, NULL), ncclInvalidUsage);
+  EXPECT(ncclGather(a, b, 4, ncclFloat32, 0, comm, NULL), ncclInvalidUsage);
   CHECK(last_error_contains("real NCCL"), "forwarding error names the reason");
+  /* An int32 reduce is served: the sum wraps like NCCL's. */
+  int32_t ia[4] = {rank + 1, -(rank + 1), INT32_MAX, 7}, ib[4] = {0};
+  OK(ncclReduce(ia, ib, 4, ncclInt32, ncclSum, 0, comm, NULL));
+  if (rank == 0) {
+    int32_t tri = nranks * (nranks + 1) / 2;
+    int32_t wrapped = (int32_t)((uint32_t)INT32_MAX * (uint32_t)nranks);
+    CHECK(ib[0] == tri && ib[1] == -tri && ib[2] == wrapped && ib[3] == 7 * nranks,
+          "int32 reduce: %d %d %d %d", ib[0], ib[1], ib[2], ib[3]);
+  }
 
   OK(ncclCommFinalize(comm));
   if (rank == 0)
@@ -502,6 +551,11 @@ static void single_process_tests(void) {
   OK(ncclBroadcast(x, x, 8, ncclFloat32, 0, comm, NULL)); /* one rank: in place, a no-op */
   EXPECT(ncclBroadcast(x, x, 8, ncclFloat32, 1, comm, NULL), ncclInvalidArgument);
   CHECK(last_error_contains("root 1"), "bad root named");
+  OK(ncclReduce(x, x, 8, ncclFloat32, ncclSum, 0, comm, NULL)); /* one rank: in place, a no-op */
+  EXPECT(ncclReduce(x, x, 8, ncclFloat32, ncclSum, 1, comm, NULL), ncclInvalidArgument);
+  CHECK(last_error_contains("root 1"), "bad reduce root named");
+  EXPECT(ncclReduce(x, NULL, 8, ncclFloat32, ncclSum, 0, comm, NULL), ncclInvalidArgument);
+  CHECK(last_error_contains("ncclReduce"), "NULL root recvbuff refused");
   EXPECT(ncclSend(x, 8, ncclFloat32, 0, comm, NULL), ncclInvalidUsage);
   CHECK(last_error_contains("real NCCL"), "forwarding error names the reason");
   EXPECT(ncclRecv(x, 8, ncclFloat32, 0, comm, NULL), ncclInvalidUsage);

@@ -1,0 +1,16 @@
+//! The reduce algorithms: the root's output (`count` elements) is the reduction, in rank
+//! order, of every rank's input (`count` elements each), with the allreduce reducers, so it
+//! holds the bits of the host reference. In place when input and output are one buffer on
+//! the root; the other ranks' output is not used (NCCL: `recvbuff` matters at the root only;
+//! the communicator passes their input as output, and the kernels never write it). The
+//! kernels (`kernels/src/device/reduce.cu`) take the allreduce argument block (its `root`)
+//! and the shared scratch. No LL one-shot: its alternating packet halves need every rank to
+//! receive from every peer, and only the root receives (see the kernel file).
+//!
+//! | name | kernel | serves |
+//! |---|---|---|
+//! | `reduce_staged` | `reduce_staged` | any size, buffers nobody registered: the other ranks push into their slots of the root's staging, the root reduces locally, two barriers per round |
+//! | `reduce_direct` | `reduce_direct` | registered inputs: the root reduces straight from every rank's input between two barriers |
+
+pub mod direct;
+pub mod staged;

@@ -1,0 +1,414 @@
+//! Reduce (to a root) on the host backend across ranks: both algorithms forced and the
+//! default selection, every root, every data type, op and accumulation, counts that are not
+//! powers of two, in and out of place, registered and unregistered inputs, staging rounds,
+//! null outputs on the other ranks (NCCL ignores them), bad roots and bad buffers, and real
+//! processes (this test binary re-executed). The root's output is compared bit for bit with
+//! the host reference reduction of every rank's input in rank order, the output poisoned
+//! first; every other rank's output must stay as it was, and every input untouched.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use oxccl_collectives::algorithms::reduce::{direct::REDUCE_DIRECT, staged::REDUCE_STAGED};
+use oxccl_collectives::hal::{
+    AccumType, DataType, Device, DevicePtr, Memory, MemoryKind, ReduceOp, Stream,
+};
+use oxccl_collectives::{Algorithm, Collective, CommConfig, Communicator};
+
+mod common;
+use common::{accums, expected, input, same_bits, threads_with, Rank};
+
+fn threads(world: u32, forced: Option<Algorithm>, body: impl Fn(&Rank) + Send + Sync + 'static) {
+    threads_with(
+        world,
+        move |_| CommConfig {
+            timeout: Duration::from_secs(20),
+            staging_bytes: 64 << 10, // small staging: large counts take several rounds
+            forced: forced.into(),
+            ..CommConfig::default()
+        },
+        body,
+    );
+}
+
+/// The poison of an output before a call.
+const POISON: u8 = 0x5a;
+
+/// One checked reduce of `count` elements to `root`. The input is 16-byte aligned (and
+/// registered with `register`); out of place, the output sits one element past 16-byte
+/// alignment (the kernels' byte paths), and on every third salt the ranks other than the
+/// root pass a null output; in place one buffer.
+#[allow(clippy::too_many_arguments)]
+fn check(
+    r: &Rank,
+    dtype: DataType,
+    op: ReduceOp,
+    accum: AccumType,
+    count: usize,
+    root: u32,
+    in_place: bool,
+    register: bool,
+    salt: u64,
+) -> Result<(), String> {
+    let (rank, world) = (r.comm.rank(), r.comm.world_size());
+    let bytes = dtype.bytes(count).unwrap();
+    let in_mem = r
+        .comm
+        .device()
+        .alloc(bytes + 16, MemoryKind::Plain)
+        .unwrap();
+    let out_mem = r
+        .comm
+        .device()
+        .alloc(bytes + 16, MemoryKind::Plain)
+        .unwrap();
+    if register {
+        r.comm.register(&in_mem).unwrap();
+    }
+    let inp = in_mem.ptr();
+    let null_output = rank != root && !in_place && salt % 3 == 0;
+    let out = if in_place {
+        inp
+    } else if null_output {
+        DevicePtr::NULL
+    } else {
+        out_mem.ptr().offset(dtype.size()).unwrap()
+    };
+    let mine = input(dtype, rank, count, salt);
+    r.stream.write(inp, &mine).unwrap();
+    if !in_place && !null_output {
+        r.stream.write(out, &vec![POISON; bytes]).unwrap();
+    }
+    // SAFETY: the input and (on the root, or where not null) the output hold `count`
+    // elements and live until the synchronize below.
+    let result = unsafe {
+        r.comm
+            .reduce(inp, out, count, dtype, op, accum, root, &r.stream)
+    };
+    r.stream.synchronize().unwrap();
+    let what = format!(
+        "rank {rank} root {root} {dtype} {op} {accum} count {count} in_place {in_place} \
+         registered {register}"
+    );
+    let outcome = result
+        .and_then(|()| r.comm.check_error(&r.stream))
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            let mut got = vec![0u8; bytes];
+            if rank == root {
+                r.stream.read(out, &mut got).unwrap();
+                let want = expected(dtype, op, accum, world, count, salt);
+                same_bits(dtype, &got, &want, count).map_err(|d| format!("{what}: {d}"))?;
+            } else if !in_place && !null_output {
+                r.stream.read(out, &mut got).unwrap();
+                if let Some(i) = got.iter().position(|b| *b != POISON) {
+                    return Err(format!(
+                        "{what}: output byte {i} written on a non-root rank"
+                    ));
+                }
+            }
+            if rank != root || !in_place {
+                r.stream.read(inp, &mut got).unwrap();
+                if got != mine {
+                    return Err(format!("{what}: the input changed"));
+                }
+            }
+            Ok(())
+        });
+    if register {
+        r.comm.deregister(&in_mem).unwrap();
+    }
+    outcome
+}
+
+const ALGOS: [Algorithm; 2] = [REDUCE_STAGED, REDUCE_DIRECT];
+
+#[test]
+fn every_algorithm_root_type_op_and_accumulation_on_three_ranks() {
+    for algo in ALGOS {
+        threads(3, Some(algo), move |r| {
+            let register = algo == REDUCE_DIRECT;
+            let mut salt = 0;
+            for dtype in DataType::ALL {
+                for op in ReduceOp::ALL {
+                    for accum in accums(dtype) {
+                        for root in 0..3 {
+                            for (count, in_place) in [(1, false), (3, true), (1000, false)] {
+                                salt += 1;
+                                check(r, dtype, op, accum, count, root, in_place, register, salt)
+                                    .unwrap();
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn odd_and_large_counts_on_one_to_four_and_eight_ranks() {
+    for world in [1, 2, 3, 4, 8] {
+        for algo in [None, Some(REDUCE_STAGED), Some(REDUCE_DIRECT)] {
+            threads(world, algo, move |r| {
+                let register = algo == Some(REDUCE_DIRECT);
+                // 64 KiB staging: 12_345 and 100_003 bf16 per rank take several rounds of
+                // the staged one (one slot per rank).
+                for (i, count) in [1usize, 3, 1000, 12_345, 100_003].into_iter().enumerate() {
+                    for in_place in [false, true] {
+                        check(
+                            r,
+                            DataType::Bf16,
+                            ReduceOp::Sum,
+                            AccumType::F32,
+                            count,
+                            world - 1,
+                            in_place,
+                            register,
+                            i as u64,
+                        )
+                        .unwrap();
+                    }
+                }
+                // Repeated calls to changing roots on fresh data: every call's result, not
+                // a stale one.
+                for salt in 10..16 {
+                    check(
+                        r,
+                        DataType::F32,
+                        ReduceOp::Max,
+                        AccumType::Auto,
+                        333,
+                        salt as u32 % world,
+                        false,
+                        register,
+                        salt,
+                    )
+                    .unwrap();
+                }
+            });
+        }
+    }
+}
+
+#[test]
+fn default_selection_and_the_other_collectives_on_one_communicator() {
+    threads(2, None, |r| {
+        let unregistered = r
+            .comm
+            .choose_collective(Collective::Reduce, 1000, DataType::Bf16)
+            .unwrap();
+        assert_eq!(
+            unregistered.algorithm, REDUCE_STAGED,
+            "{}",
+            unregistered.reason
+        );
+        let buf = r.comm.device().alloc(4096, MemoryKind::Plain).unwrap();
+        r.comm.register(&buf).unwrap();
+        let registered = r
+            .comm
+            .choose_collective_for(
+                Collective::Reduce,
+                buf.ptr(),
+                DevicePtr::NULL,
+                1000,
+                DataType::Bf16,
+            )
+            .unwrap();
+        assert_eq!(registered.algorithm, REDUCE_DIRECT, "{}", registered.reason);
+        r.comm.deregister(&buf).unwrap();
+        for salt in 0..4 {
+            let root = salt as u32 % 2;
+            check(
+                r,
+                DataType::Bf16,
+                ReduceOp::Sum,
+                AccumType::F32,
+                300_001,
+                root,
+                salt % 2 == 0,
+                salt == 1,
+                salt,
+            )
+            .unwrap();
+            // A reduce to the root and a broadcast from it: the allreduce's bits on every
+            // rank, on the same stream and scratch as the allreduce that checks it.
+            let (count, dtype) = (1000, DataType::F32);
+            let a = r.comm.device().alloc(4000, MemoryKind::Plain).unwrap();
+            let b = r.comm.device().alloc(4000, MemoryKind::Plain).unwrap();
+            let mine = input(dtype, r.comm.rank(), count, salt);
+            r.stream.write(a.ptr(), &mine).unwrap();
+            r.stream.write(b.ptr(), &mine).unwrap();
+            // SAFETY: `a` and `b` hold `count` f32 each; synchronized below.
+            unsafe {
+                r.comm
+                    .reduce(
+                        a.ptr(),
+                        a.ptr(),
+                        count,
+                        dtype,
+                        ReduceOp::Prod,
+                        AccumType::Auto,
+                        root,
+                        &r.stream,
+                    )
+                    .unwrap();
+                r.comm
+                    .broadcast(a.ptr(), a.ptr(), count, dtype, root, &r.stream)
+                    .unwrap();
+                r.comm
+                    .all_reduce(
+                        b.ptr(),
+                        b.ptr(),
+                        count,
+                        dtype,
+                        ReduceOp::Prod,
+                        AccumType::Auto,
+                        &r.stream,
+                    )
+                    .unwrap();
+            }
+            r.stream.synchronize().unwrap();
+            r.comm.check_error(&r.stream).unwrap();
+            let (mut got_a, mut got_b) = (vec![0u8; 4000], vec![0u8; 4000]);
+            r.stream.read(a.ptr(), &mut got_a).unwrap();
+            r.stream.read(b.ptr(), &mut got_b).unwrap();
+            let want = expected(dtype, ReduceOp::Prod, AccumType::Auto, 2, count, salt);
+            same_bits(dtype, &got_b, &want, count).unwrap();
+            same_bits(dtype, &got_a, &want, count).unwrap();
+        }
+    });
+}
+
+#[test]
+fn bad_roots_and_buffers_are_refused_before_any_launch() {
+    threads(2, None, |r| {
+        let dev = r.comm.device();
+        let inp = dev.alloc(1024, MemoryKind::Plain).unwrap();
+        let out = dev.alloc(1024, MemoryKind::Plain).unwrap();
+        let call = |i: DevicePtr, o: DevicePtr, count: usize, accum: AccumType, root: u32| {
+            // SAFETY: every call here is refused before a launch (the checks under test).
+            unsafe {
+                r.comm.reduce(
+                    i,
+                    o,
+                    count,
+                    DataType::F32,
+                    ReduceOp::Sum,
+                    accum,
+                    root,
+                    &r.stream,
+                )
+            }
+            .unwrap_err()
+            .to_string()
+        };
+        for root in [2, 7, u32::MAX] {
+            let e = call(inp.ptr(), out.ptr(), 100, AccumType::Auto, root);
+            assert!(
+                e.contains(&format!("reduce: root {root} is not a rank of 2")),
+                "{e}"
+            );
+            // Also with nothing to reduce: the root is checked first.
+            assert!(call(inp.ptr(), out.ptr(), 0, AccumType::Auto, root).contains("root"));
+        }
+        // On the root: overlapping, not in place; null and misaligned buffers; f16
+        // accumulation of f32; an overflowing count.
+        let root = r.comm.rank();
+        let e = call(
+            inp.ptr(),
+            inp.ptr().offset(4).unwrap(),
+            100,
+            AccumType::Auto,
+            root,
+        );
+        assert!(e.contains("not in place"), "{e}");
+        assert!(call(inp.ptr(), DevicePtr::NULL, 100, AccumType::Auto, root).contains("null"));
+        assert!(call(DevicePtr::NULL, out.ptr(), 100, AccumType::Auto, root).contains("null"));
+        let odd = out.ptr().offset(2).unwrap();
+        assert!(call(inp.ptr(), odd, 100, AccumType::Auto, root).contains("aligned"));
+        assert!(call(inp.ptr(), out.ptr(), 100, AccumType::F16, root).contains("f16"));
+        assert!(!call(inp.ptr(), out.ptr(), usize::MAX / 2, AccumType::Auto, root).is_empty());
+        // Nothing was launched: the communicator still works.
+        check(
+            r,
+            DataType::F32,
+            ReduceOp::Sum,
+            AccumType::Auto,
+            100,
+            1,
+            false,
+            false,
+            9,
+        )
+        .unwrap();
+    });
+}
+
+#[test]
+fn mismatched_roots_are_detected_on_first_call() {
+    threads(2, None, |r| {
+        let buf = r.comm.device().alloc(64, MemoryKind::Plain).unwrap();
+        // Each rank names itself the root: the first call's signature check refuses it.
+        let root = r.comm.rank();
+        // SAFETY: refused before any launch (the signatures differ).
+        let e = unsafe {
+            r.comm.reduce(
+                buf.ptr(),
+                buf.ptr(),
+                4,
+                DataType::F32,
+                ReduceOp::Sum,
+                AccumType::Auto,
+                root,
+                &r.stream,
+            )
+        }
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("mismatched reduce calls"), "{e}");
+    });
+}
+
+#[test]
+#[ignore = "a rank process of ranks_in_separate_processes"]
+fn child_rank() {
+    if std::env::var("OXCCL_TEST_CHILD").is_err() {
+        return;
+    }
+    let comm = Communicator::from_env().unwrap();
+    let stream = comm.device().create_stream().unwrap();
+    let r = Rank { comm, stream };
+    let register = std::env::var("OXCCL_ALGO").is_ok_and(|a| a == "reduce_direct");
+    let world = r.comm.world_size();
+    for (i, count) in [1usize, 777, 50_001, 200_003].into_iter().enumerate() {
+        for dtype in [DataType::Bf16, DataType::Fp8E4m3, DataType::F32] {
+            check(
+                &r,
+                dtype,
+                ReduceOp::Sum,
+                AccumType::Auto,
+                count,
+                i as u32 % world,
+                i % 2 == 0,
+                register,
+                i as u64,
+            )
+            .unwrap();
+        }
+    }
+    r.stream.synchronize().unwrap();
+    r.comm.destroy().unwrap();
+}
+
+#[test]
+fn ranks_in_separate_processes() {
+    for (world, algo) in [(2, "auto"), (3, "reduce_staged"), (3, "reduce_direct")] {
+        common::run_child_ranks(
+            world,
+            &[("OXCCL_ALGO", algo), ("OXCCL_STAGING_MB", "1")],
+            &format!("world {world} algo {algo}"),
+        );
+    }
+}

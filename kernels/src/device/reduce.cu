@@ -1,0 +1,115 @@
+// Reduce kernels: the root's output (`count` elements) is the reduction, in rank order, of
+// every rank's input (`count` elements each); the other ranks' outputs are not touched (NCCL:
+// recvbuff matters at the root only; the communicator passes their input as output). The
+// same argument block (`root` names the root), scratch and epoch as the allreduce kernels
+// (include/oxccl/abi_allreduce.h), the same reducers (oxccl/reducers.hpp), so the root gets
+// the bits of the host reference. Host stand-ins with the same protocol:
+// collectives/src/algorithms/reduce/.
+//
+// No LL one-shot: its epoch-parity halves are safe only when every rank also receives from
+// every peer (a rank cannot then run two calls ahead of a peer). In a reduce only the root
+// receives, so a non-root rank could run two calls ahead and overwrite the packet half the
+// root is still reading; both kernels order reuse with barriers instead.
+//
+// - reduce_staged: any size on buffers nobody registered. Every non-root rank pushes its
+//   input into slot `me` of the root's staging; barrier; the root reduces its own input and
+//   every slot of its staging, in rank order, into its output; barrier (the staging is free
+//   again). In rounds when it does not fit.
+// - reduce_direct: registered inputs. Barrier (every peer's input is ready); the root reduces
+//   straight from every rank's input (peer loads) into its output; barrier (no one reads the
+//   peers' inputs any more).
+//
+// In place (input == output at the root), each unit is read before the same thread writes it.
+
+#include "oxccl/abi.h"
+#include "oxccl/allreduce_device.hpp"
+#include "oxccl/reducers.hpp"
+
+namespace oxccl {
+namespace reduce_to_root {
+
+using namespace oxccl::allreduce;
+
+template <typename Fmt, typename Reducer>
+OXCCL_DEVICE_INLINE void staged_body(const Reducer reduce, const OxcclAllreduceArgs& a, const CallState call) {
+  const uint64_t total = a.count * sizeof(typename Fmt::Storage);
+  const uint64_t units = (total + 15) / 16;
+  const uint32_t w = a.world_size;
+  const uint32_t me = a.rank;
+  const uint32_t root = a.root;
+  const char* own = static_cast<const char*>(a.scratch[me]) + a.data_offset;
+  const SlotRounds g(a, units);  // `cap` units of every rank's input per round
+
+  for (uint64_t base = 0; base < units; base += g.cap) {
+    const uint64_t n = units - base < g.cap ? units - base : g.cap;  // units this round
+    // 1. Every other rank pushes this round of its input into slot `me` of the root's staging.
+    if (me != root) {
+      char* dst = static_cast<char*>(a.scratch[root]) + a.data_offset + me * g.cap * 16;
+      for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < n; j += blockDim.x) {
+        store16(dst + j * 16, load_unit(a.input, (base + j) * 16, total));
+      }
+    }
+    if (!block_barrier(a, call.deadline, call.failed)) return;
+
+    // 2. The root reduces (rank order) its input and every peer's slot of its staging.
+    if (me == root) {
+      for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < n; j += blockDim.x) {
+        Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
+#pragma unroll
+        for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
+          if (r < w) {
+            in[r] = r == me ? load_unit(a.input, (base + j) * 16, total)
+                            : load16_peer(own + (r * g.cap + j) * 16);  // written by r
+          }
+        }
+        store_unit(a.output, (base + j) * 16, reduce_ranks(reduce, in, w), total);
+      }
+    }
+    // The root's staging is free for the peers' next round (or next call).
+    if (!block_barrier(a, call.deadline, call.failed)) return;
+  }
+}
+
+template <typename Fmt, typename Reducer>
+OXCCL_DEVICE_INLINE void direct_body(const Reducer reduce, const OxcclAllreduceArgs& a, const CallState call) {
+  const uint64_t total = a.count * sizeof(typename Fmt::Storage);
+  const uint64_t units = (total + 15) / 16;
+  const uint32_t w = a.world_size;
+  const uint64_t share = (units + gridDim.x - 1) / gridDim.x;
+  const uint64_t lo = blockIdx.x * share;
+  const uint64_t hi = lo + share < units ? lo + share : units;
+
+  // Every peer's call has started: its input is ready.
+  if (!block_barrier(a, call.deadline, call.failed)) return;
+  if (a.rank == a.root) {
+    for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+      Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
+#pragma unroll
+      for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
+        if (r < w) in[r] = peer_unit(static_cast<const char*>(a.peer_input[r]), j, total);
+      }
+      store_unit(a.output, j * 16, reduce_ranks(reduce, in, w), total);
+    }
+  }
+  // The root reads no peer's input any more.
+  block_barrier(a, call.deadline, call.failed);
+}
+
+}  // namespace reduce_to_root
+}  // namespace oxccl
+
+OXCCL_GLOBAL __launch_bounds__(512, 1) void reduce_staged(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
+  using namespace oxccl::allreduce;
+  run_reducing<false>(args, args.root < args.world_size, [&]<typename Fmt>(auto reducer, const CallState call) {
+    oxccl::reduce_to_root::staged_body<Fmt>(reducer, args, call);
+  });
+}
+
+OXCCL_GLOBAL __launch_bounds__(512, 1) void reduce_direct(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
+  using namespace oxccl::allreduce;
+  const bool registered = args.rank < OXCCL_ALLREDUCE_MAX_RANKS && args.peer_input[args.rank] == args.input;
+  run_reducing<false>(args, registered && args.root < args.world_size,
+                      [&]<typename Fmt>(auto reducer, const CallState call) {
+                        oxccl::reduce_to_root::direct_body<Fmt>(reducer, args, call);
+                      });
+}
