@@ -6,13 +6,16 @@
 
 `run` is a training-loop-like job: each step all-reduces seeded random "gradients" of many
 sizes (1, 3, 1000, 12345, 2**20+7, 64Mi elements) in bf16, fp16 and fp32 in place (sum; avg
-too for fp32), replays all-reduces captured in a torch.cuda.CUDAGraph, and runs
-all_gather_into_tensor and broadcast (which liboxccl_nccl forwards to the real NCCL). Every
-all-reduce is checked in the script against a float64 reference computed from every rank's
-seeded input; results (full tensors up to 2**20+7 elements, a strided sample and a hash of
+too for fp32), replays all-reduces captured in a torch.cuda.CUDAGraph, and runs the other collectives
+oxccl serves: all_gather_into_tensor, broadcast and all_to_all_single (data movement,
+checked bit for bit against the inputs), reduce_scatter_tensor and reduce (sum, checked
+against the float64 reference), and integer and float64 all_reduce (int32 sum, int64 max,
+uint8 sum: exact; float64 sum: within 2**-50 of the reference). Every all-reduce is
+checked in the script against a float64 reference computed from every rank's seeded input; results (full tensors up to 2**20+7 elements, a strided sample and a hash of
 larger ones) go to DIR/rank<r>.pt, allreduce timings (CUDA events, median) to
 DIR/timing.json. `compare` checks two runs: forwarded ops bit for bit, all-reduces within a
-dtype tolerance (NCCL's ring order and oxccl's rank order may round differently), and prints
+dtype tolerance (NCCL's ring order and oxccl's rank order may round differently; data
+movement and integer results bit for bit), and prints
 the timings side by side.
 """
 import argparse
@@ -31,7 +34,7 @@ FULL_LIMIT = 2**20 + 7  # tensors up to this many elements are saved whole
 SAMPLE_STRIDE = 997
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # Tolerance per element: RTOL[dtype] * world * sum_i |x_i| (every partial sum may round once).
-RTOL = {"bf16": 2.0**-7, "fp16": 2.0**-10, "fp32": 2.0**-21}
+RTOL = {"bf16": 2.0**-7, "fp16": 2.0**-10, "fp32": 2.0**-21, "fp64": 2.0**-50}
 GRAPH_SIZES = [12345, 2**20 + 7]
 STEPS = 2
 
@@ -157,6 +160,79 @@ def run(args):
                 errors.append(f"broadcast/{dname}/{n}: result differs from the root's input")
             keep(results, f"broadcast/{dname}/{n}", b)
 
+    # The other collectives oxccl serves.
+    for dname in DTYPES:
+        for n in [s for s in (1, 1000, 12345, 2**20 + 7) if s <= args.max_elems]:
+            # all_to_all_single: slot r of the output is chunk `rank` of rank r's input.
+            x = make_input(rank, n * world, dname, ("a2a",)).to(device)
+            out = torch.empty_like(x)
+            dist.all_to_all_single(out, x)
+            torch.cuda.synchronize()
+            expect = torch.cat([make_input(r, n * world, dname, ("a2a",))[rank * n:(rank + 1) * n]
+                                for r in range(world)]).to(device)
+            if not torch.equal(out, expect):
+                errors.append(f"alltoall/{dname}/{n}: result differs from the inputs")
+            keep(results, f"alltoall/{dname}/{n}", out)
+            # reduce_scatter_tensor: chunk `rank` of the sum.
+            tag = ("rs",)
+            x = make_input(rank, n * world, dname, tag).to(device)
+            out = torch.empty(n, dtype=x.dtype, device=device)
+            dist.reduce_scatter_tensor(out, x)
+            torch.cuda.synchronize()
+            key = f"reducescatter/sum/{dname}/{n}"
+            ref, absum = reference(world, n * world, dname, tag, device)
+            err = (out.to(torch.float64) - ref[rank * n:(rank + 1) * n]).abs()
+            tol = RTOL[dname] * world * absum[rank * n:(rank + 1) * n] + 1e-30
+            worst[key] = float((err / tol).max().item())
+            if int((err > tol).sum().item()):
+                errors.append(f"{key}: {int((err > tol).sum().item())} of {n} elements off the float64 reference")
+            keep(results, key, out)
+            # reduce: the sum at the last rank.
+            tag = ("reduce",)
+            x = make_input(rank, n, dname, tag).to(device)
+            dist.reduce(x, dst=world - 1)
+            torch.cuda.synchronize()
+            key = f"reduce/sum/{dname}/{n}"
+            if rank == world - 1:
+                worst[key] = check_against_reference(key, x, world, n, dname, tag, device, False, errors)
+                keep(results, key, x)
+
+    # Integer and float64 all_reduce (counters, metrics): integers exact, float64 within
+    # 2**-50. Inputs small enough that no integer sum wraps (so torch's own sum is exact).
+    for n in [s for s in (1, 1000, 12345, 2**20 + 7) if s <= args.max_elems]:
+        g = torch.Generator(device="cpu")
+        ints = []
+        for r in range(world):
+            g.manual_seed(seed_of(r, n, "ints"))
+            ints.append((torch.randint(-1000, 1000, (n,), generator=g, dtype=torch.int32),
+                         torch.randint(-2**40, 2**40, (n,), generator=g, dtype=torch.int64),
+                         torch.randint(0, 30, (n,), generator=g, dtype=torch.uint8),
+                         torch.randn(n, generator=g, dtype=torch.float64)))
+        mine = [t.to(device) for t in ints[rank]]
+        dist.all_reduce(mine[0])
+        dist.all_reduce(mine[1], op=dist.ReduceOp.MAX)
+        dist.all_reduce(mine[2])
+        dist.all_reduce(mine[3])
+        torch.cuda.synchronize()
+        want = [sum(t[0] for t in ints), torch.stack([t[1] for t in ints]).max(0).values,
+                sum(t[2] for t in ints)]
+        for name, got, w in zip(("int32-sum", "int64-max", "uint8-sum"), mine, want):
+            if not torch.equal(got.cpu(), w):
+                errors.append(f"allreduce/{name}/{n}: differs from the exact result")
+            keep(results, f"exact/{name}/{n}", got)
+        key = f"allreduce/sum/fp64/{n}"
+        ref = torch.zeros(n, dtype=torch.float64)
+        absum = torch.zeros(n, dtype=torch.float64)
+        for t in ints:
+            ref += t[3]
+            absum += t[3].abs()
+        err = (mine[3].cpu() - ref).abs()
+        tol = RTOL["fp64"] * world * absum + 1e-300
+        worst[key] = float((err / tol).max().item())
+        if int((err > tol).sum().item()):
+            errors.append(f"{key}: {int((err > tol).sum().item())} of {n} elements off the float64 reference")
+        keep(results, key, mine[3])
+
     # Timing: in-place all_reduce (sum) per size and dtype, CUDA events around each eager
     # call, median of `iters` calls; that is repeated in `rounds` rounds that sweep every
     # size and dtype, and the fastest round's median counts (eager per-call times on these
@@ -223,10 +299,10 @@ def compare(args):
                 print(f"FAIL {f} {key}: missing in the oxccl run")
                 failures += 1
                 continue
-            forwarded = key.startswith(("allgather/", "broadcast/"))
-            if forwarded:
+            moved = key.startswith(("allgather/", "broadcast/", "alltoall/", "exact/"))
+            if moved:
                 if ea["hash"] != eb["hash"]:
-                    print(f"FAIL {f} {key}: forwarded op differs from the run without the preload")
+                    print(f"FAIL {f} {key}: differs bit for bit from the run without the preload")
                     failures += 1
                 continue
             dname = key.split("/")[2]
