@@ -105,8 +105,8 @@ OXCCL_DEVICE_INLINE Vec16 peer_unit(const char* base, uint64_t j, uint64_t total
   return load_unit(base, j * 16, total);
 }
 
-/// Rounds of the staged kernels that give every rank one slot of the staging
-/// (reducescatter.cu, reduce.cu; the host stand-ins' `equal_rounds`): `cap` units of each
+/// Rounds of the staged kernels that give every rank one slot of the staging (every
+/// collective's staged kernel; the host stand-ins' `equal_rounds`): `cap` units of each
 /// slot per round, `world` slots of `cap` units filling at most the staging, in equal rounds
 /// over `units`; block b always owns units [lo, hi) of every slot, so the per-block
 /// barriers order every reuse of a staging position.

@@ -78,23 +78,6 @@ OXCCL_DEVICE_INLINE void oneshot_body(const OxcclAllreduceArgs& a, const CallSta
   }
 }
 
-/// Rounds of the staged kernel: `cap` units of every rank's input per round (`world`
-/// slots of `cap` units fill at most the staging), equal rounds, block b always owning
-/// units [lo, hi) of every slot, so a block only touches the staging positions the same
-/// block of every peer touches and the per-block barriers order all reuse.
-struct Rounds {
-  uint64_t cap;
-  uint64_t lo, hi;
-  OXCCL_DEVICE_INLINE Rounds(const OxcclAllreduceArgs& a, uint64_t units) {
-    const uint64_t cap_max = a.data_bytes / (16 * a.world_size);
-    const uint64_t rounds = (units + cap_max - 1) / cap_max;
-    cap = rounds == 0 ? 0 : (units + rounds - 1) / rounds;
-    const uint64_t share = (cap + gridDim.x - 1) / gridDim.x;
-    lo = blockIdx.x * share;
-    hi = lo + share < cap ? lo + share : cap;
-  }
-};
-
 OXCCL_DEVICE_INLINE void staged_body(const OxcclAllreduceArgs& a, const CallState call) {
   const uint64_t total = input_bytes(a);
   const uint64_t units = (total + 15) / 16;
@@ -103,7 +86,7 @@ OXCCL_DEVICE_INLINE void staged_body(const OxcclAllreduceArgs& a, const CallStat
   char* own = static_cast<char*>(a.scratch[me]);
   char* own_slot = slot(a, me, total);
   const bool in_place = a.input == own_slot;
-  const Rounds g(a, units);
+  const SlotRounds g(a, units);  // one staging slot per rank
 
   for (uint64_t base = 0; base < units; base += g.cap) {
     const uint64_t n = units - base < g.cap ? units - base : g.cap;  // units this round

@@ -23,21 +23,6 @@ namespace broadcast {
 
 using namespace oxccl::allreduce;
 
-/// Rounds of the staged kernel (`Rounds` of allgather.cu, so the host stand-ins share one
-/// geometry): `cap` units per round, block b always owning units [lo, hi) of the slot.
-struct Rounds {
-  uint64_t cap;
-  uint64_t lo, hi;
-  OXCCL_DEVICE_INLINE Rounds(const OxcclAllreduceArgs& a, uint64_t units) {
-    const uint64_t cap_max = a.data_bytes / (16 * a.world_size);
-    const uint64_t rounds = (units + cap_max - 1) / cap_max;
-    cap = rounds == 0 ? 0 : (units + rounds - 1) / rounds;
-    const uint64_t share = (cap + gridDim.x - 1) / gridDim.x;
-    lo = blockIdx.x * share;
-    hi = lo + share < cap ? lo + share : cap;
-  }
-};
-
 OXCCL_DEVICE_INLINE void staged_body(const OxcclAllreduceArgs& a, const CallState call) {
   const uint64_t total = a.count * dtype_bytes(a.dtype);
   const uint64_t units = (total + 15) / 16;
@@ -46,7 +31,7 @@ OXCCL_DEVICE_INLINE void staged_body(const OxcclAllreduceArgs& a, const CallStat
   const bool root = me == a.root;
   const bool in_place = a.input == a.output;
   const char* own = static_cast<const char*>(a.scratch[me]) + a.data_offset;
-  const Rounds g(a, units);
+  const SlotRounds g(a, units);  // one staging slot per rank
 
   for (uint64_t base = 0; base < units; base += g.cap) {
     const uint64_t n = units - base < g.cap ? units - base : g.cap;  // units this round
