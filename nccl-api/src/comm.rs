@@ -1498,3 +1498,67 @@ pub fn served_op(op: NcclRedOp) -> Option<ReduceOp> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(size: usize, blocking: c_int) -> NcclConfig {
+        // SAFETY: all-zero bytes are a valid NcclConfig (integers and null pointers).
+        let mut c: NcclConfig = unsafe { std::mem::zeroed() };
+        c.size = size;
+        c.blocking = blocking;
+        c
+    }
+
+    #[test]
+    fn blocking_is_read_only_from_configs_that_have_it() {
+        let full = std::mem::size_of::<NcclConfig>();
+        assert!(!is_nonblocking(std::ptr::null_mut()));
+        assert!(is_nonblocking(&mut config(full, 0)));
+        assert!(!is_nonblocking(&mut config(full, 1)));
+        // A config too short to hold the field: blocking, as NCCL's default.
+        assert!(!is_nonblocking(&mut config(CONFIG_BLOCKING_OFFSET, 0)));
+        assert!(is_nonblocking(&mut config(CONFIG_BLOCKING_OFFSET + 4, 0)));
+    }
+
+    #[test]
+    fn an_owned_config_is_blocking_and_keeps_its_strings() {
+        let name = CString::new("job-7").unwrap();
+        let mut c = config(std::mem::size_of::<NcclConfig>(), 0);
+        c.comm_name = name.as_ptr();
+        let mut owned = OwnedConfig::copy(&mut c).unwrap();
+        drop(name);
+        let p = owned.as_ptr();
+        // SAFETY: the owned copy lives; its name points into its own strings.
+        let (blocking, copied) = unsafe { ((*p).blocking, CStr::from_ptr((*p).comm_name)) };
+        assert_eq!(blocking, 1);
+        assert_eq!(copied.to_str().unwrap(), "job-7");
+        assert!(OwnedConfig::copy(std::ptr::null_mut()).is_none());
+    }
+
+    #[test]
+    fn a_handle_picks_up_a_later_result_and_an_abandoned_one_drops_it() {
+        let (comm, cell) = Comm::pending();
+        assert!(matches!(comm.state(), State::Pending));
+        let e = comm.ready().unwrap_err();
+        assert_eq!(e.code, NCCL_INVALID_ARGUMENT);
+        assert!(e.message.contains("not ready"), "{}", e.message);
+        cell.complete(Err(ApiError::invalid_usage("boom")));
+        assert!(matches!(comm.state(), State::Failed(_)));
+        let e = comm.ready().unwrap_err();
+        assert_eq!(e.code, NCCL_INVALID_USAGE);
+        assert!(
+            e.message.contains("initialisation failed: boom"),
+            "{}",
+            e.message
+        );
+        assert!((*comm).destroy(true).is_ok());
+
+        let (comm, cell) = Comm::pending();
+        assert!((*comm).destroy(false).is_ok());
+        assert!(matches!(*cell.slot.lock().unwrap(), Slot::Abandoned));
+        cell.complete(Err(ApiError::internal("late")));
+        assert!(matches!(*cell.slot.lock().unwrap(), Slot::Abandoned));
+    }
+}
