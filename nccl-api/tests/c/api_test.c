@@ -3,8 +3,10 @@
  * nccl-api/include/nccl.h and linked against liboxccl_nccl.so by ci/nccl-api-test.sh,
  * run with OXCCL_BACKEND=host. Covers the life cycle, error codes and strings, bad
  * arguments, the unique id, real allreduces across forked processes and across threads
- * (ncclCommInitAll) checked against a reference computed here, splits, groups, and calls
- * that must be forwarded to a real NCCL that is absent.
+ * (ncclCommInitAll) checked against a reference computed here, splits, groups (inits,
+ * splits and allreduces of several ranks driven from one thread, and failing groups),
+ * non-blocking communicators, and calls that must be forwarded to a real NCCL that is
+ * absent.
  */
 #define _GNU_SOURCE
 #include <math.h>
