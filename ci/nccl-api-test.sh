@@ -2,7 +2,8 @@
 # Builds liboxccl_nccl.so (host backend) and the C test program against its own nccl.h,
 # checks that every function the header declares is exported, then runs the C test on the
 # host backend (no GPU): life cycle, error codes, bad arguments, allreduce across forked
-# processes and threads, forwarded calls without a real NCCL.
+# processes and threads, grouped inits and calls from one thread, non-blocking inits,
+# forwarded calls without a real NCCL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TARGET="${CARGO_TARGET_DIR:-$PWD/target}"

@@ -2,9 +2,9 @@
 //! oxccl can serve) and the real NCCL's communicator, created together.
 
 use std::collections::HashSet;
-use std::ffi::c_int;
+use std::ffi::{c_int, CStr, CString};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::{Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use oxccl_collectives::backend::{AnyDevice, AnyMemory, AnyStream};
 use oxccl_collectives::channels::bootstrap::{Bootstrap, BootstrapConfig, UniqueId};
@@ -81,11 +81,10 @@ struct HostState {
     staging: Mutex<Option<AnyMemory>>,
 }
 
-/// What a `ncclComm_t` of this library points at.
+/// A communicator of this library once its initialisation has completed: the oxccl side
+/// and the real NCCL's, for one rank.
 #[derive(Debug)]
-#[repr(C)]
-pub struct Comm {
-    magic: u64,
+pub struct Ready {
     /// This rank.
     pub rank: u32,
     /// Number of ranks.
@@ -106,12 +105,160 @@ pub struct Comm {
     host: Option<HostState>,
 }
 
+/// What a `ncclComm_t` of this library points at: the handle the caller gets from the init
+/// call, ready at once (a blocking init) or later (a non-blocking init, or one recorded in
+/// a group and completed at `ncclGroupEnd`), or holding the failure of its initialisation.
+#[derive(Debug)]
+#[repr(C)]
+pub struct Comm {
+    magic: u64,
+    /// The initialised communicator or why initialisation failed, once known here.
+    ready: OnceLock<Result<Box<Ready>, ApiError>>,
+    /// Where a background or grouped initialisation leaves its result (`None`: made ready).
+    pending: Option<Arc<InitCell>>,
+}
+
 // `resolve` hands out `&'static Comm` to any thread (PyTorch's watchdog thread queries the
 // async error while the main thread enqueues work).
 const _: () = {
     const fn shared<T: Send + Sync>() {}
     shared::<Comm>();
 };
+
+/// Where an initialisation that completes after its call (on a background thread, or at
+/// `ncclGroupEnd`) leaves its result for the communicator's handle to pick up.
+#[derive(Debug, Default)]
+pub struct InitCell {
+    slot: Mutex<Slot>,
+}
+
+#[derive(Debug, Default)]
+enum Slot {
+    /// Still running (or waiting for `ncclGroupEnd`).
+    #[default]
+    Pending,
+    /// Finished; not yet picked up by the handle.
+    Done(Result<Box<Ready>, ApiError>),
+    /// Picked up: the handle's `ready` holds it.
+    Moved,
+    /// The handle was destroyed or aborted first: the result is released when it comes.
+    Abandoned,
+}
+
+impl InitCell {
+    /// Leaves the result of the initialisation (or releases it when the handle is gone).
+    pub fn complete(&self, result: Result<Box<Ready>, ApiError>) {
+        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        if matches!(*slot, Slot::Abandoned) {
+            drop(slot);
+            if let Ok(ready) = result {
+                if let Err(e) = ready.destroy(false) {
+                    log_info!("releasing an abandoned communicator: {}", e.message);
+                }
+            }
+            return;
+        }
+        *slot = Slot::Done(result);
+    }
+}
+
+/// The state of a communicator of this library.
+#[derive(Debug)]
+pub enum State<'a> {
+    /// Initialised.
+    Ready(&'a Ready),
+    /// Its initialisation has not completed yet.
+    Pending,
+    /// Its initialisation failed (or was undone with the rest of its group).
+    Failed(&'a ApiError),
+}
+
+impl Comm {
+    /// A handle on a communicator that is ready.
+    pub fn ready_now(ready: Box<Ready>) -> Box<Comm> {
+        Box::new(Comm {
+            magic: COMM_MAGIC,
+            ready: OnceLock::from(Ok(ready)),
+            pending: None,
+        })
+    }
+
+    /// A handle whose communicator comes later, through the returned cell.
+    pub fn pending() -> (Box<Comm>, Arc<InitCell>) {
+        let cell = Arc::new(InitCell::default());
+        let comm = Box::new(Comm {
+            magic: COMM_MAGIC,
+            ready: OnceLock::new(),
+            pending: Some(Arc::clone(&cell)),
+        });
+        (comm, cell)
+    }
+
+    /// Where this communicator stands (picks up a finished initialisation's result).
+    pub fn state(&self) -> State<'_> {
+        if self.ready.get().is_none() {
+            if let Some(cell) = &self.pending {
+                let mut slot = cell.slot.lock().unwrap_or_else(|p| p.into_inner());
+                if let Slot::Done(_) = &*slot {
+                    if let Slot::Done(result) = std::mem::replace(&mut *slot, Slot::Moved) {
+                        // Under the cell's lock: no other thread can be setting it.
+                        let _ = self.ready.set(result);
+                    }
+                }
+            }
+        }
+        match self.ready.get() {
+            Some(Ok(ready)) => State::Ready(ready),
+            Some(Err(e)) => State::Failed(e),
+            None => State::Pending,
+        }
+    }
+
+    /// The initialised communicator, or the error a call on it returns: the failure of its
+    /// initialisation, or `ncclInvalidArgument` while it is still initialising (NCCL's
+    /// answer to a call on a communicator whose last operation is still in progress).
+    pub fn ready(&self) -> ApiResult<&Ready> {
+        match self.state() {
+            State::Ready(r) => Ok(r),
+            State::Pending => Err(ApiError::invalid_argument(
+                "the communicator is not ready: its initialisation has not completed (a \
+                 non-blocking init still running, or an init inside a group before its \
+                 ncclGroupEnd); poll ncclCommGetAsyncError until it is no longer \
+                 ncclInProgress",
+            )),
+            State::Failed(e) => Err(ApiError {
+                code: e.code,
+                message: format!("the communicator's initialisation failed: {}", e.message),
+            }),
+        }
+    }
+
+    /// Releases what this communicator holds; `graceful` waits for this rank's queued work
+    /// first (ncclCommDestroy), otherwise not (ncclCommAbort). One whose initialisation is
+    /// still running is abandoned: what it makes is released when it finishes, so this
+    /// never waits for it.
+    pub fn destroy(self, graceful: bool) -> ApiResult<()> {
+        if self.ready.get().is_none() {
+            if let Some(cell) = &self.pending {
+                let mut slot = cell.slot.lock().unwrap_or_else(|p| p.into_inner());
+                match std::mem::replace(&mut *slot, Slot::Abandoned) {
+                    Slot::Done(Ok(ready)) => {
+                        drop(slot);
+                        return ready.destroy(graceful);
+                    }
+                    Slot::Pending => {
+                        log_info!("a communicator still initialising was released: it is dropped when its initialisation ends");
+                    }
+                    Slot::Done(Err(_)) | Slot::Moved | Slot::Abandoned => {}
+                }
+            }
+        }
+        match self.ready.into_inner() {
+            Some(Ok(ready)) => ready.destroy(graceful),
+            Some(Err(_)) | None => Ok(()),
+        }
+    }
+}
 
 /// What a `ncclComm_t` argument turned out to be.
 #[derive(Debug, Clone, Copy)]
@@ -212,13 +359,16 @@ pub unsafe fn resolve(comm: Opaque) -> ApiResult<Target> {
 pub fn real_comm_of(target: Target, name: &str, why: &str) -> ApiResult<Opaque> {
     match target {
         Target::Foreign(p) => Ok(p),
-        Target::Ours(c) => c.real.map(|r| r.0).ok_or_else(|| {
-            ApiError::invalid_usage(format!(
-                "{why}, so it must be forwarded to the real NCCL, but this communicator has \
-                 none ({name} on rank {}): {}",
-                c.rank, c.no_real_reason
-            ))
-        }),
+        Target::Ours(c) => {
+            let c = c.ready()?;
+            c.real.map(|r| r.0).ok_or_else(|| {
+                ApiError::invalid_usage(format!(
+                    "{why}, so it must be forwarded to the real NCCL, but this communicator \
+                     has none ({name} on rank {}): {}",
+                    c.rank, c.no_real_reason
+                ))
+            })
+        }
     }
 }
 
@@ -299,15 +449,125 @@ fn blocking_copy(config: *mut NcclConfig) -> Option<Box<NcclConfig>> {
     Some(copy)
 }
 
-impl Comm {
-    /// Creates both sides (collective over the `nranks` callers of one id).
-    pub fn init(
+/// The checked arguments of one rank's init: what each way of completing it (at the call,
+/// on a background thread, at `ncclGroupEnd`) starts from.
+#[derive(Debug, Clone)]
+pub struct InitSpec {
+    /// This rank.
+    pub rank: u32,
+    /// Number of ranks.
+    pub nranks: u32,
+    packed: PackedId,
+    /// The backend.
+    pub kind: BackendKind,
+    /// The device: the caller's choice, else the calling thread's current CUDA device (the
+    /// rank's host device on the host backend), read at the call.
+    pub device: u32,
+}
+
+/// The oxccl side of a new communicator, made and not yet joined to its real side.
+#[derive(Debug)]
+pub struct OxcclSide {
+    oxccl: Oxccl,
+    host: Option<HostState>,
+}
+
+/// Makes the oxccl side of rank `rank` of `nranks` on the job named by `id` (collective).
+fn oxccl_side(
+    id: &UniqueId,
+    rank: u32,
+    nranks: u32,
+    kind: BackendKind,
+    device: u32,
+) -> ApiResult<OxcclSide> {
+    let bootstrap = Bootstrap::new(id, rank, nranks, &BootstrapConfig::from_env()?)?;
+    let mut host = None;
+    let oxccl = if nranks <= OXCCL_ALLREDUCE_MAX_RANKS {
+        let dev = AnyDevice::open_with(kind, DeviceId(device))?;
+        if kind == BackendKind::Host {
+            host = Some(HostState {
+                stream: dev.create_stream()?,
+                staging: Mutex::new(None),
+            });
+        }
+        let comm = Communicator::new(bootstrap, dev, CommConfig::from_env()?)?;
+        Oxccl::Serving(Box::new(comm))
+    } else {
+        Oxccl::BootstrapOnly(bootstrap)
+    };
+    Ok(OxcclSide { oxccl, host })
+}
+
+/// Whether a config asks for a non-blocking communicator (`blocking = 0`, in a config
+/// long enough to have the field).
+pub fn is_nonblocking(config: *mut NcclConfig) -> bool {
+    if config.is_null() {
+        return false;
+    }
+    // SAFETY: a non-null config points at the caller's ncclConfig_t, whose first field is
+    // its size.
+    let size = unsafe { config.cast::<usize>().read_unaligned() };
+    if size < CONFIG_BLOCKING_OFFSET + 4 {
+        return false;
+    }
+    // SAFETY: the caller's config is at least `size` bytes, which covers the field.
+    let blocking = unsafe {
+        config
+            .cast::<u8>()
+            .add(CONFIG_BLOCKING_OFFSET)
+            .cast::<c_int>()
+            .read_unaligned()
+    };
+    blocking == 0
+}
+
+/// A copy of the caller's config that outlives the call (a non-blocking init uses it on
+/// another thread): the config, made blocking for the real side, and its two strings.
+#[derive(Debug)]
+pub struct OwnedConfig {
+    config: Box<NcclConfig>,
+    _names: Vec<CString>,
+}
+
+// SAFETY: the config's string pointers point into `_names`, owned by the same value, and
+// nothing else in it refers to memory of the caller's.
+unsafe impl Send for OwnedConfig {}
+
+impl OwnedConfig {
+    /// Copies the caller's config (`None` for NULL).
+    pub fn copy(config: *mut NcclConfig) -> Option<OwnedConfig> {
+        let mut config = blocking_copy(config)?;
+        let mut names = Vec::new();
+        for p in [&mut config.net_name, &mut config.comm_name] {
+            if p.is_null() {
+                continue;
+            }
+            // SAFETY: NCCL's contract: a non-null name is a NUL-terminated string, readable
+            // during the call.
+            let name = unsafe { CStr::from_ptr(*p) }.to_owned();
+            *p = name.as_ptr();
+            names.push(name);
+        }
+        Some(OwnedConfig {
+            config,
+            _names: names,
+        })
+    }
+
+    fn as_ptr(&mut self) -> *mut NcclConfig {
+        &mut *self.config
+    }
+}
+
+impl InitSpec {
+    /// Checks an init call's arguments and picks the device (on the calling thread: the
+    /// current CUDA device is the caller's).
+    pub fn new(
         nranks: c_int,
         id: &NcclUniqueId,
         rank: c_int,
-        config: *mut NcclConfig,
         device: Option<u32>,
-    ) -> ApiResult<Box<Comm>> {
+    ) -> ApiResult<InitSpec> {
         if nranks < 1 {
             return Err(ApiError::invalid_argument(format!(
                 "nranks {nranks} is not positive"
@@ -328,22 +588,98 @@ impl Comm {
             }
             (None, _) => current_cuda_device(),
         };
-        let bootstrap = Bootstrap::new(&packed.oxccl, rank, nranks, &BootstrapConfig::from_env()?)?;
-        let mut host = None;
-        let oxccl = if nranks <= OXCCL_ALLREDUCE_MAX_RANKS {
-            let dev = AnyDevice::open_with(kind, DeviceId(device))?;
-            if kind == BackendKind::Host {
-                host = Some(HostState {
-                    stream: dev.create_stream()?,
-                    staging: Mutex::new(None),
-                });
-            }
-            let comm = Communicator::new(bootstrap, dev, CommConfig::from_env()?)?;
-            Oxccl::Serving(Box::new(comm))
+        Ok(InitSpec {
+            rank,
+            nranks,
+            packed,
+            kind,
+            device,
+        })
+    }
+
+    /// Creates both sides now (collective over the `nranks` callers of one id): the oxccl
+    /// side, then the real NCCL's.
+    pub fn run(self, config: *mut NcclConfig) -> ApiResult<Box<Ready>> {
+        let side = self.run_oxccl()?;
+        let (real, no_real_reason) = init_real(&self.packed, self.nranks, self.rank, config)?;
+        Ok(self.assemble(side, real, no_real_reason))
+    }
+
+    /// Creates both sides on a thread of this library's (a non-blocking init): the real
+    /// NCCL takes the thread's current CUDA context as its device, so the rank's device is
+    /// made current first.
+    pub fn run_background(self, mut config: Option<OwnedConfig>) -> ApiResult<Box<Ready>> {
+        let _current = if self.kind == BackendKind::Cuda && self.packed.real.is_some() {
+            Some(AnyDevice::open_with(self.kind, DeviceId(self.device))?)
         } else {
-            Oxccl::BootstrapOnly(bootstrap)
+            None
         };
-        let (real, no_real_reason) = init_real(&packed, nranks, rank, config)?;
+        let ptr = config
+            .as_mut()
+            .map_or(std::ptr::null_mut(), OwnedConfig::as_ptr);
+        self.run(ptr)
+    }
+
+    /// Creates the oxccl side only (the real side of a grouped init is begun in the real
+    /// NCCL's group, see [`InitSpec::begin_real`]).
+    pub fn run_oxccl(&self) -> ApiResult<OxcclSide> {
+        oxccl_side(
+            &self.packed.oxccl,
+            self.rank,
+            self.nranks,
+            self.kind,
+            self.device,
+        )
+    }
+
+    /// Begins the real communicator inside the real NCCL's open group (the calling thread's:
+    /// the real library completes it at its `ncclGroupEnd`, on the device current now).
+    pub fn begin_real(&self, config: *mut NcclConfig) -> ApiResult<RealInit> {
+        let Some(real_id) = self.packed.real else {
+            return Ok(RealInit::none(no_real_id_reason()));
+        };
+        let real = real_for_id()?;
+        let id = NcclUniqueId::from_bytes(&real_id);
+        let mut begun = RealInit::begun(config);
+        let (out, cfg) = begun.pointers();
+        let (nranks, rank) = (self.nranks as c_int, self.rank as c_int);
+        let rc = match (
+            cfg.is_null(),
+            real.fns.comm_init_rank_config,
+            real.fns.comm_init_rank,
+        ) {
+            // SAFETY: `out` is a stable out-pointer and `cfg` a full-size config copy, both
+            // kept until the real group ends (`RealInit` owns them).
+            (false, Some(f), _) => unsafe { f(out, nranks, id, rank, cfg) },
+            // SAFETY: `out` is a stable out-pointer kept until the real group ends.
+            (true, _, Some(f)) => unsafe { f(out, nranks, id, rank) },
+            _ => {
+                return Err(ApiError::invalid_usage(
+                    "the real NCCL has no ncclCommInitRank(Config)",
+                ))
+            }
+        };
+        if rc != NCCL_IN_PROGRESS {
+            check_real(rc, real, std::ptr::null_mut(), "ncclCommInitRank")?;
+        }
+        Ok(begun)
+    }
+
+    /// Joins both sides into the communicator (and logs it).
+    pub fn assemble(
+        self,
+        side: OxcclSide,
+        real: Option<RealComm>,
+        no_real_reason: String,
+    ) -> Box<Ready> {
+        let InitSpec {
+            rank,
+            nranks,
+            kind,
+            device,
+            ..
+        } = self;
+        let OxcclSide { oxccl, host } = side;
         log_info!(
             "rank {rank}/{nranks} device {device} ({kind}): oxccl {}, real NCCL {}",
             match oxccl {
@@ -357,8 +693,7 @@ impl Comm {
                 format!("none ({no_real_reason})")
             }
         );
-        Ok(Box::new(Comm {
-            magic: COMM_MAGIC,
+        Box::new(Ready {
             rank,
             nranks,
             device: device as i32,
@@ -369,9 +704,85 @@ impl Comm {
             async_error: AtomicI32::new(NCCL_SUCCESS),
             finalized: AtomicBool::new(false),
             host,
-        }))
+        })
+    }
+}
+
+/// A real NCCL communicator begun inside the real library's group: where the real library
+/// writes its handle and the config it was given, both kept at stable addresses until
+/// the real group has ended.
+#[derive(Debug)]
+pub struct RealInit {
+    out: Option<Box<Opaque>>,
+    config: Option<Box<NcclConfig>>,
+    no_real_reason: String,
+}
+
+// SAFETY: the handle slot and the config copy are owned heap memory, touched by the real
+// library only during the calling thread's group (which ends before the value moves to
+// another thread) and by this value's owner afterwards.
+unsafe impl Send for RealInit {}
+
+impl RealInit {
+    fn none(reason: String) -> RealInit {
+        RealInit {
+            out: None,
+            config: None,
+            no_real_reason: reason,
+        }
     }
 
+    fn begun(config: *mut NcclConfig) -> RealInit {
+        RealInit {
+            out: Some(Box::new(std::ptr::null_mut())),
+            config: blocking_copy(config),
+            no_real_reason: String::new(),
+        }
+    }
+
+    /// The out-pointer and the config pointer (null when the caller gave none) to hand the
+    /// real library.
+    fn pointers(&mut self) -> (*mut Opaque, *mut NcclConfig) {
+        let out = self
+            .out
+            .as_deref_mut()
+            .map_or(std::ptr::null_mut(), |o| o as *mut Opaque);
+        let cfg = self
+            .config
+            .as_deref_mut()
+            .map_or(std::ptr::null_mut(), |c| c as *mut NcclConfig);
+        (out, cfg)
+    }
+
+    /// After the real group ended: the real communicator (none when none was begun, or the
+    /// real library made none, e.g. a split's `NCCL_SPLIT_NOCOLOR`).
+    pub fn finish(self) -> (Option<RealComm>, String) {
+        let comm = self.out.map(|o| *o).filter(|p| !p.is_null()).map(RealComm);
+        (comm, self.no_real_reason)
+    }
+
+    /// After the real group ended: releases the real communicator without waiting (its
+    /// group failed on our side).
+    pub fn abort(self) {
+        if let (Some(comm), _) = self.finish() {
+            if let Ok(Some(f)) = real_nccl().map(|r| r.fns.comm_abort) {
+                // SAFETY: a live real communicator, released once here.
+                let _ = unsafe { f(comm.0) };
+            }
+        }
+    }
+}
+
+/// How a split of one rank turns out after the parent's ranks agreed: its rank and size in
+/// the new communicator and the new communicator's oxccl id.
+#[derive(Debug, Clone, Copy)]
+pub struct SplitPlan {
+    new_rank: u32,
+    n: u32,
+    id: UniqueId,
+}
+
+impl Ready {
     /// The oxccl communicator, when oxccl serves this communicator's calls: at most 8
     /// ranks, and a backend whose streams this library can take from the caller (CUDA), or
     /// the host backend. (ROCm streams are not wrapped yet: those calls are forwarded.)
@@ -383,18 +794,56 @@ impl Comm {
         }
     }
 
-    /// Splits (collective over the parent's ranks): `None` for `NCCL_SPLIT_NOCOLOR`.
-    pub fn split(
-        &self,
-        color: c_int,
-        key: c_int,
-        config: *mut NcclConfig,
-    ) -> ApiResult<Option<Box<Comm>>> {
+    /// Refuses colors NCCL refuses.
+    pub fn check_color(color: c_int) -> ApiResult<()> {
         if color < NCCL_SPLIT_NOCOLOR {
             return Err(ApiError::invalid_argument(format!(
                 "color {color} is negative and not NCCL_SPLIT_NOCOLOR"
             )));
         }
+        Ok(())
+    }
+
+    /// Splits now (collective over the parent's ranks): `None` for `NCCL_SPLIT_NOCOLOR`.
+    pub fn split(
+        &self,
+        color: c_int,
+        key: c_int,
+        config: *mut NcclConfig,
+    ) -> ApiResult<Option<Box<Ready>>> {
+        Ready::check_color(color)?;
+        let plan = self.split_agree(color, key)?;
+        // The real side splits with the same color and key.
+        let mut new_real = None;
+        if let Some(rc) = self.real {
+            let real = real_nccl().map_err(ApiError::internal)?;
+            let f = real
+                .fns
+                .comm_split
+                .ok_or_else(|| ApiError::invalid_usage("the real NCCL has no ncclCommSplit"))?;
+            let mut out: Opaque = std::ptr::null_mut();
+            let mut cfg = blocking_copy(config);
+            let cfg_ptr = cfg
+                .as_deref_mut()
+                .map_or(std::ptr::null_mut(), |c| c as *mut NcclConfig);
+            // SAFETY: `rc` is a live real communicator, `out` a valid out-pointer, `cfg_ptr`
+            // null or a full-size config copy.
+            let r = unsafe { f(rc.0, color, key, &mut out, cfg_ptr) };
+            check_real(r, real, rc.0, "ncclCommSplit")?;
+            new_real = (!out.is_null()).then_some(RealComm(out));
+        }
+        let Some(plan) = plan else {
+            return Ok(None);
+        };
+        let side = self.split_oxccl(&plan)?;
+        Ok(Some(self.split_assemble(&plan, side, new_real, color, key)))
+    }
+
+    /// The first half of a split's oxccl side (collective over the parent's ranks): every
+    /// rank's color and key are all-gathered, the lowest (key, rank) of each color makes
+    /// the new communicator's oxccl id, which a second all-gather shares. `None`: this
+    /// rank gets no communicator (`NCCL_SPLIT_NOCOLOR`).
+    pub fn split_agree(&self, color: c_int, key: c_int) -> ApiResult<Option<SplitPlan>> {
         let boot = self.oxccl.bootstrap();
         let mut mine = Vec::with_capacity(8);
         mine.extend_from_slice(&color.to_le_bytes());
@@ -423,69 +872,86 @@ impl Comm {
             Vec::new()
         };
         let ids = boot.all_gather(&made)?;
-        // The real side splits with the same color and key.
-        let mut new_real = None;
-        if let Some(rc) = self.real {
-            let real = real_nccl().map_err(ApiError::internal)?;
-            let f = real
-                .fns
-                .comm_split
-                .ok_or_else(|| ApiError::invalid_usage("the real NCCL has no ncclCommSplit"))?;
-            let mut out: Opaque = std::ptr::null_mut();
-            let mut cfg = blocking_copy(config);
-            let cfg_ptr = cfg
-                .as_deref_mut()
-                .map_or(std::ptr::null_mut(), |c| c as *mut NcclConfig);
-            // SAFETY: `rc` is a live real communicator, `out` a valid out-pointer, `cfg_ptr`
-            // null or a full-size config copy.
-            let r = unsafe { f(rc.0, color, key, &mut out, cfg_ptr) };
-            check_real(r, real, rc.0, "ncclCommSplit")?;
-            new_real = (!out.is_null()).then_some(RealComm(out));
-        }
         let (Some(leader), Some(new_rank)) = (leader, new_rank) else {
             return Ok(None);
         };
         let id_bytes = ids
             .get(leader as usize)
             .ok_or_else(|| ApiError::internal("no id from the split leader"))?;
-        let oxccl_id = UniqueId::from_bytes(id_bytes)?;
-        let n = members.len() as u32;
-        let bootstrap =
-            Bootstrap::new(&oxccl_id, new_rank as u32, n, &BootstrapConfig::from_env()?)?;
-        let mut host = None;
-        let oxccl = if n <= OXCCL_ALLREDUCE_MAX_RANKS {
-            let dev = AnyDevice::open_with(self.kind, DeviceId(self.device as u32))?;
-            if self.kind == BackendKind::Host {
-                host = Some(HostState {
-                    stream: dev.create_stream()?,
-                    staging: Mutex::new(None),
-                });
-            }
-            Oxccl::Serving(Box::new(Communicator::new(
-                bootstrap,
-                dev,
-                CommConfig::from_env()?,
-            )?))
-        } else {
-            Oxccl::BootstrapOnly(bootstrap)
+        Ok(Some(SplitPlan {
+            new_rank: new_rank as u32,
+            n: members.len() as u32,
+            id: UniqueId::from_bytes(id_bytes)?,
+        }))
+    }
+
+    /// Begins the real side of a split inside the real NCCL's open group (the calling
+    /// thread's), with the same color and key; nothing when this communicator has no real
+    /// side.
+    pub fn split_begin_real(
+        &self,
+        color: c_int,
+        key: c_int,
+        config: *mut NcclConfig,
+    ) -> ApiResult<RealInit> {
+        let Some(rc) = self.real else {
+            return Ok(RealInit::none(self.no_real_reason.clone()));
         };
+        let real = real_nccl().map_err(ApiError::internal)?;
+        let f = real
+            .fns
+            .comm_split
+            .ok_or_else(|| ApiError::invalid_usage("the real NCCL has no ncclCommSplit"))?;
+        let mut begun = RealInit::begun(config);
+        let (out, cfg) = begun.pointers();
+        // SAFETY: `rc` is a live real communicator; `out` and `cfg` (null or a full-size
+        // config copy) stay at their addresses until the real group ends (`RealInit` owns
+        // them).
+        let r = unsafe { f(rc.0, color, key, out, cfg) };
+        if r != NCCL_IN_PROGRESS {
+            check_real(r, real, rc.0, "ncclCommSplit")?;
+        }
+        Ok(begun)
+    }
+
+    /// The second half of a split's oxccl side: the new communicator's bootstrap and oxccl
+    /// communicator, on this communicator's device (collective over the new ranks).
+    pub fn split_oxccl(&self, plan: &SplitPlan) -> ApiResult<OxcclSide> {
+        oxccl_side(
+            &plan.id,
+            plan.new_rank,
+            plan.n,
+            self.kind,
+            self.device as u32,
+        )
+    }
+
+    /// Joins a split's sides into the new communicator (and logs it).
+    pub fn split_assemble(
+        &self,
+        plan: &SplitPlan,
+        side: OxcclSide,
+        real: Option<RealComm>,
+        color: c_int,
+        key: c_int,
+    ) -> Box<Ready> {
+        let SplitPlan { new_rank, n, .. } = *plan;
         log_info!(
             "rank {} split color {color} key {key} -> rank {new_rank}/{n}",
             self.rank
         );
-        Ok(Some(Box::new(Comm {
-            magic: COMM_MAGIC,
-            rank: new_rank as u32,
+        Box::new(Ready {
+            rank: new_rank,
             nranks: n,
             device: self.device,
             kind: self.kind,
-            oxccl,
-            real: new_real,
+            oxccl: side.oxccl,
+            real,
             no_real_reason: self.no_real_reason.clone(),
             async_error: AtomicI32::new(NCCL_SUCCESS),
             finalized: AtomicBool::new(false),
-            host,
-        })))
+            host: side.host,
+        })
     }
 
     /// Allreduce served by oxccl. Returns the algorithm's name for the log.
@@ -540,7 +1006,7 @@ impl Comm {
         ))
     }
 
-    /// The host backend's allreduce: see [`Comm::host_call`].
+    /// The host backend's allreduce: see [`Ready::host_call`].
     #[allow(clippy::too_many_arguments)]
     fn host_all_reduce(
         &self,
@@ -563,7 +1029,7 @@ impl Comm {
     }
 
     /// All-gather of `count` elements of `dtype` per rank on the caller's stream (the
-    /// host backend: through host memory, see [`Comm::host_call`]); returns the algorithm
+    /// host backend: through host memory, see [`Ready::host_call`]); returns the algorithm
     /// for the log when logging.
     ///
     /// # Safety
@@ -609,7 +1075,7 @@ impl Comm {
     }
 
     /// Reduce-scatter of `count` output elements per rank on the caller's stream (the host
-    /// backend: through host memory, see [`Comm::host_call`]); returns the algorithm for the
+    /// backend: through host memory, see [`Ready::host_call`]); returns the algorithm for the
     /// log when logging.
     ///
     /// # Safety
@@ -660,7 +1126,7 @@ impl Comm {
     }
 
     /// All-to-all of `count` elements per peer on the caller's stream (the host backend:
-    /// through host memory, see [`Comm::host_call`]); returns the algorithm for the log when
+    /// through host memory, see [`Ready::host_call`]); returns the algorithm for the log when
     /// logging.
     ///
     /// # Safety
@@ -706,7 +1172,7 @@ impl Comm {
     }
 
     /// Broadcast of `count` elements from `root` on the caller's stream (the host backend:
-    /// through host memory, see [`Comm::host_call`]); returns the algorithm for the log when
+    /// through host memory, see [`Ready::host_call`]); returns the algorithm for the log when
     /// logging.
     ///
     /// # Safety
@@ -761,7 +1227,7 @@ impl Comm {
     }
 
     /// Reduce of `count` elements to `root` on the caller's stream (the host backend:
-    /// through host memory, see [`Comm::host_call`]); returns the algorithm for the log when
+    /// through host memory, see [`Ready::host_call`]); returns the algorithm for the log when
     /// logging.
     ///
     /// # Safety
@@ -910,7 +1376,27 @@ impl Comm {
     }
 }
 
-/// The real side of a new communicator (none on the host backend or without NCCL).
+/// Why a communicator whose id carries no real NCCL id has no real side.
+fn no_real_id_reason() -> String {
+    match real_nccl() {
+        Err(e) => e,
+        Ok(_) => "the unique id carries no real NCCL id (it was made where no real NCCL was \
+                  loaded)"
+            .into(),
+    }
+}
+
+/// The real NCCL, for an id that carries a real NCCL id.
+fn real_for_id() -> ApiResult<&'static RealNccl> {
+    real_nccl().map_err(|e| {
+        ApiError::invalid_usage(format!(
+            "the unique id carries a real NCCL id but this rank has no real NCCL: {e}"
+        ))
+    })
+}
+
+/// The real side of a new communicator, made now (none on the host backend or without
+/// NCCL).
 fn init_real(
     packed: &PackedId,
     nranks: u32,
@@ -918,21 +1404,9 @@ fn init_real(
     config: *mut NcclConfig,
 ) -> ApiResult<(Option<RealComm>, String)> {
     let Some(real_id) = packed.real else {
-        return Ok((
-            None,
-            match real_nccl() {
-                Err(e) => e,
-                Ok(_) => "the unique id carries no real NCCL id (it was made where no real \
-                          NCCL was loaded)"
-                    .into(),
-            },
-        ));
+        return Ok((None, no_real_id_reason()));
     };
-    let real = real_nccl().map_err(|e| {
-        ApiError::invalid_usage(format!(
-            "the unique id carries a real NCCL id but this rank has no real NCCL: {e}"
-        ))
-    })?;
+    let real = real_for_id()?;
     let id = NcclUniqueId::from_bytes(&real_id);
     let mut out: Opaque = std::ptr::null_mut();
     let mut cfg = blocking_copy(config);
@@ -1022,5 +1496,69 @@ pub fn served_op(op: NcclRedOp) -> Option<ReduceOp> {
         NCCL_MIN => Some(ReduceOp::Min),
         NCCL_AVG => Some(ReduceOp::Avg),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(size: usize, blocking: c_int) -> NcclConfig {
+        // SAFETY: all-zero bytes are a valid NcclConfig (integers and null pointers).
+        let mut c: NcclConfig = unsafe { std::mem::zeroed() };
+        c.size = size;
+        c.blocking = blocking;
+        c
+    }
+
+    #[test]
+    fn blocking_is_read_only_from_configs_that_have_it() {
+        let full = std::mem::size_of::<NcclConfig>();
+        assert!(!is_nonblocking(std::ptr::null_mut()));
+        assert!(is_nonblocking(&mut config(full, 0)));
+        assert!(!is_nonblocking(&mut config(full, 1)));
+        // A config too short to hold the field: blocking, as NCCL's default.
+        assert!(!is_nonblocking(&mut config(CONFIG_BLOCKING_OFFSET, 0)));
+        assert!(is_nonblocking(&mut config(CONFIG_BLOCKING_OFFSET + 4, 0)));
+    }
+
+    #[test]
+    fn an_owned_config_is_blocking_and_keeps_its_strings() {
+        let name = CString::new("job-7").unwrap();
+        let mut c = config(std::mem::size_of::<NcclConfig>(), 0);
+        c.comm_name = name.as_ptr();
+        let mut owned = OwnedConfig::copy(&mut c).unwrap();
+        drop(name);
+        let p = owned.as_ptr();
+        // SAFETY: the owned copy lives; its name points into its own strings.
+        let (blocking, copied) = unsafe { ((*p).blocking, CStr::from_ptr((*p).comm_name)) };
+        assert_eq!(blocking, 1);
+        assert_eq!(copied.to_str().unwrap(), "job-7");
+        assert!(OwnedConfig::copy(std::ptr::null_mut()).is_none());
+    }
+
+    #[test]
+    fn a_handle_picks_up_a_later_result_and_an_abandoned_one_drops_it() {
+        let (comm, cell) = Comm::pending();
+        assert!(matches!(comm.state(), State::Pending));
+        let e = comm.ready().unwrap_err();
+        assert_eq!(e.code, NCCL_INVALID_ARGUMENT);
+        assert!(e.message.contains("not ready"), "{}", e.message);
+        cell.complete(Err(ApiError::invalid_usage("boom")));
+        assert!(matches!(comm.state(), State::Failed(_)));
+        let e = comm.ready().unwrap_err();
+        assert_eq!(e.code, NCCL_INVALID_USAGE);
+        assert!(
+            e.message.contains("initialisation failed: boom"),
+            "{}",
+            e.message
+        );
+        assert!((*comm).destroy(true).is_ok());
+
+        let (comm, cell) = Comm::pending();
+        assert!((*comm).destroy(false).is_ok());
+        assert!(matches!(*cell.slot.lock().unwrap(), Slot::Abandoned));
+        cell.complete(Err(ApiError::internal("late")));
+        assert!(matches!(*cell.slot.lock().unwrap(), Slot::Abandoned));
     }
 }

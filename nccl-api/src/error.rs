@@ -136,8 +136,14 @@ pub(crate) use log_info;
 /// Runs an exported function's body: a panic becomes `ncclInternalError`, an error sets the
 /// last-error string (prefixed with the function's name) and returns its code.
 pub fn guard(name: &'static str, body: impl FnOnce() -> ApiResult<()>) -> NcclResult {
+    guard_code(name, || body().map(|()| NCCL_SUCCESS))
+}
+
+/// Like [`guard`] for a body that chooses its success code (`ncclInProgress` for an
+/// operation that goes on after the call).
+pub fn guard_code(name: &'static str, body: impl FnOnce() -> ApiResult<NcclResult>) -> NcclResult {
     match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => NCCL_SUCCESS,
+        Ok(Ok(code)) => code,
         Ok(Err(e)) => {
             let message = format!("{name}: {}", e.message);
             log_info!("error {}: {message}", e.code);

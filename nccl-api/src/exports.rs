@@ -11,20 +11,20 @@
 // NCCL's names.
 #![allow(non_snake_case)]
 
-use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_void};
 
 use oxccl_collectives::hal::{BackendKind, DataType, DevicePtr, ReduceOp};
 use oxccl_collectives::Communicator;
 
 use crate::comm::{
-    self, backend, check_real, moved_as, new_unique_id, real_comm_of, real_nccl, resolve,
-    served_dtype, served_op, Comm, Target,
+    self, backend, check_real, is_nonblocking, moved_as, new_unique_id, real_comm_of, real_nccl,
+    resolve, served_dtype, served_op, Comm, InitSpec, OwnedConfig, Ready, State, Target,
 };
 use crate::error::{
-    error_string, guard, guard_value, last_error_ptr, log_enabled, log_info, set_last_error,
-    ApiError, ApiResult,
+    error_string, guard, guard_code, guard_value, last_error_ptr, log_enabled, log_info,
+    set_last_error, ApiError, ApiResult,
 };
+use crate::group;
 use crate::real::RealNccl;
 use crate::types::*;
 
@@ -67,11 +67,13 @@ unsafe fn forward(
     let real = real_nccl().map_err(|e| ApiError::invalid_usage(format!("{why}: {e}")))?;
     if let Target::Ours(c) = target {
         if log_enabled() {
-            log_info!(
-                "rank {} {name}{} -> nccl (forwarded: {why})",
-                c.rank,
-                detail()
-            );
+            if let Ok(c) = c.ready() {
+                log_info!(
+                    "rank {} {name}{} -> nccl (forwarded: {why})",
+                    c.rank,
+                    detail()
+                );
+            }
         }
     }
     let rc = call(real, raw).ok_or_else(|| {
@@ -100,10 +102,14 @@ const NOT_SERVED: &str = "not served by oxccl";
 
 macro_rules! forwarded {
     ($name:ident / $alias:ident, $field:ident, $comm:ident, ($($arg:ident : $ty:ty),*)) => {
+        forwarded!(guard_code; $name / $alias, $field, $comm, ($($arg: $ty),*));
+    };
+    // `grouped`: a call that takes part in groups (a failure inside one fails the group).
+    ($guard:ident; $name:ident / $alias:ident, $field:ident, $comm:ident, ($($arg:ident : $ty:ty),*)) => {
         export! {
             #[doc = concat!("`", stringify!($name), "`: not served by oxccl; forwarded to the real NCCL on its communicator (`ncclInvalidUsage` without one).")]
             fn $name / $alias ($($arg: $ty),*) -> NcclResult {
-                guard(stringify!($name), || {
+                $guard(stringify!($name), || {
                     let call = |real: &'static RealNccl, c: Opaque| {
                         let f = real.fns.$field?;
                         let $comm = c;
@@ -113,6 +119,7 @@ macro_rules! forwarded {
                     };
                     // SAFETY: NCCL's contract makes `comm` a communicator or null.
                     unsafe { forward(stringify!($name), $comm, NOT_SERVED, String::new, call) }
+                        .map(|()| NCCL_SUCCESS)
                 })
             }
         }
@@ -192,24 +199,72 @@ fn publish(slot: &mut Opaque, comm: Box<Comm>) {
     *slot = comm::publish(comm);
 }
 
+/// Runs an exported function's body as [`guard_code`] does; a failure inside a group also
+/// fails the group (`ncclGroupEnd` then runs nothing of it and returns the failure).
+fn grouped(name: &'static str, body: impl FnOnce() -> ApiResult<NcclResult>) -> NcclResult {
+    guard_code(name, || {
+        let r = body();
+        if let Err(e) = &r {
+            group::note_error(name, e);
+        }
+        r
+    })
+}
+
+/// One rank's init: inside a group it is recorded and completed at `ncclGroupEnd` (the
+/// handle is written now); with a non-blocking config it runs on a thread of its own and
+/// the call returns `ncclInProgress`; otherwise it completes before returning.
+fn init_rank(
+    slot: &mut Opaque,
+    nranks: c_int,
+    id: &NcclUniqueId,
+    rank: c_int,
+    config: *mut NcclConfig,
+) -> ApiResult<NcclResult> {
+    let spec = InitSpec::new(nranks, id, rank, None)?;
+    if group::depth() > 0 {
+        let real = spec.begin_real(config)?;
+        let (shell, cell) = Comm::pending();
+        publish(slot, shell);
+        group::record_init(*slot, cell, spec, real);
+        return Ok(NCCL_SUCCESS);
+    }
+    if is_nonblocking(config) {
+        let owned = OwnedConfig::copy(config);
+        let (shell, cell) = Comm::pending();
+        std::thread::Builder::new()
+            .name(format!("oxccl-nccl-init-{}", spec.rank))
+            .spawn(move || cell.complete(spec.run_background(owned)))
+            .map_err(|e| ApiError {
+                code: NCCL_SYSTEM_ERROR,
+                message: format!("starting the thread of a non-blocking init: {e}"),
+            })?;
+        publish(slot, shell);
+        return Ok(NCCL_IN_PROGRESS);
+    }
+    publish(slot, Comm::ready_now(spec.run(config)?));
+    Ok(NCCL_SUCCESS)
+}
+
 export! {
-    /// Creates the oxccl side and the real NCCL's communicator (when the id carries one).
+    /// Creates the oxccl side and the real NCCL's communicator (when the id carries one);
+    /// inside a group, at `ncclGroupEnd`.
     fn ncclCommInitRank / pncclCommInitRank(comm: *mut Opaque, nranks: c_int, commId: NcclUniqueId, rank: c_int) -> NcclResult {
-        guard("ncclCommInitRank", || {
+        grouped("ncclCommInitRank", || {
             let slot = out(comm, "comm")?;
-            publish(slot, Comm::init(nranks, &commId, rank, std::ptr::null_mut(), None)?);
-            Ok(())
+            init_rank(slot, nranks, &commId, rank, std::ptr::null_mut())
         })
     }
 }
 
 export! {
-    /// As [`ncclCommInitRank`]; the config goes to the real NCCL, made blocking.
+    /// As [`ncclCommInitRank`]; the config goes to the real NCCL, made blocking. With
+    /// `blocking = 0` (outside a group) the init goes on after the call, which returns
+    /// `ncclInProgress`: `ncclCommGetAsyncError` says when it is done.
     fn ncclCommInitRankConfig / pncclCommInitRankConfig(comm: *mut Opaque, nranks: c_int, commId: NcclUniqueId, rank: c_int, config: *mut NcclConfig) -> NcclResult {
-        guard("ncclCommInitRankConfig", || {
+        grouped("ncclCommInitRankConfig", || {
             let slot = out(comm, "comm")?;
-            publish(slot, Comm::init(nranks, &commId, rank, config, None)?);
-            Ok(())
+            init_rank(slot, nranks, &commId, rank, config)
         })
     }
 }
@@ -217,14 +272,13 @@ export! {
 export! {
     /// Uses the first of the ids (every id of this library already names one root).
     fn ncclCommInitRankScalable / pncclCommInitRankScalable(newcomm: *mut Opaque, nranks: c_int, myrank: c_int, nId: c_int, commIds: *mut NcclUniqueId, config: *mut NcclConfig) -> NcclResult {
-        guard("ncclCommInitRankScalable", || {
+        grouped("ncclCommInitRankScalable", || {
             let slot = out(newcomm, "newcomm")?;
             if nId < 1 {
                 return Err(ApiError::invalid_argument(format!("nId {nId} is not positive")));
             }
             let id = *out(commIds, "commIds")?;
-            publish(slot, Comm::init(nranks, &id, myrank, config, None)?);
-            Ok(())
+            init_rank(slot, nranks, &id, myrank, config)
         })
     }
 }
@@ -255,12 +309,14 @@ export! {
                 devices.push(d);
             }
             let id = new_unique_id()?;
-            let results: Vec<ApiResult<Box<Comm>>> = std::thread::scope(|s| {
+            let results: Vec<ApiResult<Box<Ready>>> = std::thread::scope(|s| {
                 let handles: Vec<_> = devices
                     .iter()
                     .enumerate()
                     .map(|(i, &d)| {
-                        s.spawn(move || Comm::init(ndev, &id, i as c_int, std::ptr::null_mut(), Some(d)))
+                        s.spawn(move || {
+                            InitSpec::new(ndev, &id, i as c_int, Some(d))?.run(std::ptr::null_mut())
+                        })
                     })
                     .collect();
                 handles
@@ -277,7 +333,7 @@ export! {
             for (i, c) in results.into_iter().flatten().enumerate() {
                 // SAFETY: NCCL's contract: comm holds ndev slots.
                 let slot = unsafe { &mut *comm.add(i) };
-                publish(slot, c);
+                publish(slot, Comm::ready_now(c));
             }
             Ok(())
         })
@@ -285,18 +341,31 @@ export! {
 }
 
 export! {
-    /// Splits both sides; `NCCL_SPLIT_NOCOLOR` gives `*newcomm = NULL`.
+    /// Splits both sides; `NCCL_SPLIT_NOCOLOR` gives `*newcomm = NULL`. Inside a group the
+    /// new handle is written now and the split completes at `ncclGroupEnd`.
     fn ncclCommSplit / pncclCommSplit(comm: Opaque, color: c_int, key: c_int, newcomm: *mut Opaque, config: *mut NcclConfig) -> NcclResult {
-        guard("ncclCommSplit", || {
+        grouped("ncclCommSplit", || {
             let slot = out(newcomm, "newcomm")?;
             // SAFETY: NCCL's contract on comm.
             match unsafe { resolve(comm) }? {
                 Target::Ours(c) => {
+                    let c = c.ready()?;
                     *slot = std::ptr::null_mut();
-                    if let Some(child) = c.split(color, key, config)? {
-                        publish(slot, child);
+                    if group::depth() > 0 {
+                        Ready::check_color(color)?;
+                        let real = c.split_begin_real(color, key, config)?;
+                        let child = (color != NCCL_SPLIT_NOCOLOR).then(|| {
+                            let (shell, cell) = Comm::pending();
+                            publish(slot, shell);
+                            (*slot, cell)
+                        });
+                        group::record_split(child, c, comm, color, key, real);
+                        return Ok(NCCL_SUCCESS);
                     }
-                    Ok(())
+                    if let Some(child) = c.split(color, key, config)? {
+                        publish(slot, Comm::ready_now(child));
+                    }
+                    Ok(NCCL_SUCCESS)
                 }
                 Target::Foreign(_) => {
                     let call = |real: &'static RealNccl, c: Opaque| {
@@ -306,6 +375,7 @@ export! {
                     };
                     // SAFETY: as above.
                     unsafe { forward("ncclCommSplit", comm, NOT_SERVED, String::new, call) }
+                        .map(|()| NCCL_SUCCESS)
                 }
             }
         })
@@ -322,6 +392,7 @@ export! {
             // SAFETY: NCCL's contract on comm.
             let target = unsafe { resolve(comm) }?;
             if let Target::Ours(c) = target {
+                let c = c.ready()?;
                 c.finalize()?;
                 if c.real.is_none() {
                     return Ok(());
@@ -345,6 +416,10 @@ fn release(name: &'static str, comm: Opaque, graceful: bool) -> ApiResult<()> {
     }
     // SAFETY: NCCL's contract on comm.
     match unsafe { resolve(comm) }? {
+        Target::Ours(_) if group::refers_to(comm) => Err(ApiError::invalid_usage(format!(
+            "comm {comm:?} takes part in this thread's open group (an init, split or \
+             collective recorded for ncclGroupEnd): call ncclGroupEnd first"
+        ))),
         Target::Ours(_) => comm::take(comm)
             .ok_or_else(|| {
                 ApiError::invalid_argument(format!(
@@ -391,6 +466,21 @@ export! {
             // SAFETY: NCCL's contract on comm.
             let target = unsafe { resolve(comm) }?;
             if let Target::Ours(c) = target {
+                let c = match c.state() {
+                    State::Ready(c) => c,
+                    State::Pending => {
+                        *slot = NCCL_IN_PROGRESS;
+                        return Ok(());
+                    }
+                    State::Failed(e) => {
+                        *slot = e.code;
+                        set_last_error(&format!(
+                            "ncclCommGetAsyncError: the communicator's initialisation failed: {}",
+                            e.message
+                        ));
+                        return Ok(());
+                    }
+                };
                 let e = c.async_error.load(std::sync::atomic::Ordering::Relaxed);
                 *slot = e;
                 if e != NCCL_SUCCESS || c.real.is_none() {
@@ -418,6 +508,7 @@ macro_rules! query {
                     // SAFETY: NCCL's contract on comm.
                     match unsafe { resolve(comm) }? {
                         Target::Ours($c) => {
+                            let $c = $c.ready()?;
                             *slot = $value;
                             Ok(())
                         }
@@ -569,7 +660,7 @@ export! {
             }
             // SAFETY: NCCL's contract on comm.
             if let Target::Ours(c) = unsafe { resolve(comm) }? {
-                if c.real.is_none() {
+                if c.ready()?.real.is_none() {
                     *slot = buff;
                     return Ok(());
                 }
@@ -591,7 +682,7 @@ export! {
         guard("ncclCommDeregister", || {
             // SAFETY: NCCL's contract on comm.
             if let Target::Ours(c) = unsafe { resolve(comm) }? {
-                if c.real.is_none() {
+                if c.ready()?.real.is_none() {
                     return Ok(());
                 }
             }
@@ -618,9 +709,9 @@ export! {
     /// communicator oxccl serves (one node, up to 8 ranks), on the caller's stream; every
     /// other call is forwarded to the real NCCL.
     fn ncclAllReduce / pncclAllReduce(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, op: NcclRedOp, comm: Opaque, stream: CudaStreamT) -> NcclResult {
-        guard("ncclAllReduce", || {
+        grouped("ncclAllReduce", || {
             // SAFETY: NCCL's contract on every argument.
-            unsafe { all_reduce(sendbuff, recvbuff, count, datatype, op, comm, stream) }
+            unsafe { all_reduce(sendbuff, recvbuff, count, datatype, op, comm, stream) }.map(|()| NCCL_SUCCESS)
         })
     }
 }
@@ -677,7 +768,7 @@ unsafe fn all_reduce(
 ) -> ApiResult<()> {
     // SAFETY: NCCL's contract on comm.
     let target = unsafe { resolve(comm) }?;
-    let detail = || {
+    let detail = move || {
         format!(
             " count={count} dtype={} op={}",
             type_name(datatype),
@@ -695,7 +786,7 @@ unsafe fn all_reduce(
     };
     let c = match target {
         Target::Foreign(_) => return forward_why(NOT_SERVED.into()),
-        Target::Ours(c) => c,
+        Target::Ours(c) => c.ready()?,
     };
     check_count(count, datatype)?;
     check_op(op)?;
@@ -713,20 +804,24 @@ unsafe fn all_reduce(
     }
     let send = DevicePtr(sendbuff as usize as u64);
     let recv = DevicePtr(recvbuff as usize as u64);
-    // SAFETY: NCCL's contract on buffers and stream is oxccl's.
-    let algo = unsafe { c.all_reduce(ox, send, recv, count, dtype, rop, stream) }?;
-    log_info!(
-        "rank {} ncclAllReduce{} -> oxccl ({algo})",
-        c.rank,
-        detail()
-    );
-    Ok(())
+    let call = move || {
+        // SAFETY: NCCL's contract on buffers and stream is oxccl's (in a group: until the
+        // group's work has completed).
+        let algo = unsafe { c.all_reduce(ox, send, recv, count, dtype, rop, stream) }?;
+        log_info!(
+            "rank {} ncclAllReduce{} -> oxccl ({algo})",
+            c.rank,
+            detail()
+        );
+        Ok(())
+    };
+    group::run_or_queue("ncclAllReduce", comm, c, call)
 }
 
 /// The oxccl communicator, type and operator that serve a reduction on `c`, or why the
 /// call must be forwarded.
 fn served_reduction(
-    c: &Comm,
+    c: &Ready,
     datatype: NcclDataType,
     op: NcclRedOp,
 ) -> Result<(&Communicator, DataType, ReduceOp), String> {
@@ -739,7 +834,7 @@ fn served_reduction(
 }
 
 /// Why oxccl does not serve a communicator of ours.
-fn not_serving(c: &Comm) -> String {
+fn not_serving(c: &Ready) -> String {
     format!(
         "oxccl does not serve this communicator ({} ranks, {} backend; it serves up to 8 \
          ranks on CUDA or the host backend)",
@@ -752,9 +847,9 @@ export! {
     /// (one node, up to 8 ranks), on the caller's stream, in place when `sendbuff` is this
     /// rank's slot of `recvbuff`; every other call is forwarded to the real NCCL.
     fn ncclAllGather / pncclAllGather(sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: NcclDataType, comm: Opaque, stream: CudaStreamT) -> NcclResult {
-        guard("ncclAllGather", || {
+        grouped("ncclAllGather", || {
             // SAFETY: NCCL's contract on every argument.
-            unsafe { all_gather(sendbuff, recvbuff, sendcount, datatype, comm, stream) }
+            unsafe { all_gather(sendbuff, recvbuff, sendcount, datatype, comm, stream) }.map(|()| NCCL_SUCCESS)
         })
     }
 }
@@ -771,7 +866,7 @@ unsafe fn all_gather(
 ) -> ApiResult<()> {
     // SAFETY: NCCL's contract on comm.
     let target = unsafe { resolve(comm) }?;
-    let detail = || format!(" sendcount={sendcount} dtype={}", type_name(datatype));
+    let detail = move || format!(" sendcount={sendcount} dtype={}", type_name(datatype));
     let forward_why = |why: String| {
         let call = |real: &'static RealNccl, c: Opaque| {
             let f = real.fns.all_gather?;
@@ -783,7 +878,7 @@ unsafe fn all_gather(
     };
     let c = match target {
         Target::Foreign(_) => return forward_why(NOT_SERVED.into()),
-        Target::Ours(c) => c,
+        Target::Ours(c) => c.ready()?,
     };
     check_count(sendcount, datatype)?;
     if sendcount > 0 && (sendbuff.is_null() || recvbuff.is_null()) {
@@ -801,14 +896,18 @@ unsafe fn all_gather(
         .ok_or_else(|| ApiError::invalid_argument(format!("sendcount {sendcount} overflows")))?;
     let send = DevicePtr(sendbuff as usize as u64);
     let recv = DevicePtr(recvbuff as usize as u64);
-    // SAFETY: NCCL's contract on buffers and stream is oxccl's.
-    let algo = unsafe { c.all_gather(ox, send, recv, count, dtype, stream) }?;
-    log_info!(
-        "rank {} ncclAllGather{} -> oxccl ({algo})",
-        c.rank,
-        detail()
-    );
-    Ok(())
+    let call = move || {
+        // SAFETY: NCCL's contract on buffers and stream is oxccl's (in a group: until the
+        // group's work has completed).
+        let algo = unsafe { c.all_gather(ox, send, recv, count, dtype, stream) }?;
+        log_info!(
+            "rank {} ncclAllGather{} -> oxccl ({algo})",
+            c.rank,
+            detail()
+        );
+        Ok(())
+    };
+    group::run_or_queue("ncclAllGather", comm, c, call)
 }
 
 export! {
@@ -816,9 +915,9 @@ export! {
     /// serves, on the caller's stream, in place when `recvbuff` is this rank's chunk of
     /// `sendbuff`; every other call is forwarded to the real NCCL.
     fn ncclReduceScatter / pncclReduceScatter(sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: NcclDataType, op: NcclRedOp, comm: Opaque, stream: CudaStreamT) -> NcclResult {
-        guard("ncclReduceScatter", || {
+        grouped("ncclReduceScatter", || {
             // SAFETY: NCCL's contract on every argument.
-            unsafe { reduce_scatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream) }
+            unsafe { reduce_scatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream) }.map(|()| NCCL_SUCCESS)
         })
     }
 }
@@ -836,7 +935,7 @@ unsafe fn reduce_scatter(
 ) -> ApiResult<()> {
     // SAFETY: NCCL's contract on comm.
     let target = unsafe { resolve(comm) }?;
-    let detail = || {
+    let detail = move || {
         format!(
             " recvcount={recvcount} dtype={} op={}",
             type_name(datatype),
@@ -854,7 +953,7 @@ unsafe fn reduce_scatter(
     };
     let c = match target {
         Target::Foreign(_) => return forward_why(NOT_SERVED.into()),
-        Target::Ours(c) => c,
+        Target::Ours(c) => c.ready()?,
     };
     check_count(recvcount, datatype)?;
     check_op(op)?;
@@ -872,14 +971,18 @@ unsafe fn reduce_scatter(
     }
     let send = DevicePtr(sendbuff as usize as u64);
     let recv = DevicePtr(recvbuff as usize as u64);
-    // SAFETY: NCCL's contract on buffers and stream is oxccl's.
-    let algo = unsafe { c.reduce_scatter(ox, send, recv, recvcount, dtype, rop, stream) }?;
-    log_info!(
-        "rank {} ncclReduceScatter{} -> oxccl ({algo})",
-        c.rank,
-        detail()
-    );
-    Ok(())
+    let call = move || {
+        // SAFETY: NCCL's contract on buffers and stream is oxccl's (in a group: until the
+        // group's work has completed).
+        let algo = unsafe { c.reduce_scatter(ox, send, recv, recvcount, dtype, rop, stream) }?;
+        log_info!(
+            "rank {} ncclReduceScatter{} -> oxccl ({algo})",
+            c.rank,
+            detail()
+        );
+        Ok(())
+    };
+    group::run_or_queue("ncclReduceScatter", comm, c, call)
 }
 
 export! {
@@ -887,9 +990,9 @@ export! {
     /// on the caller's stream (send and receive buffers must not overlap); every other call
     /// is forwarded to the real NCCL.
     fn ncclAlltoAll / pncclAlltoAll(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, comm: Opaque, stream: CudaStreamT) -> NcclResult {
-        guard("ncclAlltoAll", || {
+        grouped("ncclAlltoAll", || {
             // SAFETY: NCCL's contract on every argument.
-            unsafe { all_to_all(sendbuff, recvbuff, count, datatype, comm, stream) }
+            unsafe { all_to_all(sendbuff, recvbuff, count, datatype, comm, stream) }.map(|()| NCCL_SUCCESS)
         })
     }
 }
@@ -906,7 +1009,7 @@ unsafe fn all_to_all(
 ) -> ApiResult<()> {
     // SAFETY: NCCL's contract on comm.
     let target = unsafe { resolve(comm) }?;
-    let detail = || format!(" count={count} dtype={}", type_name(datatype));
+    let detail = move || format!(" count={count} dtype={}", type_name(datatype));
     let forward_why = |why: String| {
         let call = |real: &'static RealNccl, c: Opaque| {
             let f = real.fns.all_to_all?;
@@ -918,7 +1021,7 @@ unsafe fn all_to_all(
     };
     let c = match target {
         Target::Foreign(_) => return forward_why(NOT_SERVED.into()),
-        Target::Ours(c) => c,
+        Target::Ours(c) => c.ready()?,
     };
     check_count(count, datatype)?;
     if count > 0 && (sendbuff.is_null() || recvbuff.is_null()) {
@@ -936,10 +1039,14 @@ unsafe fn all_to_all(
         .ok_or_else(|| ApiError::invalid_argument(format!("count {count} overflows")))?;
     let send = DevicePtr(sendbuff as usize as u64);
     let recv = DevicePtr(recvbuff as usize as u64);
-    // SAFETY: NCCL's contract on buffers and stream is oxccl's.
-    let algo = unsafe { c.all_to_all(ox, send, recv, n, dtype, stream) }?;
-    log_info!("rank {} ncclAlltoAll{} -> oxccl ({algo})", c.rank, detail());
-    Ok(())
+    let call = move || {
+        // SAFETY: NCCL's contract on buffers and stream is oxccl's (in a group: until the
+        // group's work has completed).
+        let algo = unsafe { c.all_to_all(ox, send, recv, n, dtype, stream) }?;
+        log_info!("rank {} ncclAlltoAll{} -> oxccl ({algo})", c.rank, detail());
+        Ok(())
+    };
+    group::run_or_queue("ncclAlltoAll", comm, c, call)
 }
 
 export! {
@@ -948,9 +1055,9 @@ export! {
     /// (`recvbuff` is written on the root only, and may be NULL elsewhere); every other call
     /// is forwarded to the real NCCL.
     fn ncclReduce / pncclReduce(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, op: NcclRedOp, root: c_int, comm: Opaque, stream: CudaStreamT) -> NcclResult {
-        guard("ncclReduce", || {
+        grouped("ncclReduce", || {
             // SAFETY: NCCL's contract on every argument.
-            unsafe { reduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream) }
+            unsafe { reduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream) }.map(|()| NCCL_SUCCESS)
         })
     }
 }
@@ -970,7 +1077,7 @@ unsafe fn reduce(
 ) -> ApiResult<()> {
     // SAFETY: NCCL's contract on comm.
     let target = unsafe { resolve(comm) }?;
-    let detail = || {
+    let detail = move || {
         format!(
             " count={count} dtype={} op={} root={root}",
             type_name(datatype),
@@ -988,7 +1095,7 @@ unsafe fn reduce(
     };
     let c = match target {
         Target::Foreign(_) => return forward_why(NOT_SERVED.into()),
-        Target::Ours(c) => c,
+        Target::Ours(c) => c.ready()?,
     };
     check_count(count, datatype)?;
     check_op(op)?;
@@ -1014,10 +1121,14 @@ unsafe fn reduce(
     }
     let send = DevicePtr(sendbuff as usize as u64);
     let recv = DevicePtr(recvbuff as usize as u64);
-    // SAFETY: NCCL's contract on buffers and stream is oxccl's.
-    let algo = unsafe { c.reduce(ox, send, recv, count, dtype, rop, root, stream) }?;
-    log_info!("rank {} ncclReduce{} -> oxccl ({algo})", c.rank, detail());
-    Ok(())
+    let call = move || {
+        // SAFETY: NCCL's contract on buffers and stream is oxccl's (in a group: until the
+        // group's work has completed).
+        let algo = unsafe { c.reduce(ox, send, recv, count, dtype, rop, root, stream) }?;
+        log_info!("rank {} ncclReduce{} -> oxccl ({algo})", c.rank, detail());
+        Ok(())
+    };
+    group::run_or_queue("ncclReduce", comm, c, call)
 }
 
 export! {
@@ -1025,9 +1136,9 @@ export! {
     /// serves, on the caller's stream (`sendbuff` is read on the root only); every other
     /// call is forwarded to the real NCCL.
     fn ncclBroadcast / pncclBroadcast(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT) -> NcclResult {
-        guard("ncclBroadcast", || {
+        grouped("ncclBroadcast", || {
             // SAFETY: NCCL's contract on every argument.
-            unsafe { broadcast("ncclBroadcast", sendbuff, recvbuff, count, datatype, root, comm, stream) }
+            unsafe { broadcast("ncclBroadcast", sendbuff, recvbuff, count, datatype, root, comm, stream) }.map(|()| NCCL_SUCCESS)
         })
     }
 }
@@ -1035,9 +1146,9 @@ export! {
 export! {
     /// In-place broadcast: ncclBroadcast with `sendbuff == recvbuff == buff`.
     fn ncclBcast / pncclBcast(buff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT) -> NcclResult {
-        guard("ncclBcast", || {
+        grouped("ncclBcast", || {
             // SAFETY: NCCL's contract on every argument.
-            unsafe { broadcast("ncclBcast", buff.cast_const(), buff, count, datatype, root, comm, stream) }
+            unsafe { broadcast("ncclBcast", buff.cast_const(), buff, count, datatype, root, comm, stream) }.map(|()| NCCL_SUCCESS)
         })
     }
 }
@@ -1057,7 +1168,7 @@ unsafe fn broadcast(
 ) -> ApiResult<()> {
     // SAFETY: NCCL's contract on comm.
     let target = unsafe { resolve(comm) }?;
-    let detail = || format!(" count={count} dtype={} root={root}", type_name(datatype));
+    let detail = move || format!(" count={count} dtype={} root={root}", type_name(datatype));
     let forward_why = |why: String| {
         let call = |real: &'static RealNccl, c: Opaque| {
             let f = real.fns.broadcast?;
@@ -1070,7 +1181,7 @@ unsafe fn broadcast(
     };
     let c = match target {
         Target::Foreign(_) => return forward_why(NOT_SERVED.into()),
-        Target::Ours(c) => c,
+        Target::Ours(c) => c.ready()?,
     };
     check_count(count, datatype)?;
     let root = u32::try_from(root)
@@ -1096,25 +1207,26 @@ unsafe fn broadcast(
         .ok_or_else(|| ApiError::invalid_argument(format!("count {count} overflows")))?;
     let send = DevicePtr(sendbuff as usize as u64);
     let recv = DevicePtr(recvbuff as usize as u64);
-    // SAFETY: NCCL's contract on buffers and stream is oxccl's.
-    let algo = unsafe { c.broadcast(ox, send, recv, n, dtype, root, stream) }?;
-    log_info!("rank {} {name}{} -> oxccl ({algo})", c.rank, detail());
-    Ok(())
+    let call = move || {
+        // SAFETY: NCCL's contract on buffers and stream is oxccl's (in a group: until the
+        // group's work has completed).
+        let algo = unsafe { c.broadcast(ox, send, recv, n, dtype, root, stream) }?;
+        log_info!("rank {} {name}{} -> oxccl ({algo})", c.rank, detail());
+        Ok(())
+    };
+    group::run_or_queue(name, comm, c, call)
 }
-forwarded!(ncclGather / pncclGather, gather, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT));
-forwarded!(ncclScatter / pncclScatter, scatter, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT));
-forwarded!(ncclSend / pncclSend, send, comm, (sendbuff: *const c_void, count: usize, datatype: NcclDataType, peer: c_int, comm: Opaque, stream: CudaStreamT));
-forwarded!(ncclRecv / pncclRecv, recv, comm, (recvbuff: *mut c_void, count: usize, datatype: NcclDataType, peer: c_int, comm: Opaque, stream: CudaStreamT));
+forwarded!(grouped; ncclGather / pncclGather, gather, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT));
+forwarded!(grouped; ncclScatter / pncclScatter, scatter, comm, (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int, comm: Opaque, stream: CudaStreamT));
+forwarded!(grouped; ncclSend / pncclSend, send, comm, (sendbuff: *const c_void, count: usize, datatype: NcclDataType, peer: c_int, comm: Opaque, stream: CudaStreamT));
+forwarded!(grouped; ncclRecv / pncclRecv, recv, comm, (recvbuff: *mut c_void, count: usize, datatype: NcclDataType, peer: c_int, comm: Opaque, stream: CudaStreamT));
 
 // ---- Groups -----------------------------------------------------------------------------
 
-thread_local! {
-    static GROUP_DEPTH: Cell<u32> = const { Cell::new(0) };
-}
-
 export! {
-    /// Opens a group on the real NCCL (when loaded). oxccl's allreduces inside a group run
-    /// when called, not at ncclGroupEnd.
+    /// Opens a group on this thread (and on the real NCCL, when loaded). Until the
+    /// outermost ncclGroupEnd, inits, splits and the collectives oxccl serves are recorded,
+    /// not run (see [`crate::group`]).
     fn ncclGroupStart / pncclGroupStart() -> NcclResult {
         guard("ncclGroupStart", || {
             if let Ok(real) = real_nccl() {
@@ -1123,57 +1235,59 @@ export! {
                     check_real(unsafe { f() }, real, std::ptr::null_mut(), "ncclGroupStart")?;
                 }
             }
-            GROUP_DEPTH.with(|d| d.set(d.get().saturating_add(1)));
+            group::enter();
             Ok(())
         })
     }
 }
 
-fn leave_group(name: &str) -> ApiResult<()> {
-    GROUP_DEPTH.with(|d| {
-        if d.get() == 0 {
-            return Err(ApiError::invalid_usage(format!(
-                "{name} without ncclGroupStart"
-            )));
+/// Ends one level of the real NCCL's group (when loaded).
+fn end_real_group() -> ApiResult<()> {
+    if let Ok(real) = real_nccl() {
+        if let Some(f) = real.fns.group_end {
+            // SAFETY: no arguments.
+            return check_real(unsafe { f() }, real, std::ptr::null_mut(), "ncclGroupEnd");
         }
-        d.set(d.get() - 1);
-        Ok(())
-    })
+    }
+    Ok(())
 }
 
 export! {
-    /// Closes a group (and the real NCCL's).
+    /// Closes a group (and the real NCCL's). The outermost one completes what the group
+    /// recorded: its collectives, then its inits and splits (all of them, or none: when one
+    /// fails, every communicator of the group is released and holds the failure).
     fn ncclGroupEnd / pncclGroupEnd() -> NcclResult {
-        guard("ncclGroupEnd", || {
-            leave_group("ncclGroupEnd")?;
-            if let Ok(real) = real_nccl() {
-                if let Some(f) = real.fns.group_end {
-                    // SAFETY: no arguments.
-                    return check_real(unsafe { f() }, real, std::ptr::null_mut(), "ncclGroupEnd");
-                }
-            }
-            Ok(())
+        guard("ncclGroupEnd", || match group::leave("ncclGroupEnd")? {
+            None => end_real_group(),
+            Some(closed) => closed.complete(end_real_group),
         })
     }
 }
 
 export! {
-    /// Forwarded to the real NCCL (`ncclInvalidUsage` without one); closes the group.
+    /// Forwarded to the real NCCL (`ncclInvalidUsage` without one); closes the group. What
+    /// this library recorded in it is not run (its pending communicators fail).
     fn ncclGroupSimulateEnd / pncclGroupSimulateEnd(simInfo: *mut c_void) -> NcclResult {
         guard("ncclGroupSimulateEnd", || {
-            leave_group("ncclGroupSimulateEnd")?;
-            forward_plain("ncclGroupSimulateEnd", |real| {
+            let closed = group::leave("ncclGroupSimulateEnd")?;
+            let r = forward_plain("ncclGroupSimulateEnd", |real| {
                 let f = real.fns.group_simulate_end?;
                 // SAFETY: the caller's sim info.
                 Some(unsafe { f(simInfo) })
-            })
+            });
+            if let Some(closed) = closed {
+                closed.discard(
+                    "the group was closed by ncclGroupSimulateEnd, which runs nothing of it",
+                );
+            }
+            r
         })
     }
 }
 
 /// The current group depth of this thread (for tests).
 pub fn group_depth() -> u32 {
-    GROUP_DEPTH.with(Cell::get)
+    group::depth()
 }
 
 // ---- Device-API host functions that take a communicator ------------------------------

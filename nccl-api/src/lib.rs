@@ -25,6 +25,7 @@
 pub mod comm;
 pub mod error;
 pub mod exports;
+pub mod group;
 pub mod id;
 pub mod real;
 pub mod types;

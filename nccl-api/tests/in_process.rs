@@ -1,6 +1,8 @@
 //! The exported functions called from Rust, in one process on the host backend: two ranks
 //! on two threads (`ncclCommInitAll`), allreduces, a forwarded call, teardown from one
-//! thread. (The C test, `ci/nccl-api-test.sh`, covers the rest across processes.)
+//! thread; then two ranks initialised and all-reduced from one thread in groups (one of
+//! them with a non-blocking config, completed at `ncclGroupEnd` too). (The C test,
+//! `ci/nccl-api-test.sh`, covers the rest across processes.)
 
 use std::ffi::{c_void, CStr};
 
@@ -113,6 +115,65 @@ fn two_ranks_on_threads_reduce_forward_and_tear_down() {
         .collect();
     for h in handles {
         h.join().unwrap();
+    }
+    for c in comms {
+        // SAFETY: live communicators, each released once.
+        let rc = unsafe { ncclCommDestroy(c) };
+        assert_eq!(rc, NCCL_SUCCESS, "{}", last_error());
+    }
+    grouped_from_one_thread();
+}
+
+/// Both ranks of a job from this thread: the inits in one group (handles written at the
+/// calls, ready at ncclGroupEnd), rank 1 with a non-blocking config; then one allreduce per
+/// rank in one group, queued until ncclGroupEnd.
+fn grouped_from_one_thread() {
+    let mut id = NcclUniqueId {
+        internal: [0; NCCL_UNIQUE_ID_BYTES],
+    };
+    // SAFETY: a valid out-pointer.
+    assert_eq!(unsafe { ncclGetUniqueId(&mut id) }, NCCL_SUCCESS);
+    let mut comms = [std::ptr::null_mut::<c_void>(); 2];
+    // SAFETY: zeroed bytes are a valid config; the fields NCCL's initializer sets follow.
+    let mut config: NcclConfig = unsafe { std::mem::zeroed() };
+    config.size = std::mem::size_of::<NcclConfig>();
+    config.magic = 0xcafe_beef;
+    config.version = 22800;
+    config.blocking = 0;
+    // SAFETY: group calls, valid out-pointers, an id from ncclGetUniqueId, a full config.
+    unsafe {
+        assert_eq!(ncclGroupStart(), NCCL_SUCCESS);
+        assert_eq!(ncclCommInitRank(&mut comms[0], 2, id, 0), NCCL_SUCCESS);
+        let rc = ncclCommInitRankConfig(&mut comms[1], 2, id, 1, &mut config);
+        assert_eq!(rc, NCCL_SUCCESS, "{}", last_error());
+        assert!(comms.iter().all(|c| !c.is_null()));
+        let mut state = NCCL_SUCCESS;
+        assert_eq!(ncclCommGetAsyncError(comms[0], &mut state), NCCL_SUCCESS);
+        assert_eq!(state, NCCL_IN_PROGRESS);
+        assert_eq!(ncclGroupEnd(), NCCL_SUCCESS, "{}", last_error());
+        for c in comms {
+            assert_eq!(ncclCommGetAsyncError(c, &mut state), NCCL_SUCCESS);
+            assert_eq!(state, NCCL_SUCCESS);
+        }
+    }
+    let mut bufs: Vec<Vec<f32>> = (0..2)
+        .map(|r| (0..777).map(|i| (i % 13) as f32 * (r + 1) as f32).collect())
+        .collect();
+    // SAFETY: 777 floats per rank, in place, host memory (host backend), live until the
+    // group ends.
+    unsafe {
+        assert_eq!(ncclGroupStart(), NCCL_SUCCESS);
+        for (b, &c) in bufs.iter_mut().zip(&comms) {
+            let p = b.as_mut_ptr().cast::<c_void>();
+            let rc = ncclAllReduce(p, p, 777, NCCL_FLOAT32, NCCL_SUM, c, std::ptr::null_mut());
+            assert_eq!(rc, NCCL_SUCCESS, "{}", last_error());
+        }
+        assert_eq!(ncclGroupEnd(), NCCL_SUCCESS, "{}", last_error());
+    }
+    for b in &bufs {
+        for (i, v) in b.iter().enumerate() {
+            assert_eq!(*v, 3.0 * (i % 13) as f32, "grouped allreduce element {i}");
+        }
     }
     for c in comms {
         // SAFETY: live communicators, each released once.

@@ -3,8 +3,10 @@
  * nccl-api/include/nccl.h and linked against liboxccl_nccl.so by ci/nccl-api-test.sh,
  * run with OXCCL_BACKEND=host. Covers the life cycle, error codes and strings, bad
  * arguments, the unique id, real allreduces across forked processes and across threads
- * (ncclCommInitAll) checked against a reference computed here, splits, groups, and calls
- * that must be forwarded to a real NCCL that is absent.
+ * (ncclCommInitAll) checked against a reference computed here, splits, groups (inits,
+ * splits and allreduces of several ranks driven from one thread, and failing groups),
+ * non-blocking communicators, and calls that must be forwarded to a real NCCL that is
+ * absent.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -14,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "nccl.h"
@@ -471,6 +474,358 @@ static void* thread_rank(void* p) {
   return NULL;
 }
 
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Polls a communicator's state until it is no longer ncclInProgress (60 s at most). */
+static ncclResult_t wait_ready(ncclComm_t comm) {
+  ncclResult_t state = ncclInProgress;
+  double until = now_s() + 60.0;
+  while (now_s() < until) {
+    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) return ncclInternalError;
+    if (state != ncclInProgress) return state;
+    usleep(1000);
+  }
+  return ncclInProgress;
+}
+
+/* Allreduces on `n` ranks of one job driven from this thread: every call inside one group
+ * (a sum out of place and an in-place max per rank, so each communicator has two queued
+ * calls in order; an int32 sum too), checked against the reference computed here. */
+static void grouped_allreduces(ncclComm_t* comms, const int* ranks, int n, int nranks, size_t count, int salt) {
+  float* in[8];
+  float* out[8];
+  float* mx[8];
+  int32_t* iv[8];
+  float* peer = malloc(count * sizeof(float));
+  float* sum = malloc(count * sizeof(float));
+  float* max = malloc(count * sizeof(float));
+  int32_t* isum = calloc(count, sizeof(int32_t));
+  for (int r = 0; r < nranks; r++) {
+    fill(peer, count, r, salt);
+    for (size_t i = 0; i < count; i++) {
+      sum[i] = r == 0 ? peer[i] : sum[i] + peer[i];
+      max[i] = r == 0 ? peer[i] : fmaxf(max[i], peer[i]);
+      isum[i] = (int32_t)((uint32_t)isum[i] + (uint32_t)(i * 2654435761u + (size_t)r * 40503u));
+    }
+  }
+  for (int k = 0; k < n; k++) {
+    in[k] = malloc(count * sizeof(float));
+    out[k] = malloc(count * sizeof(float));
+    mx[k] = malloc(count * sizeof(float));
+    iv[k] = malloc(count * sizeof(int32_t));
+    fill(in[k], count, ranks[k], salt);
+    memcpy(mx[k], in[k], count * sizeof(float));
+    for (size_t i = 0; i < count; i++) {
+      out[k][i] = -1e30f;
+      iv[k][i] = (int32_t)(uint32_t)(i * 2654435761u + (size_t)ranks[k] * 40503u);
+    }
+  }
+  OK(ncclGroupStart());
+  for (int k = 0; k < n; k++) {
+    OK(ncclAllReduce(in[k], out[k], count, ncclFloat32, ncclSum, comms[k], NULL));
+    OK(ncclAllReduce(mx[k], mx[k], count, ncclFloat32, ncclMax, comms[k], NULL));
+    OK(ncclAllReduce(iv[k], iv[k], count, ncclInt32, ncclSum, comms[k], NULL));
+  }
+  /* Queued, not run: the outputs are untouched until ncclGroupEnd. */
+  size_t early = 0;
+  for (int k = 0; k < n; k++) early += out[k][0] != -1e30f;
+  CHECK(early == 0, "%zu grouped allreduces ran before ncclGroupEnd", early);
+  OK(ncclGroupEnd());
+  for (int k = 0; k < n; k++) {
+    size_t bad_sum = 0, bad_max = 0, bad_int = 0;
+    for (size_t i = 0; i < count; i++) {
+      bad_sum += out[k][i] != sum[i];
+      bad_max += mx[k][i] != max[i];
+      bad_int += iv[k][i] != isum[i];
+    }
+    CHECK(bad_sum == 0 && bad_max == 0 && bad_int == 0,
+          "grouped allreduces of %zu on rank %d/%d: %zu sum, %zu max, %zu int32 wrong", count,
+          ranks[k], nranks, bad_sum, bad_max, bad_int);
+    free(in[k]); free(out[k]); free(mx[k]); free(iv[k]);
+  }
+  free(peer); free(sum); free(max); free(isum);
+}
+
+/* Ranks `first`..`first + n - 1` of a job of `nranks`, initialised by this thread in one
+ * group (the handles are written at the calls, ready after ncclGroupEnd), then grouped
+ * allreduces, a grouped split and grouped allreduces on its halves. */
+struct grouped_arg {
+  ncclUniqueId id;
+  int first, n, nranks;
+};
+
+static void* grouped_ranks(void* p) {
+  struct grouped_arg* a = p;
+  ncclComm_t comms[8] = {0};
+  int ranks[8];
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  OK(ncclGroupStart());
+  for (int k = 0; k < a->n; k++) {
+    ranks[k] = a->first + k;
+    if (k % 2 == 0)
+      OK(ncclCommInitRank(&comms[k], a->nranks, a->id, ranks[k]));
+    else
+      OK(ncclCommInitRankConfig(&comms[k], a->nranks, a->id, ranks[k], &config));
+    CHECK(comms[k] != NULL, "grouped init wrote no handle for rank %d", ranks[k]);
+  }
+  ncclResult_t state = ncclSuccess;
+  if (comms[0]) {
+    OK(ncclCommGetAsyncError(comms[0], &state));
+    CHECK(state == ncclInProgress, "a grouped communicator before ncclGroupEnd reports %d", (int)state);
+  }
+  OK(ncclGroupEnd());
+  for (int k = 0; k < a->n; k++) {
+    if (!comms[k]) return NULL;
+    int v = -1;
+    OK(ncclCommGetAsyncError(comms[k], &state));
+    CHECK(state == ncclSuccess, "grouped communicator %d state %d", ranks[k], (int)state);
+    OK(ncclCommUserRank(comms[k], &v));
+    CHECK(v == ranks[k], "grouped rank %d, expected %d", v, ranks[k]);
+    OK(ncclCommCount(comms[k], &v));
+    CHECK(v == a->nranks, "grouped count %d", v);
+  }
+  static const size_t GC[] = {1, 1001, 65537};
+  for (int c = 0; c < 3; c++) grouped_allreduces(comms, ranks, a->n, a->nranks, GC[c], 2100 + c);
+
+  /* A grouped split: even and odd ranks, reversed order within each; the last rank of an
+   * odd-sized job opts out (its handle is NULL at once, and it still takes part). */
+  ncclComm_t subs[8];
+  int colors[8];
+  for (int k = 0; k < a->n; k++) {
+    subs[k] = (ncclComm_t)0x1;
+    colors[k] = (a->nranks % 2 == 1 && ranks[k] == a->nranks - 1) ? NCCL_SPLIT_NOCOLOR : ranks[k] % 2;
+  }
+  OK(ncclGroupStart());
+  for (int k = 0; k < a->n; k++) OK(ncclCommSplit(comms[k], colors[k], -ranks[k], &subs[k], NULL));
+  for (int k = 0; k < a->n; k++)
+    CHECK((subs[k] == NULL) == (colors[k] == NCCL_SPLIT_NOCOLOR), "grouped split handle of rank %d at the call", ranks[k]);
+  OK(ncclGroupEnd());
+  for (int k = 0; k < a->n; k++) {
+    int members = 0, v = -1, sr = -1;
+    for (int r = 0; r < a->nranks; r++)
+      members += !(a->nranks % 2 == 1 && r == a->nranks - 1) && r % 2 == colors[k];
+    if (colors[k] == NCCL_SPLIT_NOCOLOR) {
+      CHECK(subs[k] == NULL, "NOCOLOR gave rank %d a communicator", ranks[k]);
+      continue;
+    }
+    CHECK(subs[k] != NULL, "grouped split gave rank %d no communicator", ranks[k]);
+    if (!subs[k]) continue;
+    OK(ncclCommCount(subs[k], &v));
+    CHECK(v == members, "grouped split count %d, expected %d", v, members);
+    OK(ncclCommUserRank(subs[k], &sr));
+    CHECK(sr == members - 1 - ranks[k] / 2, "grouped split rank %d (parent %d)", sr, ranks[k]);
+  }
+  /* One allreduce on every half at once, from this thread: sum of (parent rank + 1). */
+  size_t cnt = 4097;
+  float* x[8];
+  OK(ncclGroupStart());
+  for (int k = 0; k < a->n; k++) {
+    x[k] = malloc(cnt * sizeof(float));
+    for (size_t i = 0; i < cnt; i++) x[k][i] = (float)(ranks[k] + 1);
+    if (subs[k]) OK(ncclAllReduce(x[k], x[k], cnt, ncclFloat32, ncclSum, subs[k], NULL));
+  }
+  OK(ncclGroupEnd());
+  for (int k = 0; k < a->n; k++) {
+    float ref = (float)(ranks[k] + 1); /* NOCOLOR: untouched */
+    if (subs[k]) {
+      ref = 0;
+      for (int r = 0; r < a->nranks; r++)
+        if (!(a->nranks % 2 == 1 && r == a->nranks - 1) && r % 2 == colors[k]) ref += (float)(r + 1);
+    }
+    size_t bad = 0;
+    for (size_t i = 0; i < cnt; i++) bad += x[k][i] != ref;
+    CHECK(bad == 0, "grouped split allreduce on rank %d: %zu wrong (%g, expected %g)", ranks[k], bad, x[k][0], ref);
+    free(x[k]);
+    if (subs[k]) OK(ncclCommDestroy(subs[k]));
+  }
+  for (int k = 0; k < a->n; k++) OK(ncclCommDestroy(comms[k]));
+  return NULL;
+}
+
+/* Grouped init and calls: all ranks of a job from this thread, then a job of four ranks
+ * driven by two threads (two ranks each, each thread in its own group). */
+static void grouped_tests(void) {
+  for (int nranks = 2; nranks <= 3; nranks++) {
+    struct grouped_arg a = {.first = 0, .n = nranks, .nranks = nranks};
+    OK(ncclGetUniqueId(&a.id));
+    grouped_ranks(&a);
+  }
+  struct grouped_arg halves[2] = {{.first = 0, .n = 2, .nranks = 4}, {.first = 2, .n = 2, .nranks = 4}};
+  OK(ncclGetUniqueId(&halves[0].id));
+  halves[1].id = halves[0].id;
+  pthread_t t[2];
+  for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, grouped_ranks, &halves[i]);
+  for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+
+  /* A bad rank inside a group: refused at the call, and the group fails as a whole; the
+   * other handle of the group then answers every call with that failure. */
+  ncclUniqueId id;
+  OK(ncclGetUniqueId(&id));
+  ncclComm_t c0 = NULL, c1 = NULL;
+  OK(ncclGroupStart());
+  OK(ncclCommInitRank(&c0, 2, id, 0));
+  EXPECT(ncclCommInitRank(&c1, 2, id, 5), ncclInvalidArgument);
+  EXPECT(ncclGroupEnd(), ncclInvalidArgument);
+  CHECK(last_error_contains("rank 5"), "the group's error names the bad rank");
+  CHECK(c0 != NULL, "no handle for the good init");
+  if (c0) {
+    ncclResult_t state = ncclSuccess;
+    OK(ncclCommGetAsyncError(c0, &state));
+    CHECK(state == ncclInvalidArgument, "failed group member state %d", (int)state);
+    CHECK(last_error_contains("initialisation failed"), "async error leaves the init's failure");
+    int v;
+    EXPECT(ncclCommCount(c0, &v), ncclInvalidArgument);
+    CHECK(last_error_contains("rank 5"), "a call on it names the group's failure");
+    float f[4] = {0};
+    EXPECT(ncclAllReduce(f, f, 4, ncclFloat32, ncclSum, c0, NULL), ncclInvalidArgument);
+    OK(ncclCommDestroy(c0));
+  }
+
+  /* A collective inside a group is queued: an out-of-place one writes nothing before
+   * ncclGroupEnd; a bad call inside the group fails it, and nothing of it runs. */
+  ncclComm_t one = NULL;
+  OK(ncclGetUniqueId(&id));
+  OK(ncclCommInitRank(&one, 1, id, 0));
+  if (one) {
+    float in[8] = {1, 2, 3, 4, 5, 6, 7, 8}, o[8];
+    for (int i = 0; i < 8; i++) o[i] = -1.0f;
+    OK(ncclGroupStart());
+    OK(ncclGroupStart()); /* nested: only the outermost end runs the group */
+    OK(ncclAllReduce(in, o, 8, ncclFloat32, ncclSum, one, NULL));
+    EXPECT(ncclCommDestroy(one), ncclInvalidUsage); /* it takes part in the open group */
+    CHECK(last_error_contains("ncclGroupEnd first"), "destroy inside the group says why");
+    OK(ncclGroupEnd());
+    CHECK(o[0] == -1.0f, "the queued allreduce ran before the outermost ncclGroupEnd");
+    OK(ncclGroupEnd());
+    CHECK(o[0] == 1.0f && o[7] == 8.0f, "the queued allreduce did not run at ncclGroupEnd");
+    for (int i = 0; i < 8; i++) o[i] = -1.0f;
+    OK(ncclGroupStart());
+    OK(ncclAllReduce(in, o, 8, ncclFloat32, ncclSum, one, NULL));
+    EXPECT(ncclAllReduce(in, o, 8, (ncclDataType_t)42, ncclSum, one, NULL), ncclInvalidArgument);
+    EXPECT(ncclGroupEnd(), ncclInvalidArgument);
+    CHECK(last_error_contains("nothing of the group was run"), "failed group message");
+    CHECK(o[0] == -1.0f, "a call of a failed group ran");
+    OK(ncclCommDestroy(one));
+  }
+}
+
+/* Non-blocking init of two ranks from this thread: rank 0 returns ncclInProgress and stays
+ * so until rank 1 joins (a blocking init here); calls on it meanwhile are refused without
+ * blocking. Then two ranks that both claim rank 0: the init refused by the bootstrap root
+ * reports its error through ncclCommGetAsyncError and every call, and aborting the other
+ * (still waiting for rank 1) returns at once. */
+static void nonblocking_tests(void) {
+  ncclUniqueId id;
+  OK(ncclGetUniqueId(&id));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  config.commName = "oxccl-nonblocking-test";
+  ncclComm_t a = NULL, b = NULL;
+  EXPECT(ncclCommInitRankConfig(&a, 2, id, 0, &config), ncclInProgress);
+  CHECK(a != NULL, "non-blocking init wrote no handle");
+  if (!a) return;
+  ncclResult_t state = ncclSuccess;
+  OK(ncclCommGetAsyncError(a, &state));
+  CHECK(state == ncclInProgress, "rank 0 without rank 1 reports %d", (int)state);
+  float x[16];
+  for (int i = 0; i < 16; i++) x[i] = (float)i;
+  EXPECT(ncclAllReduce(x, x, 16, ncclFloat32, ncclSum, a, NULL), ncclInvalidArgument);
+  CHECK(last_error_contains("not ready"), "a call on an initialising communicator says why");
+  int v;
+  EXPECT(ncclCommUserRank(a, &v), ncclInvalidArgument);
+  OK(ncclCommInitRank(&b, 2, id, 1)); /* blocking: completes with rank 0's background init */
+  CHECK(wait_ready(a) == ncclSuccess, "non-blocking rank 0 did not become ready");
+  if (b) {
+    int ranks[2] = {0, 1};
+    ncclComm_t comms[2] = {a, b};
+    grouped_allreduces(comms, ranks, 2, 2, 12345, 2500);
+    OK(ncclCommDestroy(b));
+  }
+  OK(ncclCommUserRank(a, &v));
+  CHECK(v == 0, "non-blocking rank %d", v);
+  OK(ncclCommDestroy(a));
+
+  ncclComm_t d[2] = {NULL, NULL};
+  OK(ncclGetUniqueId(&id));
+  for (int i = 0; i < 2; i++) EXPECT(ncclCommInitRankConfig(&d[i], 2, id, 0, &config), ncclInProgress);
+  if (!d[0] || !d[1]) {
+    CHECK(0, "non-blocking inits wrote no handles");
+    return;
+  }
+  int failed = -1;
+  double until = now_s() + 60.0;
+  while (failed < 0 && now_s() < until) {
+    for (int i = 0; i < 2 && failed < 0; i++) {
+      OK(ncclCommGetAsyncError(d[i], &state));
+      if (state != ncclInProgress) failed = i;
+    }
+    usleep(1000);
+  }
+  CHECK(failed >= 0, "neither of two rank-0 inits finished");
+  if (failed >= 0) {
+    CHECK(state == ncclRemoteError, "a duplicate rank's init ended with %d", (int)state);
+    CHECK(last_error_contains("initialisation failed") && last_error_contains("twice"),
+          "the async error's message names the failure");
+    EXPECT(ncclAllReduce(x, x, 16, ncclFloat32, ncclSum, d[failed], NULL), ncclRemoteError);
+    CHECK(last_error_contains("arrived twice"), "a call on a failed communicator names why");
+    OK(ncclCommDestroy(d[failed]));
+    double t0 = now_s();
+    OK(ncclCommAbort(d[1 - failed])); /* still initialising: released when its init ends */
+    CHECK(now_s() - t0 < 1.0, "aborting an initialising communicator waited %.1f s", now_s() - t0);
+  }
+}
+
+/* In a child process (it shortens the bootstrap timeout): a group whose inits fail at
+ * ncclGroupEnd (two ranks of one id that disagree on its size) beside one that would
+ * succeed (one rank of another id): ncclGroupEnd returns the failure, and all three
+ * handles answer with it. */
+static int deferred_failure_child(void) {
+  who = "deferred group failure";
+  setenv("OXCCL_BOOTSTRAP_TIMEOUT", "2", 1);
+  ncclUniqueId x, y;
+  OK(ncclGetUniqueId(&x));
+  OK(ncclGetUniqueId(&y));
+  ncclComm_t c[3] = {NULL, NULL, NULL};
+  OK(ncclGroupStart());
+  OK(ncclCommInitRank(&c[0], 1, x, 0));
+  OK(ncclCommInitRank(&c[1], 2, y, 0));
+  OK(ncclCommInitRank(&c[2], 3, y, 1));
+  ncclResult_t r = ncclGroupEnd();
+  CHECK(r != ncclSuccess, "a group with mismatched world sizes succeeded");
+  CHECK(last_error_contains("world size") || last_error_contains("never arrived"),
+        "the group's error says what failed");
+  for (int i = 0; i < 3; i++) {
+    if (!c[i]) {
+      CHECK(0, "no handle %d", i);
+      continue;
+    }
+    ncclResult_t state = ncclSuccess;
+    OK(ncclCommGetAsyncError(c[i], &state));
+    CHECK(state != ncclSuccess && state != ncclInProgress, "member %d of a failed group: %d", i, (int)state);
+    int v;
+    CHECK(ncclCommCount(c[i], &v) != ncclSuccess, "member %d of a failed group answered", i);
+    CHECK(last_error_contains("initialisation failed"), "member %d's failure", i);
+    OK(ncclCommDestroy(c[i]));
+  }
+  return failures ? 1 : 0;
+}
+
+static void deferred_failure_test(void) {
+  pid_t pid = fork();
+  if (pid == 0) _exit(deferred_failure_child());
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    fprintf(stderr, "[main] FAIL: the deferred group failure test exited with status %d\n", status);
+    failures++;
+  }
+}
+
 static void single_process_tests(void) {
   int version = 0;
   OK(ncclGetVersion(&version));
@@ -510,12 +865,14 @@ static void single_process_tests(void) {
   EXPECT(ncclCommInitRank(&comm, 1, junk, 0), ncclInvalidArgument);
   CHECK(last_error_contains("unique id"), "junk id message");
 
-  /* One rank, with a config. */
+  /* One rank, with a non-blocking config: ncclInProgress (or done at once), then polled. */
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  OK(ncclCommInitRankConfig(&comm, 1, id, 0, &config));
+  ncclResult_t nb = ncclCommInitRankConfig(&comm, 1, id, 0, &config);
+  CHECK(nb == ncclInProgress || nb == ncclSuccess, "non-blocking init returned %d", (int)nb);
   CHECK(comm != NULL, "no communicator");
   if (!comm) return;
+  CHECK(wait_ready(comm) == ncclSuccess, "non-blocking one-rank init did not become ready");
   OK(ncclCommCount(comm, &v));
   CHECK(v == 1, "count %d", v);
   OK(ncclCommUserRank(comm, &v));
@@ -629,8 +986,14 @@ int main(void) {
     printf("api_test: %d processes\n", jobs[j]);
     run_job(jobs[j]);
   }
+  printf("api_test: a group failing at ncclGroupEnd (child process)\n");
+  deferred_failure_test();
   printf("api_test: single-process tests\n");
   single_process_tests();
+  printf("api_test: grouped inits and calls\n");
+  grouped_tests();
+  printf("api_test: non-blocking communicators\n");
+  nonblocking_tests();
   if (failures) {
     printf("api_test: %d FAILURES\n", failures);
     return 1;
