@@ -41,4 +41,7 @@ pub use memory::{CudaHostMemory, CudaMemory};
 pub use module::{CudaKernel, CudaModule};
 pub use multicast::CudaMulticast;
 pub use stream::{validate_launch, CudaEvent, CudaStream, MAX_THREADS_PER_BLOCK};
-pub use unowned::{alloc_unowned, current_device, free_unowned};
+pub use unowned::{
+    alloc_unowned, current_device, free_unowned, make_device_current, restore_current,
+    PreviousContext,
+};

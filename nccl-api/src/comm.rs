@@ -422,6 +422,29 @@ fn current_cuda_device() -> u32 {
     0
 }
 
+/// Runs `f` with `device` current on the calling thread, as `cudaSetDevice` would make it
+/// (the real NCCL takes the current device at its init and split calls), then puts back
+/// the context that was current before. Nothing to do on the host backend.
+pub fn with_device_current<T>(
+    kind: BackendKind,
+    device: u32,
+    f: impl FnOnce() -> ApiResult<T>,
+) -> ApiResult<T> {
+    #[cfg(feature = "cuda")]
+    if kind == BackendKind::Cuda {
+        use oxccl_collectives::backend::hal_cuda;
+        let previous = hal_cuda::make_device_current(device)?;
+        let result = f();
+        // SAFETY: the context current before is the caller's, alive: `f` only begins NCCL
+        // operations, which neither destroy it nor leave another one current that the
+        // caller needs.
+        unsafe { hal_cuda::restore_current(previous) }?;
+        return result;
+    }
+    let _ = (kind, device);
+    f()
+}
+
 fn blocking_copy(config: *mut NcclConfig) -> Option<Box<NcclConfig>> {
     if config.is_null() {
         return None;
@@ -554,7 +577,8 @@ impl OwnedConfig {
         })
     }
 
-    fn as_ptr(&mut self) -> *mut NcclConfig {
+    /// The copy, for a call that takes the caller's config.
+    pub fn as_ptr(&mut self) -> *mut NcclConfig {
         &mut *self.config
     }
 }
@@ -633,7 +657,8 @@ impl InitSpec {
     }
 
     /// Begins the real communicator inside the real NCCL's open group (the calling thread's:
-    /// the real library completes it at its `ncclGroupEnd`, on the device current now).
+    /// the real library completes it at its `ncclGroupEnd`, on the device current now: see
+    /// [`with_device_current`]).
     pub fn begin_real(&self, config: *mut NcclConfig) -> ApiResult<RealInit> {
         let Some(real_id) = self.packed.real else {
             return Ok(RealInit::none(no_real_id_reason()));
@@ -717,11 +742,6 @@ pub struct RealInit {
     config: Option<Box<NcclConfig>>,
     no_real_reason: String,
 }
-
-// SAFETY: the handle slot and the config copy are owned heap memory, touched by the real
-// library only during the calling thread's group (which ends before the value moves to
-// another thread) and by this value's owner afterwards.
-unsafe impl Send for RealInit {}
 
 impl RealInit {
     fn none(reason: String) -> RealInit {

@@ -223,10 +223,9 @@ fn init_rank(
 ) -> ApiResult<NcclResult> {
     let spec = InitSpec::new(nranks, id, rank, None)?;
     if group::depth() > 0 {
-        let real = spec.begin_real(config)?;
         let (shell, cell) = Comm::pending();
         publish(slot, shell);
-        group::record_init(*slot, cell, spec, real);
+        group::record_init(*slot, cell, spec, OwnedConfig::copy(config));
         return Ok(NCCL_SUCCESS);
     }
     if is_nonblocking(config) {
@@ -353,13 +352,13 @@ export! {
                     *slot = std::ptr::null_mut();
                     if group::depth() > 0 {
                         Ready::check_color(color)?;
-                        let real = c.split_begin_real(color, key, config)?;
                         let child = (color != NCCL_SPLIT_NOCOLOR).then(|| {
                             let (shell, cell) = Comm::pending();
                             publish(slot, shell);
                             (*slot, cell)
                         });
-                        group::record_split(child, c, comm, color, key, real);
+                        let config = OwnedConfig::copy(config);
+                        group::record_split(child, c, comm, (color, key), config);
                         return Ok(NCCL_SUCCESS);
                     }
                     if let Some(child) = c.split(color, key, config)? {

@@ -3,17 +3,21 @@
 //! Inside a group (per thread, nested; the outermost `ncclGroupEnd` closes it) nothing
 //! that may wait for other ranks runs at its call, so one thread can drive several ranks:
 //!
-//! - an init (`ncclCommInitRank[Config|Scalable]`) checks its arguments, hands the caller
-//!   its handle (not ready yet) and begins the real NCCL's side inside the real library's
-//!   own group; `ncclCommSplit` agrees on nothing yet and begins the real split the same
-//!   way. The oxccl sides (bootstrap, communicator, the split's all-gathers) are made at
-//!   `ncclGroupEnd`, one thread per pending init, while this thread ends the real group;
+//! - an init (`ncclCommInitRank[Config|Scalable]`) checks its arguments, reads the device,
+//!   copies the config and hands the caller its handle (not ready yet); `ncclCommSplit`
+//!   does the same for the new communicator. At `ncclGroupEnd` the oxccl sides
+//!   (bootstrap, communicator, the split's all-gathers) are made first, one thread per
+//!   pending init; once all of them are made, this thread begins each real NCCL side
+//!   inside the real library's own group (with that init's device current) and ends the
+//!   real group, which completes them. An oxccl side that fails (bounded by the bootstrap's
+//!   timeouts) so keeps the real library from waiting for a rank that never comes, as in a
+//!   blocking init, which also makes the oxccl side first;
 //! - a collective oxccl serves is queued and run at `ncclGroupEnd`: each communicator's
 //!   calls in call order, several communicators concurrently (one thread each), one
 //!   communicator on the calling thread itself;
-//! - a call that fails inside the group fails the group: `ncclGroupEnd` runs nothing of it,
-//!   marks its pending communicators failed and returns that error (the real library's
-//!   group is failed too, so it drops its own part).
+//! - a call that fails inside the group fails the group: `ncclGroupEnd` runs nothing of
+//!   this library's part of it, marks its pending communicators failed and returns that
+//!   error (the calls forwarded in the group are the real library's, which runs them).
 //!
 //! When an init of the group fails at `ncclGroupEnd`, every communicator of the group is
 //! released and its handle answers every later call with that failure.
@@ -22,7 +26,9 @@ use std::cell::RefCell;
 use std::ffi::c_int;
 use std::sync::Arc;
 
-use crate::comm::{real_nccl, InitCell, InitSpec, OxcclSide, Ready, RealInit, SplitPlan};
+use crate::comm::{
+    with_device_current, InitCell, InitSpec, OwnedConfig, OxcclSide, Ready, RealInit, SplitPlan,
+};
 use crate::error::{log_info, ApiError, ApiResult};
 use crate::types::*;
 
@@ -53,8 +59,8 @@ struct Job {
     /// The handle given to the caller (none for a split's `NCCL_SPLIT_NOCOLOR`).
     handle: usize,
     cell: Option<Arc<InitCell>>,
-    /// The real side, begun in the real library's group.
-    real: RealInit,
+    /// The caller's config, copied at the call (for the real side).
+    config: Option<OwnedConfig>,
 }
 
 /// The oxccl side of a recorded init or split.
@@ -159,41 +165,18 @@ pub fn leave(name: &str) -> ApiResult<Option<Group>> {
 }
 
 /// Records the first failing call of this thread's open group (nothing when no group is
-/// open), and fails the real library's group with it so its part is dropped too.
+/// open).
 pub fn note_error(name: &str, e: &ApiError) {
-    let first = GROUP.with(|g| {
+    GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth == 0 || g.error.is_some() {
-            return false;
+            return;
         }
         g.error = Some(ApiError {
             code: e.code,
             message: format!("{name} inside the group failed: {}", e.message),
         });
-        true
     });
-    if first {
-        fail_real_group();
-    }
-}
-
-/// Makes the real library's open group fail at its `ncclGroupEnd` (so it runs none of the
-/// inits and calls queued in it, as it does when a call inside its group fails): one call
-/// it refuses, an init of zero ranks.
-fn fail_real_group() {
-    let Ok(real) = real_nccl() else {
-        return;
-    };
-    let Some(f) = real.fns.comm_init_rank else {
-        return;
-    };
-    let mut out: Opaque = std::ptr::null_mut();
-    let id = NcclUniqueId {
-        internal: [0; NCCL_UNIQUE_ID_BYTES],
-    };
-    // SAFETY: a valid out-pointer; zero ranks is refused before anything is made.
-    let rc = unsafe { f(&mut out, 0, id, 0) };
-    log_info!("failing the real NCCL's group (its refusal of a zero-rank init: {rc})");
 }
 
 /// Whether this thread's open group refers to the communicator behind `handle` (it must
@@ -232,25 +215,28 @@ pub fn run_or_queue(
 }
 
 /// Records an init whose handle the caller got (made at `ncclGroupEnd`).
-pub fn record_init(handle: Opaque, cell: Arc<InitCell>, spec: InitSpec, real: RealInit) {
+pub fn record_init(
+    handle: Opaque,
+    cell: Arc<InitCell>,
+    spec: InitSpec,
+    config: Option<OwnedConfig>,
+) {
     let job = Job {
         work: Work::Init(spec),
         handle: handle as usize,
         cell: Some(cell),
-        real,
+        config,
     };
     GROUP.with(|g| g.borrow_mut().jobs.push(job));
 }
 
 /// Records a split (its handle, when this rank gets one; made at `ncclGroupEnd`).
-#[allow(clippy::too_many_arguments)]
 pub fn record_split(
     child: Option<(Opaque, Arc<InitCell>)>,
     parent: &'static Ready,
     parent_handle: Opaque,
-    color: c_int,
-    key: c_int,
-    real: RealInit,
+    (color, key): (c_int, c_int),
+    config: Option<OwnedConfig>,
 ) {
     let (handle, cell) = match child {
         Some((h, c)) => (h as usize, Some(c)),
@@ -265,30 +251,34 @@ pub fn record_split(
         },
         handle,
         cell,
-        real,
+        config,
     };
     GROUP.with(|g| g.borrow_mut().jobs.push(job));
 }
 
 impl Group {
-    /// Completes a closed group: its queued calls, then its inits (their oxccl sides on
-    /// threads of their own while `end_real` ends the real library's group here). The
-    /// first failure is returned; when an init failed, every communicator of the group is
-    /// released and its handle holds the failure.
+    /// Completes a closed group: its queued calls; then its inits' oxccl sides (a thread
+    /// each); then, when all of those were made, their real sides, begun here inside the
+    /// real library's group before `end_real` ends it. The first failure is returned; when
+    /// an init failed, every communicator of the group is released and its handle holds
+    /// the failure.
     pub fn complete(self, end_real: impl FnOnce() -> ApiResult<()>) -> ApiResult<()> {
         let Group {
-            error, jobs, ops, ..
+            error,
+            mut jobs,
+            ops,
+            ..
         } = self;
         if let Some(e) = error {
+            drop(ops);
             let real_end = end_real();
             let e = ApiError {
                 code: e.code,
                 message: format!("nothing of the group was run: {}", e.message),
             };
             for job in jobs {
-                job.fail(None, &e);
+                job.fail(None, None, &e);
             }
-            drop(ops);
             if let Err(r) = real_end {
                 log_info!(
                     "the real NCCL's ncclGroupEnd of a failed group: {}",
@@ -298,27 +288,50 @@ impl Group {
             return Err(e);
         }
         let ops_result = run_queued(ops);
-        let (made, real_end) = make_all(&jobs, end_real);
-        let first_failure = made
-            .iter()
-            .zip(&jobs)
-            .find_map(|(m, j)| {
-                m.as_ref().err().map(|e| ApiError {
-                    code: e.code,
-                    message: format!("{} failed: {}", j.work.what(), e.message),
-                })
+        let made = make_all(&jobs);
+        let mut failure = made.iter().zip(&jobs).find_map(|(m, j)| {
+            m.as_ref().err().map(|e| ApiError {
+                code: e.code,
+                message: format!("{} failed: {}", j.work.what(), e.message),
             })
-            .or_else(|| real_end.clone().err());
-        match first_failure {
+        });
+        let mut reals = Vec::with_capacity(jobs.len());
+        if failure.is_none() {
+            // Every job's real side, even after one fails to begin: the others may be
+            // ranks of the same job, which the real library completes only together.
+            for job in &mut jobs {
+                match job.begin_real() {
+                    Ok(r) => reals.push(Some(r)),
+                    Err(e) => {
+                        let e = ApiError {
+                            code: e.code,
+                            message: format!(
+                                "{} (its real NCCL side) failed: {}",
+                                job.work.what(),
+                                e.message
+                            ),
+                        };
+                        failure.get_or_insert(e);
+                        reals.push(None);
+                    }
+                }
+            }
+        }
+        reals.resize_with(jobs.len(), || None);
+        if let Err(e) = end_real() {
+            failure.get_or_insert(e);
+        }
+        let jobs = jobs.into_iter().zip(made).zip(reals);
+        match failure {
             None => {
-                for (job, m) in jobs.into_iter().zip(made) {
-                    job.publish(m);
+                for ((job, m), real) in jobs {
+                    job.publish(m, real);
                 }
                 ops_result
             }
             Some(e) => {
-                for (job, m) in jobs.into_iter().zip(made) {
-                    job.fail(Some(m), &e);
+                for ((job, m), real) in jobs {
+                    job.fail(Some(m), real, &e);
                 }
                 ops_result.and(Err(e))
             }
@@ -330,19 +343,13 @@ impl Group {
     pub fn discard(self, why: &str) {
         let e = ApiError::invalid_usage(why);
         for job in self.jobs {
-            job.fail(None, &e);
+            job.fail(None, None, &e);
         }
     }
 }
 
-/// Makes every job's oxccl side, one thread each, while `end_real` runs here.
-fn make_all(
-    jobs: &[Job],
-    end_real: impl FnOnce() -> ApiResult<()>,
-) -> (Vec<ApiResult<Made>>, ApiResult<()>) {
-    if jobs.is_empty() {
-        return (Vec::new(), end_real());
-    }
+/// Makes every job's oxccl side, one thread each (joined before returning).
+fn make_all(jobs: &[Job]) -> Vec<ApiResult<Made>> {
     std::thread::scope(|s| {
         let handles: Vec<_> = jobs
             .iter()
@@ -353,8 +360,7 @@ fn make_all(
                     .spawn_scoped(s, move || work.run())
             })
             .collect();
-        let real_end = end_real();
-        let made = handles
+        handles
             .into_iter()
             .map(|h| match h {
                 Ok(h) => h
@@ -365,18 +371,37 @@ fn make_all(
                     message: format!("starting a thread for a grouped init: {e}"),
                 }),
             })
-            .collect();
-        (made, real_end)
+            .collect()
     })
 }
 
 impl Job {
+    /// Begins the real side inside the real library's open group, with the device of the
+    /// communicator current (the real library reads it at the call).
+    fn begin_real(&mut self) -> ApiResult<RealInit> {
+        let cfg = self
+            .config
+            .as_mut()
+            .map_or(std::ptr::null_mut(), OwnedConfig::as_ptr);
+        match &self.work {
+            Work::Init(spec) => {
+                with_device_current(spec.kind, spec.device, || spec.begin_real(cfg))
+            }
+            Work::Split {
+                parent, color, key, ..
+            } => with_device_current(parent.kind, parent.device as u32, || {
+                parent.split_begin_real(*color, *key, cfg)
+            }),
+        }
+    }
+
     /// Hands the made communicator to its handle.
-    fn publish(self, made: ApiResult<Made>) {
-        let Job {
-            work, cell, real, ..
-        } = self;
-        let (real_comm, no_real_reason) = real.finish();
+    fn publish(self, made: ApiResult<Made>, real: Option<RealInit>) {
+        let Job { work, cell, .. } = self;
+        let (real_comm, no_real_reason) = match real {
+            Some(r) => r.finish(),
+            None => (None, String::new()),
+        };
         let result = match (work, made) {
             (Work::Init(spec), Ok(Made::Init(side))) => {
                 Ok(spec.assemble(side, real_comm, no_real_reason))
@@ -407,12 +432,12 @@ impl Job {
     }
 
     /// Releases what was made and leaves `e` in the handle.
-    fn fail(self, made: Option<ApiResult<Made>>, e: &ApiError) {
+    fn fail(self, made: Option<ApiResult<Made>>, real: Option<RealInit>, e: &ApiError) {
         drop(made); // the oxccl sides made, released without waiting (as an abort)
-        let Job {
-            work, cell, real, ..
-        } = self;
-        real.abort();
+        if let Some(real) = real {
+            real.abort();
+        }
+        let Job { work, cell, .. } = self;
         if let Some(cell) = cell {
             let own = ApiError {
                 code: e.code,
