@@ -17,8 +17,9 @@ pub use oxccl_hal_cuda as hal_cuda;
 
 use oxccl_hal::host::HostBackend;
 use oxccl_hal::{
-    Backend, BackendKind, Capabilities, Device, DeviceId, DevicePtr, Error, Event, HostVisible,
-    IpcHandle, LaunchConfig, Memory, MemoryKind, Module, ModuleImage, Multicast, Result, Stream,
+    Backend, BackendKind, Capabilities, Device, DeviceId, DevicePtr, Error, Event,
+    ForeignAllocation, HostVisible, IpcHandle, LaunchConfig, Memory, MemoryKind, Module,
+    ModuleImage, Multicast, Result, Stream,
 };
 #[cfg(feature = "cuda")]
 use oxccl_hal_cuda::CudaBackend;
@@ -284,6 +285,15 @@ impl Device<AnyBackend> for AnyDevice {
     }
     fn import_memory(&self, handle: &IpcHandle) -> Result<AnyImported> {
         each_into!(self, AnyDevice, AnyImported, d => d.import_memory(handle))
+    }
+    fn find_allocation(&self, ptr: DevicePtr, bytes: usize) -> Result<ForeignAllocation> {
+        each!(self, AnyDevice, d => d.find_allocation(ptr, bytes))
+    }
+    fn export_allocation(&self, allocation: &ForeignAllocation) -> Result<IpcHandle> {
+        each!(self, AnyDevice, d => d.export_allocation(allocation))
+    }
+    fn release_export(&self, allocation: &ForeignAllocation) {
+        each!(self, AnyDevice, d => d.release_export(allocation))
     }
     fn enable_peer_access(&self, peer: DeviceId) -> Result<()> {
         each!(self, AnyDevice, d => d.enable_peer_access(peer))

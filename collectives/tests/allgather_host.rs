@@ -238,7 +238,8 @@ fn bad_input_is_refused_before_any_launch() {
         let odd = inp.ptr().offset(2).unwrap();
         assert!(call(odd, out.ptr(), 100, DataType::F32).contains("aligned"));
         assert!(!call(inp.ptr(), out.ptr(), usize::MAX / 2, DataType::F32).is_empty());
-        // The direct kernel needs a registered output: forcing it without one is an error.
+        // The direct kernel needs outputs its peers can reach: forcing it on one that
+        // cannot be shared (a mapping, not an allocation) is an error.
         let e = threads_forced_direct_error();
         assert!(e.contains("registered"), "{e}");
         // Nothing was launched: the communicator still works.
@@ -253,11 +254,14 @@ fn threads_forced_direct_error() -> String {
     threads(1, Some(ALLGATHER_DIRECT), move |r| {
         let dev = r.comm.device();
         let out = dev.alloc(64, MemoryKind::Plain).unwrap();
+        let view = dev
+            .import_memory(&dev.export_memory(&out).unwrap())
+            .unwrap();
         let inp = dev.alloc(64, MemoryKind::Plain).unwrap();
         // SAFETY: refused before a launch.
         let e = unsafe {
             r.comm
-                .all_gather(inp.ptr(), out.ptr(), 4, DataType::F32, &r.stream)
+                .all_gather(inp.ptr(), view.ptr(), 4, DataType::F32, &r.stream)
         }
         .unwrap_err()
         .to_string();

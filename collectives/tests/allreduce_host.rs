@@ -256,6 +256,171 @@ fn zero_copy_on_registered_buffers() {
     }
 }
 
+/// Zero-copy without registration: the allocations holding the callers' buffers are
+/// mapped at the first call that would take a zero-copy algorithm, at each rank's own
+/// offset, kept in a bounded cache, never served stale after a free, and any rank whose
+/// buffer cannot be shared makes every rank fall back.
+#[test]
+fn zero_copy_on_unregistered_buffers() {
+    for world in [2u32, 3] {
+        let cfg = move |_| CommConfig {
+            zc_threshold_bytes: Some(4096),
+            oneshot_max_bytes: Some(4096),
+            auto_register_max: 2 * world as usize,
+            ..config(None)
+        };
+        threads_with(world, cfg, move |r| {
+            let dev = r.comm.device();
+            let rank = r.comm.rank();
+            let count = 20_011usize; // above the zero-copy threshold in every type tried
+            let pool: AnyMemory = dev.alloc(1 << 20, MemoryKind::Plain).unwrap();
+            let mut salt = 900;
+            // Each rank's buffers at its own offsets inside one allocation.
+            for (k, dtype) in [DataType::F32, DataType::Bf16, DataType::I32]
+                .into_iter()
+                .enumerate()
+            {
+                let bytes = dtype.bytes(count).unwrap();
+                let inp = pool
+                    .ptr()
+                    .offset(16 * (rank as usize + 1) * (k + 1))
+                    .unwrap();
+                let out = pool
+                    .ptr()
+                    .offset(bytes + 4096 * (rank as usize + 1))
+                    .unwrap();
+                for (i, o) in [(inp, out), (inp, inp)] {
+                    salt += 1;
+                    r.check_at(i, o, dtype, ReduceOp::Sum, AccumType::Auto, count, salt)
+                        .unwrap();
+                }
+            }
+            assert_eq!(r.comm.registered_buffers(), 0);
+            assert_eq!(
+                r.comm.auto_registered(),
+                world as usize,
+                "one allocation per rank"
+            );
+            // Freed and allocated again (possibly at the same address): a new identity,
+            // never the stale mapping; the bound holds with more allocations than it.
+            drop(pool);
+            let mut keep = Vec::new();
+            for round in 0..5u64 {
+                let m: AnyMemory = dev
+                    .alloc(200_000 + 4096 * round as usize, MemoryKind::Plain)
+                    .unwrap();
+                salt += 1;
+                r.check_at(
+                    m.ptr(),
+                    m.ptr(),
+                    DataType::F32,
+                    ReduceOp::Max,
+                    AccumType::Auto,
+                    30_001,
+                    salt,
+                )
+                .unwrap();
+                assert!(
+                    r.comm.auto_registered() <= 2 * world as usize,
+                    "{}",
+                    r.comm.auto_registered()
+                );
+                keep.push(m);
+            }
+            // An evicted allocation comes back through a fresh export.
+            salt += 1;
+            r.check_at(
+                keep[0].ptr(),
+                keep[1].ptr(),
+                DataType::F32,
+                ReduceOp::Sum,
+                AccumType::Auto,
+                30_001,
+                salt,
+            )
+            .unwrap();
+            // One rank's buffer cannot be shared (a mapping, not an allocation): every
+            // rank falls back, and the result is still exact.
+            let own = dev.alloc(200_000, MemoryKind::Plain).unwrap();
+            let view = dev
+                .import_memory(&dev.export_memory(&own).unwrap())
+                .unwrap();
+            let p = if rank == 1 { view.ptr() } else { own.ptr() };
+            let before = r.comm.auto_registered();
+            salt += 1;
+            r.check_at(
+                p,
+                p,
+                DataType::F32,
+                ReduceOp::Sum,
+                AccumType::Auto,
+                30_001,
+                salt,
+            )
+            .unwrap();
+            assert!(r.comm.auto_registered() <= before);
+            // Pinning: a range across the end of its allocation and a host pointer are refused.
+            let e = r
+                .comm
+                .pin_allocation(own.ptr(), 200_001)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("past the end"), "{e}");
+            let host = [0u8; 64];
+            let e = r
+                .comm
+                .pin_allocation(DevicePtr(host.as_ptr() as u64), 64)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("not inside any live"), "{e}");
+            let pinned = r.comm.pin_allocation(own.ptr(), 1000).unwrap();
+            assert!(r.comm.unpin_allocation(&pinned));
+            assert!(!r.comm.unpin_allocation(&pinned));
+            // Mismatched counts on a zero-copy call: an error on every rank, not a hang.
+            let n = 30_001 + 16 * rank as usize;
+            // SAFETY: 200000 bytes hold 30049 f32; the call is refused before a launch.
+            let e = unsafe {
+                r.comm.all_reduce(
+                    own.ptr(),
+                    own.ptr(),
+                    n,
+                    DataType::F32,
+                    ReduceOp::Sum,
+                    AccumType::Auto,
+                    &r.stream,
+                )
+            }
+            .unwrap_err();
+            assert!(e.to_string().contains("mismatched all_reduce"), "{e}");
+        });
+    }
+}
+
+/// With `OXCCL_AUTO_REGISTER=0` (here: the config), unregistered calls stage as before.
+#[test]
+fn auto_registration_can_be_turned_off() {
+    let cfg = |_| CommConfig {
+        zc_threshold_bytes: Some(4096),
+        oneshot_max_bytes: Some(4096),
+        auto_register: false,
+        ..config(None)
+    };
+    threads_with(2, cfg, |r| {
+        let m = r.comm.device().alloc(200_000, MemoryKind::Plain).unwrap();
+        r.check_at(
+            m.ptr(),
+            m.ptr(),
+            DataType::F32,
+            ReduceOp::Sum,
+            AccumType::Auto,
+            30_001,
+            5,
+        )
+        .unwrap();
+        assert_eq!(r.comm.auto_registered(), 0);
+    });
+}
+
 /// Tunes bf16 and f32 on `world` ranks with the given cache directory per rank; returns
 /// every rank's tables and where they came from, after checking calls stay exact.
 fn tune_on(

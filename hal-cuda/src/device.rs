@@ -7,10 +7,12 @@ use std::time::Duration;
 
 use cudarc::driver::sys;
 use oxccl_hal::{
-    multicast_gate, Backend, BackendKind, CachePolicy, Capabilities, Device, DeviceId, Error,
-    IpcCache, IpcHandle, IpcHandleKind, MemoryKind, ModuleImage, MulticastSupport, Result,
+    multicast_gate, Backend, BackendKind, CachePolicy, Capabilities, Device, DeviceId, DevicePtr,
+    Error, ForeignAllocation, IpcCache, IpcHandle, IpcHandleKind, MemoryKind, ModuleImage,
+    MulticastSupport, Result,
 };
 
+use crate::foreign::{self, ForeignExports};
 use crate::ipc::{CudaImported, CudaOpener};
 use crate::memory::{CudaHostMemory, CudaMemory};
 use crate::module::CudaModule;
@@ -174,6 +176,8 @@ pub struct CudaDevice {
     /// VMM imports: one mapping per distinct handle, shared and counted here, because every
     /// driver-level import of a descriptor would reserve and map a new address range.
     vmm_imports: IpcCache<CudaOpener>,
+    /// Exports of callers' allocations (zero-copy on memory oxccl did not allocate).
+    foreign: ForeignExports,
 }
 
 fn attr(dev: sys::CUdevice, a: sys::CUdevice_attribute) -> Result<i32> {
@@ -283,6 +287,7 @@ impl CudaDevice {
         Ok(CudaDevice {
             legacy_imports: IpcCache::new(opener.clone(), CachePolicy::PassThrough),
             vmm_imports: IpcCache::new(opener, CachePolicy::Shared { max_live: None }),
+            foreign: ForeignExports::default(),
             ctx,
             caps,
             access,
@@ -433,6 +438,24 @@ impl Device<CudaBackend> for CudaDevice {
         };
         self.bind_to_thread()?;
         CudaImported::new(cache.import(handle)?, handle.len)
+    }
+
+    fn find_allocation(&self, ptr: DevicePtr, bytes: usize) -> Result<ForeignAllocation> {
+        foreign::find(&self.ctx, ptr, bytes)
+    }
+
+    fn export_allocation(&self, allocation: &ForeignAllocation) -> Result<IpcHandle> {
+        let _span = tracing::info_span!(
+            "cuda.export_allocation",
+            device = self.ctx.ordinal(),
+            bytes = allocation.len
+        )
+        .entered();
+        self.foreign.export(&self.ctx, allocation)
+    }
+
+    fn release_export(&self, allocation: &ForeignAllocation) {
+        self.foreign.release(allocation);
     }
 
     fn enable_peer_access(&self, peer: DeviceId) -> Result<()> {

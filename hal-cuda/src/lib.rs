@@ -24,6 +24,7 @@
 //!   [`oxccl_hal::multicast_gate`] before any driver call.
 
 mod device;
+mod foreign;
 mod graph;
 mod ipc;
 mod loader;

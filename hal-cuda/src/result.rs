@@ -315,6 +315,47 @@ pub(crate) unsafe fn ipc_close_mem_handle(ptr: sys::CUdeviceptr) -> Result<()> {
     })
 }
 
+// ---------------------------------------------------------------- pointer queries
+
+/// One pointer attribute of `ptr`, read as a value of type `T` (the attribute's C type:
+/// `u32` for enums, `i32` for ordinals and flags, `u64` for ids and handle-type masks).
+/// An address the driver does not know is an error (`CUDA_ERROR_INVALID_VALUE`).
+pub(crate) fn pointer_attribute<T: Copy + Default>(
+    attr: sys::CUpointer_attribute,
+    ptr: sys::CUdeviceptr,
+) -> Result<T> {
+    let mut value = T::default();
+    // SAFETY: the driver writes one value of the attribute's type, which the caller names
+    // as `T`; `ptr` is only looked up, never accessed.
+    check("cuPointerGetAttribute", unsafe {
+        sys::cuPointerGetAttribute((&mut value as *mut T).cast(), attr, ptr)
+    })?;
+    Ok(value)
+}
+
+/// Base and size of the allocation (or VMM mapping) holding `ptr`.
+pub(crate) fn mem_get_address_range(ptr: sys::CUdeviceptr) -> Result<(sys::CUdeviceptr, usize)> {
+    let (mut base, mut size) = (0, 0);
+    // SAFETY: the driver writes two values; `ptr` is only looked up.
+    check("cuMemGetAddressRange", unsafe {
+        sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr)
+    })?;
+    Ok((base, size))
+}
+
+/// The VMM allocation handle mapped at `ptr`, retained: the caller releases it with
+/// [`mem_release`].
+pub(crate) fn mem_retain_allocation_handle(
+    ptr: sys::CUdeviceptr,
+) -> Result<sys::CUmemGenericAllocationHandle> {
+    let mut h = 0;
+    // SAFETY: the driver writes one handle; the address is only looked up.
+    check("cuMemRetainAllocationHandle", unsafe {
+        sys::cuMemRetainAllocationHandle(&mut h, ptr as *mut c_void)
+    })?;
+    Ok(h)
+}
+
 // ---------------------------------------------------------------- virtual memory management
 
 /// Allocation properties for device-resident memory on `dev`, exportable as a POSIX fd.

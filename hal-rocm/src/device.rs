@@ -4,8 +4,8 @@ use std::ffi::c_int;
 use std::sync::Arc;
 
 use oxccl_hal::{
-    Backend, BackendKind, Capabilities, Device, DeviceId, Error, IpcHandle, IpcHandleKind,
-    ModuleImage, MulticastSupport, Result,
+    Backend, BackendKind, Capabilities, Device, DeviceId, DevicePtr, Error, ForeignAllocation,
+    IpcHandle, IpcHandleKind, ModuleImage, MulticastSupport, Result,
 };
 
 use crate::memory::{vmm_prop, RocmHostMemory, RocmImported, RocmMemory};
@@ -232,6 +232,27 @@ impl Device<RocmBackend> for RocmDevice {
             len,
             _hip: Arc::clone(&self.hip),
         })
+    }
+
+    fn find_allocation(&self, ptr: DevicePtr, _bytes: usize) -> Result<ForeignAllocation> {
+        // Needs hipMemGetAddressRange and the buffer-id pointer attribute in the generated
+        // bindings and the fake runtime; until then callers copy through their own memory.
+        Err(Error::Unsupported(format!(
+            "{ptr}: finding the allocation of a caller's buffer is not implemented on the \
+             ROCm backend yet (zero-copy needs buffers registered with oxccl there)"
+        )))
+    }
+
+    fn export_allocation(&self, allocation: &ForeignAllocation) -> Result<IpcHandle> {
+        Err(Error::Unsupported(format!(
+            "allocation at {}: exporting a caller's allocation is not implemented on the ROCm \
+             backend yet",
+            allocation.base
+        )))
+    }
+
+    fn release_export(&self, _allocation: &ForeignAllocation) {
+        // Nothing is ever exported (above).
     }
 
     fn enable_peer_access(&self, peer: DeviceId) -> Result<()> {

@@ -10,7 +10,7 @@ use std::fmt::Debug;
 use crate::error::Result;
 use crate::ipc::IpcHandle;
 use crate::launch::{LaunchConfig, ModuleImage};
-use crate::types::{BackendKind, Capabilities, DeviceId, DevicePtr, MemoryKind};
+use crate::types::{BackendKind, Capabilities, DeviceId, DevicePtr, ForeignAllocation, MemoryKind};
 
 /// One backend: its device, memory, stream, event, module, kernel and multicast types.
 pub trait Backend: Sized + Send + Sync + 'static {
@@ -99,6 +99,21 @@ pub trait Device<B: Backend>: Debug + Send + Sync {
     /// Maps a peer's exported allocation, through the device's IPC handle cache: a handle
     /// already mapped returns the same mapping.
     fn import_memory(&self, handle: &IpcHandle) -> Result<B::Imported>;
+
+    /// The allocation of this device that holds `[ptr, ptr + bytes)`, memory the caller
+    /// allocated (not through oxccl): its base, length and identity, from the driver's
+    /// range query. A pointer that is not device memory of this device, or a range that
+    /// runs past the end of its allocation, is [`crate::Error::InvalidArgument`].
+    fn find_allocation(&self, ptr: DevicePtr, bytes: usize) -> Result<ForeignAllocation>;
+
+    /// Exports an allocation found by [`Device::find_allocation`] so that other processes
+    /// can map it (with [`Device::import_memory`]). Exporting the same allocation again
+    /// returns the same handle until [`Device::release_export`].
+    fn export_allocation(&self, allocation: &ForeignAllocation) -> Result<IpcHandle>;
+
+    /// Stops serving an export made by [`Device::export_allocation`] to new importers and
+    /// releases what it holds here (importers that mapped it keep their mapping).
+    fn release_export(&self, allocation: &ForeignAllocation);
 
     /// Lets this device access `peer`'s memory directly (idempotent).
     fn enable_peer_access(&self, peer: DeviceId) -> Result<()>;

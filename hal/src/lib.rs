@@ -37,6 +37,6 @@ pub use ipc::{IpcHandle, IpcHandleKind, IpcKey};
 pub use ipc_cache::{CachePolicy, CachedImport, IpcCache, IpcOpener};
 pub use launch::{HostKernelFn, HostKernelTable, LaunchConfig, ModuleImage};
 pub use types::{
-    AccumType, BackendKind, Capabilities, DataType, DeviceId, DevicePtr, MemoryKind,
-    MulticastSupport, ReduceOp,
+    AccumType, BackendKind, Capabilities, DataType, DeviceId, DevicePtr, ForeignAllocation,
+    MemoryKind, MulticastSupport, ReduceOp,
 };

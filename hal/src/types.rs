@@ -90,6 +90,26 @@ impl DevicePtr {
     }
 }
 
+/// The allocation that holds a caller's buffer (memory oxccl did not allocate), as
+/// [`crate::Device::find_allocation`] finds it: what a peer maps to reach the buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ForeignAllocation {
+    /// First byte of the allocation.
+    pub base: DevicePtr,
+    /// Its length in bytes.
+    pub len: usize,
+    /// Its identity: unique among the allocations this process has ever made on the
+    /// backend, so memory freed and allocated again at the same address is told apart.
+    pub id: u64,
+}
+
+impl ForeignAllocation {
+    /// Byte offset of `ptr` in the allocation (the caller found it through `ptr`).
+    pub fn offset_of(&self, ptr: DevicePtr) -> u64 {
+        ptr.0.saturating_sub(self.base.0)
+    }
+}
+
 impl fmt::Display for DevicePtr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:#x}", self.0)

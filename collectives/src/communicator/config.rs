@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use oxccl_hal::{DataType, Error, Result};
 
+use super::auto_register::{AUTO_REGISTER_MAX_VAR, AUTO_REGISTER_VAR, DEFAULT_MAX_ENTRIES};
 use crate::algorithms::all_reduce::port_channel::PortAllreduceConfig;
 use crate::algorithms::Forced;
 use crate::selector::{ALGO_VAR, ONESHOT_MAX_VAR, ZC_THRESHOLD_VAR};
@@ -54,6 +55,12 @@ pub struct CommConfig {
     pub early_launch: bool,
     /// Settings of the PortChannel allreduce (used when it is set up: when forced).
     pub port: PortAllreduceConfig,
+    /// Zero-copy on buffers nobody registered (`OXCCL_AUTO_REGISTER`, default on): calls
+    /// that would take a zero-copy algorithm map the allocations holding the peers'
+    /// buffers ([`super::auto_register`]).
+    pub auto_register: bool,
+    /// Most allocations (all ranks' together) kept mapped for that (`OXCCL_AUTO_REGISTER_MAX`).
+    pub auto_register_max: usize,
 }
 
 impl Default for CommConfig {
@@ -70,6 +77,8 @@ impl Default for CommConfig {
             tune_dir: None,
             early_launch: true,
             port: PortAllreduceConfig::default(),
+            auto_register: true,
+            auto_register_max: DEFAULT_MAX_ENTRIES,
         }
     }
 }
@@ -95,7 +104,8 @@ fn env_switch(var: &str) -> Result<Option<bool>> {
 impl CommConfig {
     /// From the environment: `OXCCL_ALGO`, `OXCCL_TIMEOUT_MS`, `OXCCL_STAGING_MB`,
     /// `OXCCL_ONESHOT_MAX_BYTES`, `OXCCL_ZC_THRESHOLD_BYTES`, `OXCCL_TUNE`,
-    /// `OXCCL_TUNE_DTYPES`, `OXCCL_TUNE_MAX_BYTES`, `OXCCL_EARLY_LAUNCH`, and the
+    /// `OXCCL_TUNE_DTYPES`, `OXCCL_TUNE_MAX_BYTES`, `OXCCL_EARLY_LAUNCH`,
+    /// `OXCCL_AUTO_REGISTER`, `OXCCL_AUTO_REGISTER_MAX`, and the
     /// PortChannel settings (`OXCCL_PORT_TRANSPORT`, `OXCCL_PORT_CHUNK_KB`).
     pub fn from_env() -> Result<Self> {
         let mut c = CommConfig {
@@ -137,6 +147,12 @@ impl CommConfig {
         }
         if let Some(on) = env_switch(EARLY_LAUNCH_VAR)? {
             c.early_launch = on;
+        }
+        if let Some(on) = env_switch(AUTO_REGISTER_VAR)? {
+            c.auto_register = on;
+        }
+        if let Some(n) = env_number(AUTO_REGISTER_MAX_VAR)? {
+            c.auto_register_max = usize::try_from(n).unwrap_or(usize::MAX);
         }
         Ok(c)
     }

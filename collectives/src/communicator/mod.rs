@@ -26,6 +26,7 @@
 //! time out (`timeout`, default 30 s): the kernel records the failure in device memory
 //! ([`Communicator::check_error`]) on GPUs, and the host backend's stream reports it.
 
+pub mod auto_register;
 pub mod calls;
 pub mod check;
 pub mod config;
@@ -39,8 +40,8 @@ use std::sync::{Arc, Mutex};
 use oxccl_backend::{AnyBackend, AnyDevice, AnyMemory, AnyModule, AnyStream};
 use oxccl_channels::bootstrap::Bootstrap;
 use oxccl_hal::{
-    AccumType, Backend, BackendKind, DataType, Device, DevicePtr, Error, IpcHandle, Memory,
-    ReduceOp, Result, Stream,
+    AccumType, Backend, BackendKind, DataType, Device, DevicePtr, Error, ForeignAllocation,
+    IpcHandle, Memory, ReduceOp, Result, Stream,
 };
 use oxccl_kernels::abi::OXCCL_ALLREDUCE_MAX_RANKS;
 
@@ -48,6 +49,7 @@ use crate::algorithms::{Algorithm, Call, CallShape, Collective, Instance, PeerBu
 use crate::scratch::{ScratchLayout, SharedScratch};
 use crate::selector::{Choice, Selector};
 use crate::tuner::TuneTable;
+use auto_register::{AutoCall, AutoRegistry};
 use check::{check_call, CallSite, Signature, Signatures};
 pub use config::{CommConfig, EARLY_LAUNCH_VAR, STAGING_VAR, TIMEOUT_VAR};
 use registry::{Registered, Registry};
@@ -88,6 +90,8 @@ pub struct Communicator {
     signatures: Signatures,
     /// Registered user buffers.
     registry: Registry,
+    /// Callers' allocations mapped for zero-copy without registration.
+    auto: AutoRegistry,
     /// Tuned tables by data type ([`Communicator::tune`]).
     tuned: Mutex<HashMap<DataType, Arc<TuneTable>>>,
     /// Every rank's shared scratch as mapped here, when an algorithm set up here uses it.
@@ -198,6 +202,68 @@ impl Communicator {
             outputs.then_some((output, out_bytes)),
             self.world,
         )
+    }
+
+    /// Every rank's view of this call's buffers through [`auto_register`], when the call
+    /// would take a zero-copy algorithm on them and auto-registration is on (collective:
+    /// one all-gather, every rank decides alike).
+    fn auto_view(
+        &self,
+        call: AutoCall,
+        (count, dtype): (usize, DataType),
+        input: DevicePtr,
+        output: DevicePtr,
+        bytes: usize,
+        stream: &AnyStream,
+    ) -> Result<Option<PeerBuffers>> {
+        let at = |e: Error| e.at_rank(self.rank);
+        let collective = call.collective;
+        if !self.config.auto_register || Device::backend(&self.device) == BackendKind::Rocm {
+            return Ok(None);
+        }
+        let zc = self
+            .select(&self.shape(collective, count, dtype, bytes, true))
+            .map_err(at)?;
+        if !zc.algorithm.uses_registered() {
+            return Ok(None);
+        }
+        let (in_bytes, out_bytes) = collective.buffer_bytes(bytes, self.world).map_err(at)?;
+        let (inputs, outputs) = collective.peer_views();
+        let capturing = stream.is_capturing().map_err(at)?;
+        let ctx = auto_register::Ctx {
+            rank: self.rank,
+            world: self.world,
+            device: &self.device,
+            bootstrap: &self.bootstrap,
+        };
+        self.auto.peer_buffers(
+            &ctx,
+            call,
+            inputs.then_some((input, in_bytes)),
+            outputs.then_some((output, out_bytes)),
+            capturing,
+        )
+    }
+
+    /// Pins the allocation that holds `[ptr, ptr + bytes)` for zero-copy (NCCL's
+    /// `ncclCommRegister`; local, not collective): the peers map it at the first call
+    /// that uses it, as for any caller's buffer, and keep it mapped until
+    /// [`Communicator::unpin_allocation`]. Host pointers, memory of another device and a
+    /// range across two allocations are refused.
+    pub fn pin_allocation(&self, ptr: DevicePtr, bytes: usize) -> Result<ForeignAllocation> {
+        self.auto
+            .pin(&self.device, ptr, bytes)
+            .map_err(|e| e.at_rank(self.rank))
+    }
+
+    /// Undoes [`Communicator::pin_allocation`]; `false` when it was not pinned.
+    pub fn unpin_allocation(&self, allocation: &ForeignAllocation) -> bool {
+        self.auto.unpin(allocation)
+    }
+
+    /// Allocations mapped or known for zero-copy on unregistered buffers (all ranks').
+    pub fn auto_registered(&self) -> usize {
+        self.auto.len()
     }
 
     /// The state of an algorithm set up in this communicator, if it is (for what it
@@ -370,7 +436,20 @@ impl Communicator {
             world: self.world,
         };
         let bytes = check_call(site, input, output, count, dtype, accum).map_err(at)?;
-        let peers = self.registered_view(collective, input, output, bytes);
+        let peers = match self.registered_view(collective, input, output, bytes) {
+            Some(p) => Some(p),
+            None => {
+                let call = AutoCall {
+                    collective,
+                    count: count as u64,
+                    dtype: dtype.code(),
+                    op: op.code(),
+                    accum: accum.code(),
+                    root,
+                };
+                self.auto_view(call, (count, dtype), input, output, bytes, stream)?
+            }
+        };
         let choice = self
             .select(&self.shape(collective, count, dtype, bytes, peers.is_some()))
             .map_err(at)?;

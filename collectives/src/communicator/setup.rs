@@ -11,6 +11,7 @@ use oxccl_channels::bootstrap::{Bootstrap, BootstrapConfig, UniqueId};
 use oxccl_hal::{BackendKind, Device, DeviceId, Error, Result};
 use oxccl_kernels::abi::OXCCL_ALLREDUCE_MAX_RANKS;
 
+use super::auto_register::AutoRegistry;
 use super::check::Signatures;
 use super::config::{CommConfig, MIN_ONESHOT_CAPACITY};
 use super::registry::Registry;
@@ -114,6 +115,7 @@ impl Communicator {
             algorithms = ?instances.iter().map(|(a, _)| a.name()).collect::<Vec<_>>(),
             "communicator ready"
         );
+        let auto = AutoRegistry::new(config.auto_register_max);
         let comm = Communicator {
             rank,
             world,
@@ -131,6 +133,7 @@ impl Communicator {
             instances,
             signatures: Signatures::default(),
             registry: Registry::default(),
+            auto,
             tuned: Mutex::new(HashMap::new()),
             _modules: modules,
             bootstrap,

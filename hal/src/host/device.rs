@@ -1,6 +1,6 @@
 //! The host device: allocation, streams, modules, IPC and multicast of the host backend.
 
-use super::memory::{page_size, HostImport, HostMemory, HostOpener};
+use super::memory::{self, page_size, HostImport, HostMemory, HostOpener};
 use super::module::HostModule;
 use super::multicast::HostMulticast;
 use super::stream::{HostEvent, HostStream};
@@ -10,7 +10,9 @@ use crate::error::Result;
 use crate::ipc::IpcHandle;
 use crate::ipc_cache::{CachePolicy, IpcCache};
 use crate::launch::ModuleImage;
-use crate::types::{BackendKind, Capabilities, DeviceId, MemoryKind, MulticastSupport};
+use crate::types::{
+    BackendKind, Capabilities, DeviceId, DevicePtr, ForeignAllocation, MemoryKind, MulticastSupport,
+};
 
 /// An opened host device. Devices are independent: each has its own IPC cache, as each GPU
 /// has its own context.
@@ -108,6 +110,18 @@ impl Device<HostBackend> for HostDevice {
 
     fn import_memory(&self, handle: &IpcHandle) -> Result<HostImport> {
         self.cache.import(handle).map(HostImport)
+    }
+
+    fn find_allocation(&self, ptr: DevicePtr, bytes: usize) -> Result<ForeignAllocation> {
+        memory::find_allocation(ptr, bytes)
+    }
+
+    fn export_allocation(&self, allocation: &ForeignAllocation) -> Result<IpcHandle> {
+        memory::export_allocation(allocation)
+    }
+
+    fn release_export(&self, _allocation: &ForeignAllocation) {
+        // The export is the allocation's own: it is withdrawn when the allocation is freed.
     }
 
     fn enable_peer_access(&self, _peer: DeviceId) -> Result<()> {

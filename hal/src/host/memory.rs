@@ -7,13 +7,17 @@
 //!
 //! Live mappings are also entered in a process-wide range table, so that the safe stream
 //! calls ([`crate::Stream::write`], [`crate::Stream::read`]) can refuse an address that is
-//! not host-backend memory instead of crashing the process.
+//! not host-backend memory instead of crashing the process. Allocations (not imports) are
+//! also entered in a table of their own, so that a caller's buffer can be traced back to
+//! the allocation that holds it and exported ([`find_allocation`], [`export_allocation`]),
+//! as the GPU backends do with the driver's range query.
 
 use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
@@ -25,7 +29,7 @@ use crate::error::{Error, Result};
 use crate::fd_share;
 use crate::ipc::{IpcHandle, IpcHandleKind};
 use crate::ipc_cache::{CachedImport, IpcOpener};
-use crate::types::{BackendKind, DevicePtr};
+use crate::types::{BackendKind, DevicePtr, ForeignAllocation};
 
 /// Largest single allocation the host backend accepts: far beyond any test, small enough
 /// that a corrupt size is refused instead of reserving the address space.
@@ -91,6 +95,100 @@ pub(crate) fn check_range(ptr: DevicePtr, bytes: usize, what: &str) -> Result<()
     }
 }
 
+/// One live allocation (not an import) in the allocation table.
+#[derive(Debug)]
+struct Owned {
+    /// Bytes as requested.
+    len: usize,
+    /// Identity, unique for the life of the process.
+    id: u64,
+    /// The memfd (owned by the [`HostMemory`], which leaves the table before closing it).
+    fd: RawFd,
+    /// The allocation's export number once exported (shared with the [`HostMemory`]).
+    export: Arc<Mutex<Option<u64>>>,
+}
+
+/// Live allocations by address.
+static OWNED: Mutex<BTreeMap<usize, Owned>> = Mutex::new(BTreeMap::new());
+
+fn owned() -> MutexGuard<'static, BTreeMap<usize, Owned>> {
+    // Each update is one insert or remove: a poisoned lock still holds consistent data.
+    OWNED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Identities of allocations; 0 is never used.
+static NEXT_ALLOCATION_ID: AtomicU64 = AtomicU64::new(1);
+
+/// The live host-backend allocation holding `[ptr, ptr + bytes)`.
+pub(crate) fn find_allocation(ptr: DevicePtr, bytes: usize) -> Result<ForeignAllocation> {
+    let start = usize::try_from(ptr.0).unwrap_or(usize::MAX);
+    let table = owned();
+    let Some((&base, o)) = table
+        .range(..=start)
+        .next_back()
+        .filter(|(b, o)| start < *b + o.len)
+    else {
+        return Err(Error::InvalidArgument(format!(
+            "{ptr} is not inside any live host-backend allocation"
+        )));
+    };
+    let end = start.saturating_add(bytes);
+    if end > base + o.len {
+        return Err(Error::InvalidArgument(format!(
+            "{bytes} bytes at {ptr} run past the end of their allocation ({} bytes at {:#x})",
+            o.len, base
+        )));
+    }
+    Ok(ForeignAllocation {
+        base: DevicePtr(base as u64),
+        len: o.len,
+        id: o.id,
+    })
+}
+
+/// Exports an allocation found by [`find_allocation`] (the same handle as
+/// [`HostMemory`]'s own export: one export per allocation).
+pub(crate) fn export_allocation(allocation: &ForeignAllocation) -> Result<IpcHandle> {
+    let table = owned();
+    let o = usize::try_from(allocation.base.0)
+        .ok()
+        .and_then(|b| table.get(&b))
+        .filter(|o| o.id == allocation.id)
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "allocation {} at {} was freed",
+                allocation.id, allocation.base
+            ))
+        })?;
+    // SAFETY: the memfd stays open while its allocation is in the table, and the table's
+    // lock is held for as long as the borrow is used.
+    let fd = unsafe { BorrowedFd::borrow_raw(o.fd) };
+    export_memfd(fd, &o.export, o.len)
+}
+
+/// Exports a memfd under its allocation's export number (made on the first export).
+fn export_memfd(fd: BorrowedFd<'_>, export: &Mutex<Option<u64>>, len: usize) -> Result<IpcHandle> {
+    let mut export = export.lock().unwrap_or_else(|p| p.into_inner());
+    let id = match *export {
+        Some(id) => id,
+        None => {
+            let id = fd_share::next_export_id();
+            fd_share::publish(id, fd)?;
+            *export = Some(id);
+            id
+        }
+    };
+    Ok(IpcHandle {
+        backend: BackendKind::Host,
+        kind: IpcHandleKind::HostMemfd,
+        owner_pid: std::process::id(),
+        owner_nonce: fd_share::process_nonce(),
+        id,
+        len: len as u64,
+        payload: Vec::new(),
+    })
+}
+
 /// A `MAP_SHARED` read-write mapping of `len` bytes of `fd`; returns its address.
 fn map_shared(fd: &OwnedFd, len: usize) -> Result<usize> {
     let len = NonZeroUsize::new(len)
@@ -130,7 +228,7 @@ pub struct HostMemory {
     addr: usize,
     len: usize,
     mapped: usize,
-    export_id: Mutex<Option<u64>>,
+    export_id: Arc<Mutex<Option<u64>>>,
 }
 
 impl HostMemory {
@@ -167,36 +265,28 @@ impl HostMemory {
         .map_err(|e| Error::errno("fcntl(F_ADD_SEALS)", e))?;
         let addr = map_shared(&fd, mapped)?;
         register_range(addr, mapped);
+        let export_id = Arc::new(Mutex::new(None));
+        owned().insert(
+            addr,
+            Owned {
+                len: bytes,
+                id: NEXT_ALLOCATION_ID.fetch_add(1, Ordering::Relaxed),
+                fd: fd.as_raw_fd(),
+                export: Arc::clone(&export_id),
+            },
+        );
         Ok(HostMemory {
             fd,
             addr,
             len: bytes,
             mapped,
-            export_id: Mutex::new(None),
+            export_id,
         })
     }
 
     /// Exports the allocation; exporting it again returns the same handle.
     pub(crate) fn export(&self) -> Result<IpcHandle> {
-        let mut export = self.export_id.lock().unwrap_or_else(|p| p.into_inner());
-        let id = match *export {
-            Some(id) => id,
-            None => {
-                let id = fd_share::next_export_id();
-                fd_share::publish(id, self.fd.as_fd())?;
-                *export = Some(id);
-                id
-            }
-        };
-        Ok(IpcHandle {
-            backend: BackendKind::Host,
-            kind: IpcHandleKind::HostMemfd,
-            owner_pid: std::process::id(),
-            owner_nonce: fd_share::process_nonce(),
-            id,
-            len: self.len as u64,
-            payload: Vec::new(),
-        })
+        export_memfd(self.fd.as_fd(), &self.export_id, self.len)
     }
 }
 
@@ -217,7 +307,9 @@ impl HostVisible for HostMemory {
 
 impl Drop for HostMemory {
     fn drop(&mut self) {
-        let export = self.export_id.get_mut().unwrap_or_else(|p| p.into_inner());
+        // Out of the allocation table first: nobody exports the memfd once it closes.
+        owned().remove(&self.addr);
+        let mut export = self.export_id.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(id) = export.take() {
             fd_share::withdraw(id);
         }

@@ -525,3 +525,42 @@ fn host_pointer_is_the_device_pointer() {
     assert_eq!(m.host_ptr() as u64, m.ptr().0);
     assert!(m.ptr().is_aligned(page_size() as u64));
 }
+
+#[test]
+fn a_callers_buffer_is_traced_to_its_allocation_and_exported() {
+    let d = dev(0);
+    let m = d.alloc(10_000, MemoryKind::Plain).unwrap();
+    let inner = m.ptr().offset(4096).unwrap();
+    let a = d.find_allocation(inner, 100).unwrap();
+    assert_eq!((a.base, a.len, a.offset_of(inner)), (m.ptr(), 10_000, 4096));
+    // The same allocation, whichever pointer inside it asks; another one differs.
+    assert_eq!(d.find_allocation(m.ptr(), 10_000).unwrap(), a);
+    let other = d.alloc(64, MemoryKind::Plain).unwrap();
+    assert_ne!(d.find_allocation(other.ptr(), 64).unwrap().id, a.id);
+    // Past the end, outside any allocation, or an import (a mapping, not an allocation).
+    let e = d.find_allocation(inner, 10_000).unwrap_err().to_string();
+    assert!(e.contains("past the end"), "{e}");
+    let host = [0u8; 16];
+    let e = d
+        .find_allocation(DevicePtr(host.as_ptr() as u64), 16)
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    let handle = d.export_allocation(&a).unwrap();
+    assert_eq!(
+        handle,
+        d.export_memory(&m).unwrap(),
+        "one export per allocation"
+    );
+    let view = dev(1).import_memory(&handle).unwrap();
+    assert!(d.find_allocation(view.ptr(), 16).is_err());
+    // The import sees the allocation's bytes.
+    let s = d.create_stream().unwrap();
+    let data = random_bytes(10_000);
+    s.write(m.ptr(), &data).unwrap();
+    assert_eq!(read_all(&s, &view), data);
+    // A freed allocation is not exported again under its old identity.
+    drop(view);
+    drop(m);
+    assert!(d.export_allocation(&a).is_err());
+    d.release_export(&a);
+}

@@ -1,0 +1,637 @@
+//! Zero-copy on buffers nobody registered: the allocation that holds a call's buffer
+//! (found through the driver's range query, [`Device::find_allocation`]) is exported once,
+//! every peer maps it once, and later calls on any buffer inside it reach the peers'
+//! buffers directly instead of staging through the shared scratch.
+//!
+//! Every call that would take a zero-copy algorithm does one all-gather through the
+//! bootstrap (host side only; fine while capturing): each rank sends what its buffers are
+//! (allocation identity, base, length, the buffer's offset in it) and the export of an
+//! allocation its peers have not mapped yet. Every rank then holds the same records, so
+//! they all reach the same decision (zero-copy or not) and keep the same table of mapped
+//! allocations: a replicated cache keyed by (rank, allocation identity), with the same
+//! least-recently-used eviction everywhere. A rank whose buffer cannot be exported (host
+//! memory, a range across two allocations, a VMM allocation that is not shareable) makes
+//! the call fall back on every rank. The all-gather also compares the calls: a mismatched
+//! count, type, op or root is an error on every rank instead of a hang.
+//!
+//! Identity is the driver's buffer id (unique per allocation in a process), so memory that
+//! was freed and allocated again at the same address gets a new entry: it is never served
+//! from the stale mapping, and the stale entry (whose range the new allocation overlaps)
+//! is dropped. Entries used while any rank was capturing a graph are pinned (the graph
+//! replays with those addresses); so are allocations a rank pinned with
+//! [`super::Communicator::pin_allocation`].
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Mutex, MutexGuard};
+
+use oxccl_backend::{AnyDevice, AnyImported};
+use oxccl_channels::bootstrap::Bootstrap;
+use oxccl_hal::{Device, DevicePtr, Error, ForeignAllocation, IpcHandle, Memory, Result};
+use oxccl_kernels::abi::OXCCL_ALLREDUCE_MAX_RANKS;
+
+use crate::algorithms::{Collective, PeerBuffers};
+
+/// Environment variable: `0` turns zero-copy on unregistered buffers off.
+pub const AUTO_REGISTER_VAR: &str = "OXCCL_AUTO_REGISTER";
+/// Environment variable: most allocations (all ranks together) kept mapped per communicator.
+pub const AUTO_REGISTER_MAX_VAR: &str = "OXCCL_AUTO_REGISTER_MAX";
+/// Default of [`AUTO_REGISTER_MAX_VAR`].
+pub const DEFAULT_MAX_ENTRIES: usize = 512;
+
+const MAGIC: &[u8; 4] = b"OXAR";
+const VERSION: u8 = 1;
+
+/// What a rank sends about one of its buffers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum BufferRecord {
+    /// The call does not reach this buffer on the peers.
+    NotNeeded,
+    /// It cannot be shared (not device memory, across allocations, not exportable).
+    Unshareable,
+    /// Inside this allocation, at `offset`; `handle` when the peers have not mapped it yet.
+    Found {
+        allocation: ForeignAllocation,
+        offset: u64,
+        pinned: bool,
+        handle: Option<Vec<u8>>,
+    },
+}
+
+/// What a rank sends for one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Record {
+    /// The call as this rank made it (collective, count, dtype, op, accum, root).
+    call: [u64; 6],
+    capturing: bool,
+    buffers: [BufferRecord; 2],
+}
+
+/// The call a record describes, for the cross-rank comparison.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AutoCall {
+    pub(crate) collective: Collective,
+    pub(crate) count: u64,
+    pub(crate) dtype: u32,
+    pub(crate) op: u32,
+    pub(crate) accum: u32,
+    pub(crate) root: u32,
+}
+
+impl AutoCall {
+    fn words(&self) -> [u64; 6] {
+        [
+            self.collective as u64,
+            self.count,
+            u64::from(self.dtype),
+            u64::from(self.op),
+            u64::from(self.accum),
+            u64::from(self.root),
+        ]
+    }
+}
+
+fn malformed() -> Error {
+    Error::Ipc("a peer's zero-copy record is malformed".into())
+}
+
+/// Reads a record's fields in order.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        let end = self.at.checked_add(n).ok_or_else(malformed)?;
+        let s = self.bytes.get(self.at..end).ok_or_else(malformed)?;
+        self.at = end;
+        Ok(s)
+    }
+
+    fn word(&mut self) -> Result<u64> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(a))
+    }
+}
+
+fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+impl Record {
+    fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(128);
+        out.extend_from_slice(MAGIC);
+        out.push(VERSION);
+        for w in self.call {
+            put_u64(&mut out, w);
+        }
+        out.push(u8::from(self.capturing));
+        for b in &self.buffers {
+            match b {
+                BufferRecord::NotNeeded => out.push(0),
+                BufferRecord::Unshareable => out.push(1),
+                BufferRecord::Found {
+                    allocation,
+                    offset,
+                    pinned,
+                    handle,
+                } => {
+                    out.push(2);
+                    put_u64(&mut out, allocation.id);
+                    put_u64(&mut out, allocation.base.0);
+                    put_u64(&mut out, allocation.len as u64);
+                    put_u64(&mut out, *offset);
+                    out.push(u8::from(*pinned));
+                    let h = handle.as_deref().unwrap_or(&[]);
+                    put_u64(&mut out, h.len() as u64);
+                    out.extend_from_slice(h);
+                }
+            }
+        }
+        out
+    }
+
+    fn from_bytes(bytes: &[u8]) -> Result<Record> {
+        let mut r = Reader { bytes, at: 0 };
+        if r.take(4)? != MAGIC || r.take(1)?[0] != VERSION {
+            return Err(malformed());
+        }
+        let mut call = [0u64; 6];
+        for w in &mut call {
+            *w = r.word()?;
+        }
+        let capturing = r.take(1)?[0] != 0;
+        let mut buffers = [BufferRecord::NotNeeded, BufferRecord::NotNeeded];
+        for b in &mut buffers {
+            *b = match r.take(1)?[0] {
+                0 => BufferRecord::NotNeeded,
+                1 => BufferRecord::Unshareable,
+                2 => {
+                    let id = r.word()?;
+                    let base = DevicePtr(r.word()?);
+                    let len = usize::try_from(r.word()?).map_err(|_| malformed())?;
+                    let offset = r.word()?;
+                    let pinned = r.take(1)?[0] != 0;
+                    let hlen = usize::try_from(r.word()?).map_err(|_| malformed())?;
+                    let handle = r.take(hlen)?;
+                    BufferRecord::Found {
+                        allocation: ForeignAllocation { base, len, id },
+                        offset,
+                        pinned,
+                        handle: (hlen > 0).then(|| handle.to_vec()),
+                    }
+                }
+                _ => return Err(malformed()),
+            };
+        }
+        if r.at != bytes.len() {
+            return Err(malformed());
+        }
+        Ok(Record {
+            call,
+            capturing,
+            buffers,
+        })
+    }
+}
+
+/// Offsets reported in the [`PeerBuffers`] of a call served through this cache: each rank's
+/// buffers sit at their own offsets in their own allocations, so there is no common one
+/// (the views hold every rank's address already).
+pub(crate) const AUTO_OFFSETS: (u64, u64) = (u64::MAX - 1, u64::MAX - 1);
+
+/// One allocation of one rank, known on every rank.
+#[derive(Debug)]
+struct Entry {
+    /// The owner's allocation (base and length in the owner's address space).
+    allocation: ForeignAllocation,
+    /// Where it is reached from here: this rank's own base, or the peer's as mapped here.
+    mapped: DevicePtr,
+    /// The peer's mapping, kept while the entry lives (`None`: this rank's own).
+    import: Option<AnyImported>,
+    /// Clock of the last call that used it.
+    last_used: u64,
+    /// Used while some rank was capturing: a graph may replay with it.
+    graph_pinned: bool,
+    /// Its owner pinned it ([`AutoRegistry::pin`]), as of the owner's last record.
+    owner_pinned: bool,
+}
+
+/// The replicated table: the same keys on every rank.
+#[derive(Debug, Default)]
+struct Table {
+    entries: HashMap<(u32, u64), Entry>,
+    /// Allocations some rank failed to map: never offered again.
+    unmappable: BTreeSet<(u32, u64)>,
+    /// Entries taken out (freed by their owner, or evicted), dropped at the next call
+    /// that no rank captures, after the device finished the work that may use them.
+    retired: Vec<((u32, u64), Entry)>,
+    clock: u64,
+}
+
+/// What a call needs from the communicator.
+pub(crate) struct Ctx<'a> {
+    pub(crate) rank: u32,
+    pub(crate) world: u32,
+    pub(crate) device: &'a AnyDevice,
+    pub(crate) bootstrap: &'a Bootstrap,
+}
+
+/// Zero-copy views of callers' buffers (the module docs).
+#[derive(Debug)]
+pub(crate) struct AutoRegistry {
+    table: Mutex<Table>,
+    /// This rank's pinned allocations, by identity.
+    pinned: Mutex<HashMap<u64, ForeignAllocation>>,
+    max_entries: usize,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every update leaves the maps consistent between statements.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn overlaps(a: &ForeignAllocation, b: &ForeignAllocation) -> bool {
+    let end = |x: &ForeignAllocation| x.base.0.saturating_add(x.len as u64);
+    a.base.0 < end(b) && b.base.0 < end(a)
+}
+
+impl AutoRegistry {
+    /// A cache keeping at most `max_entries` allocations (all ranks') mapped.
+    pub(crate) fn new(max_entries: usize) -> AutoRegistry {
+        AutoRegistry {
+            table: Mutex::new(Table::default()),
+            pinned: Mutex::new(HashMap::new()),
+            max_entries: max_entries.max(2),
+        }
+    }
+
+    /// Pins the allocation holding `[ptr, ptr + bytes)` (local: the peers learn it from
+    /// this rank's next record): never evicted until [`AutoRegistry::unpin`].
+    pub(crate) fn pin(
+        &self,
+        device: &AnyDevice,
+        ptr: DevicePtr,
+        bytes: usize,
+    ) -> Result<ForeignAllocation> {
+        let a = device.find_allocation(ptr, bytes)?;
+        lock(&self.pinned).insert(a.id, a);
+        Ok(a)
+    }
+
+    /// Unpins an allocation pinned by [`AutoRegistry::pin`]; `false` when it was not.
+    pub(crate) fn unpin(&self, allocation: &ForeignAllocation) -> bool {
+        lock(&self.pinned).remove(&allocation.id).is_some()
+    }
+
+    /// Number of allocations mapped or known (all ranks').
+    pub(crate) fn len(&self) -> usize {
+        lock(&self.table).entries.len()
+    }
+
+    /// What this rank sends about one buffer.
+    fn describe(
+        &self,
+        ctx: &Ctx<'_>,
+        table: &Table,
+        buffer: Option<(DevicePtr, usize)>,
+    ) -> BufferRecord {
+        let Some((ptr, bytes)) = buffer else {
+            return BufferRecord::NotNeeded;
+        };
+        if !ptr.is_aligned(16) {
+            return BufferRecord::Unshareable;
+        }
+        let allocation = match ctx.device.find_allocation(ptr, bytes) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::debug!(rank = ctx.rank, %ptr, bytes, error = %e, "buffer not shareable");
+                return BufferRecord::Unshareable;
+            }
+        };
+        let key = (ctx.rank, allocation.id);
+        if table.unmappable.contains(&key) {
+            return BufferRecord::Unshareable;
+        }
+        let handle = if table.entries.contains_key(&key) {
+            None
+        } else {
+            match ctx.device.export_allocation(&allocation) {
+                Ok(h) => Some(h.to_bytes()),
+                Err(e) => {
+                    tracing::debug!(rank = ctx.rank, %ptr, error = %e, "allocation not exportable");
+                    return BufferRecord::Unshareable;
+                }
+            }
+        };
+        BufferRecord::Found {
+            allocation,
+            offset: allocation.offset_of(ptr),
+            pinned: lock(&self.pinned).contains_key(&allocation.id),
+            handle,
+        }
+    }
+
+    /// Every rank's view of this call's buffers (`input`/`output`: this rank's, each when
+    /// the call reaches it on the peers), or `None` when some rank's cannot be shared.
+    /// Collective: every rank calls it for the same call.
+    pub(crate) fn peer_buffers(
+        &self,
+        ctx: &Ctx<'_>,
+        call: AutoCall,
+        input: Option<(DevicePtr, usize)>,
+        output: Option<(DevicePtr, usize)>,
+        capturing: bool,
+    ) -> Result<Option<PeerBuffers>> {
+        let at = |e: Error| e.at_rank(ctx.rank);
+        let mut table = lock(&self.table);
+        let mine = Record {
+            call: call.words(),
+            capturing,
+            buffers: [
+                self.describe(ctx, &table, input),
+                self.describe(ctx, &table, output),
+            ],
+        };
+        let all = ctx.bootstrap.all_gather(&mine.to_bytes()).map_err(at)?;
+        let records = all
+            .iter()
+            .map(|b| Record::from_bytes(b))
+            .collect::<Result<Vec<_>>>()
+            .map_err(at)?;
+        if records.len() != ctx.world as usize {
+            return Err(at(Error::Ipc(format!(
+                "zero-copy records from {} ranks, expected {}",
+                records.len(),
+                ctx.world
+            ))));
+        }
+        let differing: Vec<usize> = (0..records.len())
+            .filter(|&r| records[r].call != mine.call)
+            .collect();
+        if !differing.is_empty() {
+            return Err(at(Error::InvalidArgument(format!(
+                "mismatched {} calls: ranks {differing:?} called with a different (count, \
+                 dtype, op, accum, root) than this rank's ({}, {}, {}, {}, {})",
+                call.collective, call.count, call.dtype, call.op, call.accum, call.root
+            ))));
+        }
+        let any_capturing = records.iter().any(|r| r.capturing);
+        let usable = records.iter().all(|r| {
+            r.buffers
+                .iter()
+                .all(|b| !matches!(b, BufferRecord::Unshareable))
+        });
+        if !usable {
+            // Exports made for this call only are not kept.
+            for b in &mine.buffers {
+                if let BufferRecord::Found {
+                    allocation,
+                    handle: Some(_),
+                    ..
+                } = b
+                {
+                    ctx.device.release_export(allocation);
+                }
+            }
+            self.drop_retired(ctx, &mut table, any_capturing)?;
+            return Ok(None);
+        }
+        // An allocation that overlaps one its owner reported earlier means the earlier
+        // one was freed: its entry goes.
+        for (r, rec) in records.iter().enumerate() {
+            for b in &rec.buffers {
+                if let BufferRecord::Found { allocation, .. } = b {
+                    let stale: Vec<(u32, u64)> = table
+                        .entries
+                        .iter()
+                        .filter(|((owner, id), e)| {
+                            *owner == r as u32
+                                && *id != allocation.id
+                                && overlaps(&e.allocation, allocation)
+                        })
+                        .map(|(k, _)| *k)
+                        .collect();
+                    for k in stale {
+                        if let Some(e) = table.entries.remove(&k) {
+                            table.retired.push((k, e));
+                        }
+                    }
+                }
+            }
+        }
+        // New allocations: every rank enters them; peers map them.
+        let mut added = Vec::new();
+        let mut failure = None;
+        for (r, rec) in records.iter().enumerate() {
+            let r = r as u32;
+            for b in &rec.buffers {
+                let BufferRecord::Found {
+                    allocation, handle, ..
+                } = b
+                else {
+                    continue;
+                };
+                let key = (r, allocation.id);
+                match handle {
+                    None if table.entries.contains_key(&key) => continue,
+                    None => {
+                        return Err(at(Error::Ipc(format!(
+                            "zero-copy tables diverged: rank {r} assumes allocation {} is \
+                             mapped here, and it is not",
+                            allocation.id
+                        ))))
+                    }
+                    Some(_) if table.entries.contains_key(&key) => continue,
+                    Some(h) => {
+                        let (mapped, import) = if r == ctx.rank {
+                            (allocation.base, None)
+                        } else {
+                            match IpcHandle::from_bytes(h)
+                                .and_then(|h| ctx.device.import_memory(&h))
+                            {
+                                Ok(m) => (m.ptr(), Some(m)),
+                                Err(e) => {
+                                    failure.get_or_insert(e);
+                                    (DevicePtr::NULL, None)
+                                }
+                            }
+                        };
+                        table.entries.insert(
+                            key,
+                            Entry {
+                                allocation: *allocation,
+                                mapped,
+                                import,
+                                last_used: 0,
+                                graph_pinned: false,
+                                owner_pinned: false,
+                            },
+                        );
+                        added.push(key);
+                    }
+                }
+            }
+        }
+        if !added.is_empty() {
+            // Mapping may fail on one rank only: agree before anyone uses the new entries.
+            let ok = [u8::from(failure.is_none())];
+            let oks = ctx.bootstrap.all_gather(&ok).map_err(at)?;
+            if oks.iter().any(|o| o.first() != Some(&1)) {
+                if let Some(e) = failure {
+                    tracing::warn!(rank = ctx.rank, error = %e, "mapping a peer's buffer failed; copying through scratch instead");
+                }
+                for k in added {
+                    if let Some(e) = table.entries.remove(&k) {
+                        table.retired.push((k, e));
+                    }
+                    table.unmappable.insert(k);
+                }
+                self.drop_retired(ctx, &mut table, any_capturing)?;
+                return Ok(None);
+            }
+        }
+        table.clock += 1;
+        let clock = table.clock;
+        let mut views = PeerBuffers {
+            inputs: [DevicePtr::NULL; OXCCL_ALLREDUCE_MAX_RANKS as usize],
+            outputs: [DevicePtr::NULL; OXCCL_ALLREDUCE_MAX_RANKS as usize],
+            offsets: AUTO_OFFSETS,
+        };
+        for (r, rec) in records.iter().enumerate() {
+            for (which, b) in rec.buffers.iter().enumerate() {
+                let BufferRecord::Found {
+                    allocation,
+                    offset,
+                    pinned,
+                    ..
+                } = b
+                else {
+                    continue;
+                };
+                let e = table
+                    .entries
+                    .get_mut(&(r as u32, allocation.id))
+                    .ok_or_else(|| at(Error::Ipc("zero-copy entry vanished".into())))?;
+                e.last_used = clock;
+                e.graph_pinned |= any_capturing;
+                e.owner_pinned = *pinned;
+                let p = e.mapped.0.checked_add(*offset).ok_or_else(|| {
+                    at(Error::InvalidArgument(format!(
+                        "rank {r}'s buffer offset {offset} overflows its mapping"
+                    )))
+                })?;
+                if r < OXCCL_ALLREDUCE_MAX_RANKS as usize {
+                    let slot = if which == 0 {
+                        &mut views.inputs[r]
+                    } else {
+                        &mut views.outputs[r]
+                    };
+                    *slot = DevicePtr(p);
+                }
+            }
+        }
+        self.evict(&mut table, clock);
+        self.drop_retired(ctx, &mut table, any_capturing)?;
+        Ok(Some(views))
+    }
+
+    /// Takes least-recently-used entries out beyond the bound (the same on every rank:
+    /// the order is by clock, then key).
+    fn evict(&self, table: &mut Table, clock: u64) {
+        let excess = table.entries.len().saturating_sub(self.max_entries);
+        if excess == 0 {
+            return;
+        }
+        let mut candidates: Vec<(u64, (u32, u64))> = table
+            .entries
+            .iter()
+            .filter(|(_, e)| e.last_used < clock && !e.graph_pinned && !e.owner_pinned)
+            .map(|(k, e)| (e.last_used, *k))
+            .collect();
+        candidates.sort_unstable();
+        for (_, k) in candidates.into_iter().take(excess) {
+            if let Some(e) = table.entries.remove(&k) {
+                table.retired.push((k, e));
+            }
+        }
+    }
+
+    /// Drops retired entries once no rank captures: the device finishes the work queued
+    /// so far (which may read through their mappings) first.
+    fn drop_retired(&self, ctx: &Ctx<'_>, table: &mut Table, any_capturing: bool) -> Result<()> {
+        if table.retired.is_empty() || any_capturing {
+            return Ok(());
+        }
+        if table.retired.iter().any(|(_, e)| e.import.is_some()) {
+            ctx.device.synchronize().map_err(|e| e.at_rank(ctx.rank))?;
+        }
+        for ((owner, _), e) in table.retired.drain(..) {
+            if owner == ctx.rank {
+                ctx.device.release_export(&e.allocation);
+            }
+            drop(e.import);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> Record {
+        Record {
+            call: [0, 20_011, 3, 0, 0, 0],
+            capturing: true,
+            buffers: [
+                BufferRecord::Found {
+                    allocation: ForeignAllocation {
+                        base: DevicePtr(0x7000_0000),
+                        len: 1 << 20,
+                        id: 42,
+                    },
+                    offset: 4096,
+                    pinned: true,
+                    handle: Some(vec![1, 2, 3]),
+                },
+                BufferRecord::Unshareable,
+            ],
+        }
+    }
+
+    #[test]
+    fn records_round_trip_and_malformed_ones_are_refused() {
+        let r = record();
+        assert_eq!(Record::from_bytes(&r.to_bytes()).unwrap(), r);
+        let plain = Record {
+            buffers: [BufferRecord::NotNeeded, BufferRecord::NotNeeded],
+            ..record()
+        };
+        assert_eq!(Record::from_bytes(&plain.to_bytes()).unwrap(), plain);
+        let bytes = r.to_bytes();
+        for cut in [0, 3, 5, bytes.len() - 1] {
+            assert!(Record::from_bytes(&bytes[..cut]).is_err(), "cut {cut}");
+        }
+        let mut long = bytes.clone();
+        long.push(0);
+        assert!(Record::from_bytes(&long).is_err());
+        let mut bad_kind = bytes;
+        bad_kind[4 + 1 + 48 + 1] = 7;
+        assert!(Record::from_bytes(&bad_kind).is_err());
+    }
+
+    #[test]
+    fn overlap_is_by_range() {
+        let a = |base: u64, len: usize| ForeignAllocation {
+            base: DevicePtr(base),
+            len,
+            id: base,
+        };
+        assert!(overlaps(&a(100, 50), &a(149, 10)));
+        assert!(!overlaps(&a(100, 50), &a(150, 10)));
+        assert!(overlaps(&a(100, 50), &a(50, 100)));
+    }
+}
