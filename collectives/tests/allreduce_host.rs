@@ -396,6 +396,82 @@ fn zero_copy_on_unregistered_buffers() {
     }
 }
 
+/// Windows (NCCL's `ncclCommWindowRegister`): any range of a caller's allocation, the same
+/// length on every rank, registered collectively; calls inside them are zero-copy with no
+/// exchange per call (auto-registration is off here, so only the window can serve them).
+#[test]
+fn windows_of_callers_allocations() {
+    let cfg = |_| CommConfig {
+        zc_threshold_bytes: Some(4096),
+        oneshot_max_bytes: Some(4096),
+        auto_register: false,
+        ..config(Some(TWOSHOT_ZC))
+    };
+    threads_with(2, cfg, |r| {
+        let dev = r.comm.device();
+        let rank = r.comm.rank() as usize;
+        let pool = dev.alloc(1 << 20, MemoryKind::Plain).unwrap();
+        // The window starts at a different offset of each rank's allocation.
+        let win = pool.ptr().offset(4096 * (rank + 1)).unwrap();
+        r.comm.register_window(win, 400_000).unwrap();
+        assert_eq!(r.comm.registered_buffers(), 1);
+        let (inp, out) = (win, win.offset(200_000).unwrap());
+        r.check_at(
+            inp,
+            out,
+            DataType::F32,
+            ReduceOp::Sum,
+            AccumType::Auto,
+            30_001,
+            11,
+        )
+        .unwrap();
+        r.check_at(
+            out,
+            out,
+            DataType::Bf16,
+            ReduceOp::Min,
+            AccumType::Auto,
+            50_001,
+            12,
+        )
+        .unwrap();
+        // Outside the window: the forced zero-copy algorithm cannot serve it.
+        let outside = pool.ptr().offset(600_000).unwrap();
+        // SAFETY: refused before a launch.
+        let e = unsafe {
+            r.comm.all_reduce(
+                outside,
+                outside,
+                30_001,
+                DataType::F32,
+                ReduceOp::Sum,
+                AccumType::Auto,
+                &r.stream,
+            )
+        };
+        assert!(e.is_err());
+        r.comm.deregister_window(win).unwrap();
+        assert_eq!(r.comm.registered_buffers(), 0);
+        assert!(r.comm.deregister_window(win).is_err(), "twice");
+        // Different lengths on different ranks: an error on every rank.
+        let e = r
+            .comm
+            .register_window(win, 1000 + rank)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("different lengths"), "{e}");
+        // One rank's window cannot be shared: an error on every rank.
+        let view = dev
+            .import_memory(&dev.export_memory(&pool).unwrap())
+            .unwrap();
+        let w = if rank == 0 { view.ptr() } else { win };
+        let e = r.comm.register_window(w, 1000).unwrap_err().to_string();
+        assert!(e.contains("cannot be shared"), "{e}");
+        assert_eq!(r.comm.registered_buffers(), 0);
+    });
+}
+
 /// With `OXCCL_AUTO_REGISTER=0` (here: the config), unregistered calls stage as before.
 #[test]
 fn auto_registration_can_be_turned_off() {

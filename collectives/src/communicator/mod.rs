@@ -30,6 +30,7 @@ pub mod auto_register;
 pub mod calls;
 pub mod check;
 pub mod config;
+pub mod registration;
 pub mod registry;
 pub mod setup;
 pub mod tune;
@@ -37,13 +38,11 @@ pub mod tune;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use oxccl_backend::{AnyBackend, AnyDevice, AnyMemory, AnyModule, AnyStream};
+use oxccl_backend::{AnyBackend, AnyDevice, AnyModule, AnyStream};
 use oxccl_channels::bootstrap::Bootstrap;
 use oxccl_hal::{
-    AccumType, Backend, BackendKind, DataType, Device, DevicePtr, Error, ForeignAllocation,
-    IpcHandle, Memory, ReduceOp, Result, Stream,
+    AccumType, Backend, BackendKind, DataType, Device, DevicePtr, Error, ReduceOp, Result, Stream,
 };
-use oxccl_kernels::abi::OXCCL_ALLREDUCE_MAX_RANKS;
 
 use crate::algorithms::{Algorithm, Call, CallShape, Collective, Instance, PeerBuffers, Plan};
 use crate::scratch::{ScratchLayout, SharedScratch};
@@ -52,7 +51,7 @@ use crate::tuner::TuneTable;
 use auto_register::{AutoCall, AutoRegistry};
 use check::{check_call, CallSite, Signature, Signatures};
 pub use config::{CommConfig, EARLY_LAUNCH_VAR, STAGING_VAR, TIMEOUT_VAR};
-use registry::{Registered, Registry};
+use registry::Registry;
 
 /// A communicator of one rank. See the module docs for the protocol.
 ///
@@ -245,27 +244,6 @@ impl Communicator {
         )
     }
 
-    /// Pins the allocation that holds `[ptr, ptr + bytes)` for zero-copy (NCCL's
-    /// `ncclCommRegister`; local, not collective): the peers map it at the first call
-    /// that uses it, as for any caller's buffer, and keep it mapped until
-    /// [`Communicator::unpin_allocation`]. Host pointers, memory of another device and a
-    /// range across two allocations are refused.
-    pub fn pin_allocation(&self, ptr: DevicePtr, bytes: usize) -> Result<ForeignAllocation> {
-        self.auto
-            .pin(&self.device, ptr, bytes)
-            .map_err(|e| e.at_rank(self.rank))
-    }
-
-    /// Undoes [`Communicator::pin_allocation`]; `false` when it was not pinned.
-    pub fn unpin_allocation(&self, allocation: &ForeignAllocation) -> bool {
-        self.auto.unpin(allocation)
-    }
-
-    /// Allocations mapped or known for zero-copy on unregistered buffers (all ranks').
-    pub fn auto_registered(&self) -> usize {
-        self.auto.len()
-    }
-
     /// The state of an algorithm set up in this communicator, if it is (for what it
     /// reports about itself; e.g. downcast to
     /// [`crate::algorithms::all_reduce::port_channel::PortAllreduce`]).
@@ -294,67 +272,6 @@ impl Communicator {
             .unwrap_or_else(|p| p.into_inner())
             .get(&dtype)
             .cloned()
-    }
-
-    /// Registers a user buffer for zero-copy allreduce (collective: every rank calls it,
-    /// in the same order, with its own buffer of the same role). Exports the allocation,
-    /// exchanges the handles and maps every peer's (IPC handle cache). Calls whose input
-    /// and output lie 16-byte aligned inside registered buffers, at the same offsets on
-    /// every rank, then use the zero-copy two-shot above the zero-copy threshold. Cached
-    /// by (pointer, length): registering the same buffer again does nothing.
-    ///
-    /// The buffer must stay allocated until [`Communicator::deregister`] or the
-    /// communicator is dropped (peers map it).
-    pub fn register(&self, memory: &AnyMemory) -> Result<()> {
-        let at = |e: Error| e.at_rank(self.rank);
-        let (base, len) = (memory.ptr(), memory.len());
-        if self.registry.contains(base, len) {
-            return Ok(());
-        }
-        let handle = self.device.export_memory(memory).map_err(at)?;
-        let all = self.bootstrap.all_gather(&handle.to_bytes()).map_err(at)?;
-        let mut bases = [DevicePtr::NULL; OXCCL_ALLREDUCE_MAX_RANKS as usize];
-        let mut lens = [0u64; OXCCL_ALLREDUCE_MAX_RANKS as usize];
-        let mut imports = Vec::with_capacity(all.len().saturating_sub(1));
-        for (r, bytes) in all.iter().enumerate() {
-            if r == self.rank as usize {
-                bases[r] = base;
-                lens[r] = len as u64;
-                continue;
-            }
-            let h = IpcHandle::from_bytes(bytes).map_err(at)?;
-            let imported = self.device.import_memory(&h).map_err(at)?;
-            bases[r] = imported.ptr();
-            lens[r] = h.len;
-            imports.push(imported);
-        }
-        tracing::debug!(rank = self.rank, base = %base, len, "registered buffer");
-        self.registry.insert(
-            base,
-            Registered {
-                len,
-                bases,
-                lens,
-                _imports: imports,
-            },
-        );
-        Ok(())
-    }
-
-    /// Releases a registration (collective). Every stream that used the buffer in an
-    /// allreduce must be synchronized first; after it returns, every rank may free its
-    /// buffer.
-    pub fn deregister(&self, memory: &AnyMemory) -> Result<()> {
-        let at = |e: Error| e.at_rank(self.rank);
-        self.bootstrap.barrier().map_err(at)?;
-        drop(self.registry.remove(memory.ptr()));
-        // No rank frees its buffer before every peer dropped its mapping.
-        self.bootstrap.barrier().map_err(at)
-    }
-
-    /// Number of registered buffers.
-    pub fn registered_buffers(&self) -> usize {
-        self.registry.len()
     }
 
     fn shape(
