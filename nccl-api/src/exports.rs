@@ -648,9 +648,9 @@ fn cuda_free(_ptr: *mut c_void) -> ApiResult<()> {
 }
 
 export! {
-    /// Forwarded to the real NCCL when the communicator has one; else a token (the buffer
-    /// address) is returned and nothing is registered (oxccl then takes its non-zero-copy
-    /// algorithms for this buffer).
+    /// Served on this library's communicators ([`crate::register`]): pins the allocation
+    /// holding the buffer for oxccl's zero-copy and registers it with the real NCCL too;
+    /// passed through for the real library's own communicators.
     fn ncclCommRegister / pncclCommRegister(comm: Opaque, buff: *mut c_void, size: usize, handle: *mut *mut c_void) -> NcclResult {
         guard("ncclCommRegister", || {
             let slot = out(handle, "handle")?;
@@ -659,10 +659,9 @@ export! {
             }
             // SAFETY: NCCL's contract on comm.
             if let Target::Ours(c) = unsafe { resolve(comm) }? {
-                if c.ready()?.real.is_none() {
-                    *slot = buff;
-                    return Ok(());
-                }
+                // SAFETY: NCCL's contract on buff and size.
+                *slot = unsafe { crate::register::register(c, buff, size) }?;
+                return Ok(());
             }
             let call = |real: &'static RealNccl, c: Opaque| {
                 let f = real.fns.comm_register?;
@@ -670,20 +669,19 @@ export! {
                 Some(unsafe { f(c, buff, size, handle) })
             };
             // SAFETY: as above.
-            unsafe { forward("ncclCommRegister", comm, "registration is the real side's", String::new, call) }
+            unsafe { forward("ncclCommRegister", comm, "a real NCCL communicator", String::new, call) }
         })
     }
 }
 
 export! {
-    /// Undoes [`ncclCommRegister`].
+    /// Undoes [`ncclCommRegister`]; a handle this communicator did not make (or already
+    /// deregistered) is `ncclInvalidArgument`.
     fn ncclCommDeregister / pncclCommDeregister(comm: Opaque, handle: *mut c_void) -> NcclResult {
         guard("ncclCommDeregister", || {
             // SAFETY: NCCL's contract on comm.
             if let Target::Ours(c) = unsafe { resolve(comm) }? {
-                if c.ready()?.real.is_none() {
-                    return Ok(());
-                }
+                return crate::register::deregister(c, handle);
             }
             let call = |real: &'static RealNccl, c: Opaque| {
                 let f = real.fns.comm_deregister?;
@@ -691,13 +689,53 @@ export! {
                 Some(unsafe { f(c, handle) })
             };
             // SAFETY: as above.
-            unsafe { forward("ncclCommDeregister", comm, "registration is the real side's", String::new, call) }
+            unsafe { forward("ncclCommDeregister", comm, "a real NCCL communicator", String::new, call) }
         })
     }
 }
 
-forwarded!(ncclCommWindowRegister / pncclCommWindowRegister, comm_window_register, comm, (comm: Opaque, buff: *mut c_void, size: usize, win: *mut Opaque, winFlags: c_int));
-forwarded!(ncclCommWindowDeregister / pncclCommWindowDeregister, comm_window_deregister, comm, (comm: Opaque, win: Opaque));
+export! {
+    /// Served on this library's communicators ([`crate::register`]): a window registered
+    /// collectively with oxccl (zero-copy with no exchange per call) and with the real
+    /// NCCL too; lengths that differ between ranks are `ncclInvalidArgument` on every rank.
+    fn ncclCommWindowRegister / pncclCommWindowRegister(comm: Opaque, buff: *mut c_void, size: usize, win: *mut Opaque, winFlags: c_int) -> NcclResult {
+        guard("ncclCommWindowRegister", || {
+            let slot = out(win, "win")?;
+            // SAFETY: NCCL's contract on comm.
+            if let Target::Ours(c) = unsafe { resolve(comm) }? {
+                // SAFETY: NCCL's contract on buff and size.
+                *slot = unsafe { crate::register::register_window(c, buff, size, winFlags) }?;
+                return Ok(());
+            }
+            let call = |real: &'static RealNccl, c: Opaque| {
+                let f = real.fns.comm_window_register?;
+                // SAFETY: a real communicator, the caller's buffer, a valid out-pointer.
+                Some(unsafe { f(c, buff, size, win, winFlags) })
+            };
+            // SAFETY: as above.
+            unsafe { forward("ncclCommWindowRegister", comm, "a real NCCL communicator", String::new, call) }
+        })
+    }
+}
+
+export! {
+    /// Undoes [`ncclCommWindowRegister`] (collective).
+    fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: Opaque, win: Opaque) -> NcclResult {
+        guard("ncclCommWindowDeregister", || {
+            // SAFETY: NCCL's contract on comm.
+            if let Target::Ours(c) = unsafe { resolve(comm) }? {
+                return crate::register::deregister_window(c, win);
+            }
+            let call = |real: &'static RealNccl, c: Opaque| {
+                let f = real.fns.comm_window_deregister?;
+                // SAFETY: a real communicator and its window.
+                Some(unsafe { f(c, win) })
+            };
+            // SAFETY: as above.
+            unsafe { forward("ncclCommWindowDeregister", comm, "a real NCCL communicator", String::new, call) }
+        })
+    }
+}
 forwarded!(ncclRedOpCreatePreMulSum / pncclRedOpCreatePreMulSum, red_op_create_pre_mul_sum, comm, (op: *mut NcclRedOp, scalar: *mut c_void, datatype: NcclDataType, residence: NcclScalarResidence, comm: Opaque));
 forwarded!(ncclRedOpDestroy / pncclRedOpDestroy, red_op_destroy, comm, (op: NcclRedOp, comm: Opaque));
 

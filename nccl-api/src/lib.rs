@@ -28,4 +28,5 @@ pub mod exports;
 pub mod group;
 pub mod id;
 pub mod real;
+pub mod register;
 pub mod types;

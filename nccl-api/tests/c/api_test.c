@@ -419,6 +419,26 @@ static int child(ncclUniqueId id, int rank, int nranks) {
   broadcast_suite(comm, rank, nranks);
   reduce_suite(comm, rank, nranks);
 
+  /* Windows: collective; the same length on every rank, else an error on every rank. */
+  float* wbuf = NULL;
+  OK(ncclMemAlloc((void**)&wbuf, 1 << 16));
+  ncclWindow_t win = NULL;
+  OK(ncclCommWindowRegister(comm, wbuf, 1 << 16, &win, 0));
+  CHECK(win != NULL, "no window handle");
+  for (int i = 0; i < 1000; i++) wbuf[i] = (float)(rank + i);
+  OK(ncclAllReduce(wbuf, wbuf, 1000, ncclFloat32, ncclSum, comm, NULL));
+  {
+    size_t bad = 0;
+    for (int i = 0; i < 1000; i++) bad += wbuf[i] != (float)(nranks * i + nranks * (nranks - 1) / 2);
+    CHECK(bad == 0, "allreduce in a window: %zu wrong", bad);
+  }
+  OK(ncclCommWindowDeregister(comm, win));
+  EXPECT(ncclCommWindowDeregister(comm, win), ncclInvalidArgument);
+  ncclWindow_t win2 = NULL;
+  EXPECT(ncclCommWindowRegister(comm, wbuf, 1024 + 16 * rank, &win2, 0), ncclInvalidArgument);
+  CHECK(last_error_contains("different lengths"), "window length mismatch names the reason");
+  OK(ncclMemFree(wbuf));
+
   /* Forwarded without a real NCCL. */
   float a[4] = {0}, b[16] = {0};
   EXPECT(ncclGather(a, b, 4, ncclFloat32, 0, comm, NULL), ncclInvalidUsage);
@@ -940,6 +960,10 @@ static void single_process_tests(void) {
   CHECK(handle != NULL, "no registration handle");
   OK(ncclAllReduce(mem, mem, (1 << 20) / 4, ncclFloat32, ncclSum, comm, NULL));
   OK(ncclCommDeregister(comm, handle));
+  EXPECT(ncclCommDeregister(comm, handle), ncclInvalidArgument);
+  CHECK(last_error_contains("not a live registration"), "double deregister names the reason");
+  EXPECT(ncclCommDeregister(comm, (void*)0x1234), ncclInvalidArgument);
+  EXPECT(ncclCommRegister(comm, NULL, 16, &handle), ncclInvalidArgument);
   OK(ncclMemFree(mem));
   EXPECT(ncclMemAlloc(NULL, 16), ncclInvalidArgument);
 
