@@ -32,6 +32,8 @@ step() {
 }
 nvidia-smi -L
 step selftest "$BIN/oxccl-gpu-suite" selftest
+# The HAL suite with one rank: IPC export/import, flags, callers' allocations (find/export).
+step hal-suite env OXCCL_SUITE_DIR="$OUT/rdv-hal" "$BIN/oxccl-gpu-suite" suite --timeout 120
 step default-bf16-graph "$BIN/oxccl-perf" -b 1000 -e 64M -f 7 -d bf16 --graph
 step default-f32-inplace "$BIN/oxccl-perf" -b 999 -e 8M -f 9 -d f32 --in-place
 step default-e4m3b15-unregistered "$BIN/oxccl-perf" -b 1001 -e 8M -f 9 -d fp8_e4m3b15 --accum f32 --no-register

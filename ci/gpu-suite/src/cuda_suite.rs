@@ -391,6 +391,121 @@ fn case_legacy(c: &Ctx) -> Result<String> {
     outcome.map(|()| format!("imported {} peers", c.world() - 1))
 }
 
+/// Callers' buffers (memory oxccl did not allocate, as PyTorch's caching allocator hands
+/// out): a cuMemAlloc block and a VMM chunk are traced back from an interior pointer to
+/// their allocation (base, length, identity), exported, and mapped by every peer, which
+/// checks the bytes at the buffer's offset; freeing and allocating again gives a new
+/// identity; host memory and ranges past an allocation's end are refused.
+fn case_foreign(c: &Ctx) -> Result<String> {
+    let words = SLOT / 4;
+    let block_len = 3 * SLOT;
+    let block = oxccl_hal_cuda::alloc_unowned(block_len)?;
+    let outcome = (|| {
+        let at = block.offset(SLOT + 256)?;
+        let found = c.dev.find_allocation(at, SLOT)?;
+        if found.base != block
+            || found.len < block_len
+            || found.offset_of(at) != (SLOT + 256) as u64
+        {
+            return Err(fail(format!("cuMemAlloc block {block} found as {found:?}")));
+        }
+        let e = c.dev.find_allocation(at, block_len).map(|_| ()).err();
+        if !e
+            .as_ref()
+            .is_some_and(|e| e.to_string().contains("past the end"))
+        {
+            return Err(fail(format!("a range past the block's end: {e:?}")));
+        }
+        let host = c.dev.alloc_host(4096)?;
+        if c.dev.find_allocation(host.ptr(), 16).is_ok() {
+            return Err(fail(
+                "pinned host memory was taken for device memory".into(),
+            ));
+        }
+        let stack = [0u8; 16];
+        if c.dev
+            .find_allocation(DevicePtr(stack.as_ptr() as u64), 16)
+            .is_ok()
+        {
+            return Err(fail("a stack address was taken for device memory".into()));
+        }
+        // The legacy export of the block, read by every peer at the buffer's offset.
+        c.fill_pattern(&c.stream, at, words as u64, 3000 + c.rank())?;
+        c.stream.synchronize()?;
+        let handle = c.dev.export_allocation(&found)?;
+        if handle.kind != IpcHandleKind::CudaLegacy || handle.len != found.len as u64 {
+            return Err(fail(format!("cuMemAlloc block exported as {handle:?}")));
+        }
+        let handles = c.exchange("foreign.legacy", &handle)?;
+        let imports = c.import_peers(&handles)?;
+        for p in (0..c.world()).filter(|&p| p != c.rank()) {
+            let imp = c.peer(&imports, p)?;
+            c.verify(
+                &format!("rank {p}'s caller buffer"),
+                imp.ptr().offset(SLOT + 256)?,
+                words,
+                3000 + p,
+            )?;
+        }
+        drop(imports);
+        c.rdv.barrier("foreign.legacy.done")?;
+        // A VMM chunk (POSIX-FD shareable): found from inside, exported as a descriptor,
+        // mapped here (an import in the exporting process maps a second range).
+        let chunk = c.dev.alloc(2 * SLOT, MemoryKind::Physical)?;
+        let inner = chunk.ptr().offset(SLOT)?;
+        let vmm = c.dev.find_allocation(inner, 4096)?;
+        if vmm.offset_of(inner) != SLOT as u64 {
+            return Err(fail(format!("VMM chunk {} found as {vmm:?}", chunk.ptr())));
+        }
+        c.fill_pattern(&c.stream, inner, words as u64, 4000 + c.rank())?;
+        c.stream.synchronize()?;
+        let vh = c.dev.export_allocation(&vmm)?;
+        if vh.kind != IpcHandleKind::CudaPosixFd {
+            return Err(fail(format!("VMM chunk exported as {:?}", vh.kind)));
+        }
+        let view = c.dev.import_memory(&vh)?;
+        c.verify(
+            "a VMM chunk through its export",
+            view.ptr().offset(SLOT)?,
+            words,
+            4000 + c.rank(),
+        )?;
+        drop(view);
+        c.dev.release_export(&vmm);
+        let detail = format!(
+            "block of {} MiB id {}, VMM chunk id {}, {} peers read the block",
+            found.len >> 20,
+            found.id,
+            vmm.id,
+            c.world() - 1
+        );
+        Ok((detail, found.id))
+    })();
+    // SAFETY: allocated above; every peer finished reading it (barrier) or failed.
+    unsafe { oxccl_hal_cuda::free_unowned(block) }?;
+    let again = oxccl_hal_cuda::alloc_unowned(block_len)?;
+    let renewed = c.dev.find_allocation(again, 16);
+    // SAFETY: allocated just above, used only by the query.
+    unsafe { oxccl_hal_cuda::free_unowned(again) }?;
+    let (detail, old_id) = outcome?;
+    let renewed = renewed?;
+    if renewed.id == old_id {
+        return Err(fail(format!(
+            "a freed and reallocated block kept its identity {old_id}"
+        )));
+    }
+    Ok(format!(
+        "{detail}; reallocated {} at {} with a new id {}",
+        if again == block {
+            "the same address"
+        } else {
+            "another address"
+        },
+        again,
+        renewed.id
+    ))
+}
+
 /// Error paths: garbage, foreign kinds, corrupt payloads and handles of freed memory all
 /// fail with an error (the process survives to report it).
 fn case_errors(c: &Ctx) -> Result<String> {
@@ -627,6 +742,10 @@ pub fn run(rdv: Rendezvous, local_rank: u32) -> Result<Report> {
         timed(&mut || case_import_twice(&c, &shared)),
     );
     report.push("legacy IPC import", timed(&mut || case_legacy(&c)));
+    report.push(
+        "callers' allocations found, exported, mapped",
+        timed(&mut || case_foreign(&c)),
+    );
     report.push(
         "error paths (bad/stale handles)",
         timed(&mut || case_errors(&c)),
