@@ -32,8 +32,6 @@ step() {
 }
 nvidia-smi -L
 step selftest "$BIN/oxccl-gpu-suite" selftest
-# The HAL suite with one rank: IPC export/import, flags, callers' allocations (find/export).
-step hal-suite env OXCCL_SUITE_DIR="$OUT/rdv-hal" "$BIN/oxccl-gpu-suite" suite --timeout 120
 step default-bf16-graph "$BIN/oxccl-perf" -b 1000 -e 64M -f 7 -d bf16 --graph
 step default-f32-inplace "$BIN/oxccl-perf" -b 999 -e 8M -f 9 -d f32 --in-place
 step default-e4m3b15-unregistered "$BIN/oxccl-perf" -b 1001 -e 8M -f 9 -d fp8_e4m3b15 --accum f32 --no-register
@@ -83,5 +81,19 @@ no_api_errors() {
     return $rc
 }
 step api-errors no_api_errors
+# Two ranks time-sliced on this one GPU (two processes, both LOCAL_RANK=0): the HAL suite
+# with a peer, and every collective on buffers nobody registered, which oxccl maps through
+# the allocations' IPC exports (zero-copy, auto-registration). Timings mean nothing here
+# (the two contexts take turns); every size is still checked against the host reference.
+two_ranks() {
+    timeout 200 torchrun --standalone --nproc-per-node 2 --no-python \
+        bash -c "LOCAL_RANK=0 exec $*"
+}
+step two-ranks-hal-suite two_ranks env OXCCL_SUITE_DIR="$OUT/rdv-hal2" "$BIN/oxccl-gpu-suite" suite --timeout 120
+step two-ranks-allreduce-unregistered two_ranks "$BIN/oxccl-perf" -b 1000 -e 64M -f 5 -d bf16 --no-register
+step two-ranks-allreduce-graph-inplace two_ranks "$BIN/oxccl-perf" -b 4M -e 32M -f 2 -d f32 --no-register --in-place --graph
+for c in allgather reducescatter alltoall broadcast reduce; do
+    step "two-ranks-$c-unregistered" two_ranks "$BIN/oxccl-perf" -c $c -b 1M -e 16M -f 4 --no-register
+done
 echo "one-gpu: $([ $FAILED = 0 ] && echo all passed || echo FAILURES)"
 exit $FAILED
