@@ -69,7 +69,7 @@ impl Call {
         let deadline = (a.timeout_ns != 0)
             .then(|| Instant::now().checked_add(Duration::from_nanos(a.timeout_ns)))
             .flatten();
-        Ok(Call {
+        let call = Call {
             a,
             dtype,
             op,
@@ -79,7 +79,23 @@ impl Call {
             me,
             deadline,
             kernel,
-        })
+        };
+        // An earlier call of this communicator failed (its peers are out of step): fail
+        // at once instead of waiting out the bound again, as the device kernels do.
+        let earlier = call
+            .word(me, u64::from(OXCCL_ALLREDUCE_SYNC_ERROR))
+            .load(Ordering::Relaxed);
+        if earlier != 0 {
+            return Err(Error::Timeout {
+                what: format!(
+                    "{kernel}: not run, an earlier call of this communicator failed waiting \
+                     for rank {} (the communicator must be dropped)",
+                    earlier >> 32
+                ),
+                waited: Duration::ZERO,
+            });
+        }
+        Ok(call)
     }
 
     pub(crate) fn scratch(&self, rank: usize) -> *mut u8 {

@@ -542,21 +542,28 @@ impl Bootstrap {
 
     /// Gathers every rank's `data` (lengths may differ); entry `r` is rank `r`'s.
     pub fn all_gather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
-        self.collective(Collective::AllGather, data)
+        self.collective(Collective::AllGather, data, self.timeout)
+    }
+
+    /// [`Bootstrap::all_gather`] bounded by `timeout` instead of the bootstrap's own (a
+    /// caller whose peers answer within a shorter bound, e.g. a collective call's).
+    pub fn all_gather_within(&self, data: &[u8], timeout: Duration) -> Result<Vec<Vec<u8>>> {
+        self.collective(Collective::AllGather, data, timeout)
     }
 
     /// Returns once every rank has called it.
     pub fn barrier(&self) -> Result<()> {
-        self.collective(Collective::Barrier, &[]).map(|_| ())
+        self.collective(Collective::Barrier, &[], self.timeout)
+            .map(|_| ())
     }
 
-    fn collective(&self, kind: Collective, data: &[u8]) -> Result<Vec<Vec<u8>>> {
+    fn collective(&self, kind: Collective, data: &[u8], timeout: Duration) -> Result<Vec<Vec<u8>>> {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let tag = internal_tag(kind, seq);
         for peer in (0..self.world_size).filter(|p| *p != self.rank) {
             self.send_raw(peer, tag, data)?;
         }
-        let deadline = Instant::now() + self.timeout;
+        let deadline = Instant::now() + timeout;
         let mut out: Vec<Vec<u8>> = vec![Vec::new(); self.world_size as usize];
         out[self.rank as usize] = data.to_vec();
         let mut missing = Vec::new();
@@ -573,7 +580,7 @@ impl Bootstrap {
                     "ranks {missing:?} in {} #{seq}",
                     Collective::name(kind as u64)
                 ),
-                waited: self.timeout,
+                waited: timeout,
             }
             .at_rank(self.rank));
         }

@@ -3,6 +3,7 @@
 //! ```text
 //! oxccl-gpu-suite selftest [--seed N]
 //! oxccl-gpu-suite suite [--rendezvous DIR] [--timeout SECS]
+//! oxccl-gpu-suite faults CASE        (one injected fault; see faults.rs)
 //! ```
 //! Ranks come from `RANK`, `WORLD_SIZE` and `LOCAL_RANK` (torchrun's names; defaults 0, 1,
 //! 0); `LOCAL_RANK` picks the GPU. Handles travel through files in the rendezvous directory
@@ -15,6 +16,7 @@
 mod channels_bench;
 #[cfg(feature = "cuda")]
 mod cuda_suite;
+mod faults;
 mod kernels;
 mod rendezvous;
 mod report;
@@ -29,7 +31,7 @@ use crate::rendezvous::Rendezvous;
 use crate::report::Report;
 
 const USAGE: &str =
-    "usage: oxccl-gpu-suite <selftest|suite|channels> [--rendezvous DIR] [--timeout SECS] [--seed N]\n\
+    "usage: oxccl-gpu-suite <selftest|suite|channels|faults CASE> [--rendezvous DIR] [--timeout SECS] [--seed N]\n\
   env: RANK, WORLD_SIZE, LOCAL_RANK (torchrun), OXCCL_SUITE_DIR, OXCCL_SUITE_RUN_ID";
 
 #[derive(Debug)]
@@ -38,6 +40,8 @@ struct Args {
     rendezvous: Option<PathBuf>,
     timeout: Duration,
     seed: u32,
+    /// The fault case (`faults CASE`).
+    case: Option<String>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -50,6 +54,7 @@ fn parse_args() -> Result<Args> {
         rendezvous: std::env::var_os("OXCCL_SUITE_DIR").map(PathBuf::from),
         timeout: Duration::from_secs(120),
         seed: 1,
+        case: None,
     };
     while let Some(flag) = it.next() {
         let mut value = || {
@@ -72,6 +77,9 @@ fn parse_args() -> Result<Args> {
                     .map_err(|_| Error::InvalidArgument(format!("--seed {v}")))?;
             }
             "-h" | "--help" => return Err(Error::InvalidArgument(USAGE.into())),
+            case if args.command == "faults" && args.case.is_none() => {
+                args.case = Some(case.to_string())
+            }
             other => {
                 return Err(Error::InvalidArgument(format!(
                     "unknown argument {other}\n{USAGE}"
@@ -190,6 +198,7 @@ fn main() -> ExitCode {
             "selftest" => selftest(&args, &r),
             "suite" => suite(&args, &r),
             "channels" => channels_bench::run(args.timeout),
+            "faults" => faults::run(args.case.as_deref().unwrap_or("")),
             other => Err(Error::InvalidArgument(format!(
                 "unknown command {other}\n{USAGE}"
             ))),

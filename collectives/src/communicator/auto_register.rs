@@ -237,6 +237,19 @@ pub(crate) struct Ctx<'a> {
     pub(crate) world: u32,
     pub(crate) device: &'a AnyDevice,
     pub(crate) bootstrap: &'a Bootstrap,
+    /// Bound of the exchanges (the communicator's wait bound; `None`: the bootstrap's).
+    pub(crate) timeout: Option<std::time::Duration>,
+}
+
+impl Ctx<'_> {
+    /// One all-gather within the call's bound: a peer that skipped the call, or died, is
+    /// an error as fast as a kernel's wait would be.
+    fn all_gather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
+        match self.timeout {
+            Some(t) => self.bootstrap.all_gather_within(data, t),
+            None => self.bootstrap.all_gather(data),
+        }
+    }
 }
 
 /// Zero-copy views of callers' buffers (the module docs).
@@ -355,10 +368,20 @@ impl AutoRegistry {
                 self.describe(ctx, &table, output),
             ],
         };
-        let all = ctx.bootstrap.all_gather(&mine.to_bytes()).map_err(at)?;
+        let all = ctx.all_gather(&mine.to_bytes()).map_err(at)?;
         let records = all
             .iter()
-            .map(|b| Record::from_bytes(b))
+            .enumerate()
+            .map(|(r, b)| {
+                Record::from_bytes(b).map_err(|_| {
+                    Error::InvalidArgument(format!(
+                        "mismatched {} calls: rank {r} did not make this call (its message \
+                         is not a zero-copy record: a different count, type, op or size \
+                         class, or a skipped call)",
+                        call.collective
+                    ))
+                })
+            })
             .collect::<Result<Vec<_>>>()
             .map_err(at)?;
         if records.len() != ctx.world as usize {
@@ -478,7 +501,7 @@ impl AutoRegistry {
         if !added.is_empty() {
             // Mapping may fail on one rank only: agree before anyone uses the new entries.
             let ok = [u8::from(failure.is_none())];
-            let oks = ctx.bootstrap.all_gather(&ok).map_err(at)?;
+            let oks = ctx.all_gather(&ok).map_err(at)?;
             if oks.iter().any(|o| o.first() != Some(&1)) {
                 if let Some(e) = failure {
                     tracing::warn!(rank = ctx.rank, error = %e, "mapping a peer's buffer failed; copying through scratch instead");

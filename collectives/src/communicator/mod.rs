@@ -234,6 +234,7 @@ impl Communicator {
             world: self.world,
             device: &self.device,
             bootstrap: &self.bootstrap,
+            timeout: Some(self.config.timeout).filter(|t| !t.is_zero()),
         };
         self.auto.peer_buffers(
             &ctx,

@@ -305,6 +305,10 @@ __device__ __forceinline__ void run_call(const OxcclAllreduceArgs& a, bool kerne
     if (thread_index() == 0) report(own, OXCCL_ALLREDUCE_ERR_ARGS, a.rank);
     return;
   }
+  // An earlier call of this communicator failed (its peers are out of step): return at
+  // once instead of waiting out the bound again; the failure word already says why. Every
+  // block reads the same value: the previous kernel on the stream has finished.
+  if (atomic_load_relaxed(sync_word(own, OXCCL_ALLREDUCE_SYNC_ERROR)) != 0) return;
   __shared__ int failed;
   if (threadIdx.x == 0) failed = 0;
   const CallState call{own, Deadline{a.timeout_ns}, &failed};
