@@ -54,6 +54,13 @@ run "doc tests [host]" cargo test --workspace --doc
 # gcc, run on the host backend across forked processes (no GPU needed).
 run "nccl-api C test" bash ci/nccl-api-test.sh
 
+# Issue #21's faults phase on the host backend: a killed rank, a skipped call, a rank that
+# exits without destroying, mismatched calls; survivors must error within the bound and the
+# next job must pass (the same script runs on GPUs, ci/gpu/faults.sh).
+run "faults [host]" bash -c 'cargo build -q -p oxccl-gpu-suite -p oxccl-perf && \
+    OXCCL_BACKEND=host BIN="$CARGO_TARGET_DIR/debug" OUT="$CARGO_TARGET_DIR/faults" \
+    OXCCL_TIMEOUT_MS=10000 OXCCL_FAULT_ELEMS=1000000 NEXT_MAX=4M bash ci/gpu/faults.sh'
+
 # The device images the cuda+rocm rows built: sm_90 SASS and the gfx942 ELF flag are there,
 # and both disassemblies show the system-scope release add of the signal path.
 run "kernel artifacts" env PROFILE=debug bash ci/toolchains/check-artifacts.sh cuda rocm
