@@ -27,5 +27,6 @@ pub mod error;
 pub mod exports;
 pub mod group;
 pub mod id;
+pub mod ops;
 pub mod real;
 pub mod types;
