@@ -408,15 +408,13 @@ impl Communicator {
         if let Some(scalar) = premul {
             // Every element of this rank's input: one chunk per rank for a reduce-scatter.
             let (in_bytes, _) = collective.buffer_bytes(bytes, self.world).map_err(at)?;
-            let host = Device::backend(&self.device) == BackendKind::Host;
             // SAFETY: the caller's input holds `in_bytes` (checked above); the target is the
             // output (allreduce, as large) or the communicator's buffer of at least
             // `in_bytes`, live as long as the communicator; the caller keeps its buffers
             // and stream as the collective's contract says.
             unsafe {
                 self.premul.launch(
-                    self.device.capabilities(),
-                    host,
+                    &self.device,
                     (user_input, input),
                     in_bytes / dtype.size(),
                     dtype,

@@ -22,8 +22,9 @@
 use std::sync::Mutex;
 
 use oxccl_backend::{AnyDevice, AnyKernel, AnyMemory, AnyStream};
-use oxccl_hal::{Capabilities, DataType, Device, DevicePtr, LaunchConfig, Memory, MemoryKind};
-use oxccl_hal::{Result, Stream};
+use oxccl_hal::{
+    BackendKind, DataType, Device, DevicePtr, LaunchConfig, Memory, MemoryKind, Result, Stream,
+};
 use oxccl_kernels::abi::{self, KernelArgs, OxcclScaleArgs};
 
 /// The kernel's name in the device image and in the host kernel table.
@@ -102,8 +103,7 @@ impl PreMulState {
     /// element, all live until the work queued on `stream` completes.
     pub(crate) unsafe fn launch(
         &self,
-        caps: &Capabilities,
-        host: bool,
+        device: &AnyDevice,
         (input, output): (DevicePtr, DevicePtr),
         count: usize,
         dtype: DataType,
@@ -126,12 +126,11 @@ impl PreMulState {
         // An element per thread and pass, up to four blocks per multiprocessor (the
         // kernel's loop strides over the rest).
         let threads = 512u32;
-        let blocks = if host {
+        let blocks = if Device::backend(device) == BackendKind::Host {
             1
         } else {
-            count
-                .div_ceil(threads as usize)
-                .clamp(1, 4 * caps.multiprocessors.max(1) as usize) as u32
+            let sms = device.capabilities().multiprocessors.max(1) as usize;
+            count.div_ceil(threads as usize).clamp(1, 4 * sms) as u32
         };
         let config = LaunchConfig::linear(blocks, threads);
         // SAFETY: the argument block is the one `oxccl_scale` takes; its pointers satisfy
