@@ -17,7 +17,8 @@
 //! replayed any number of times.
 //!
 //! The other concerns have their own modules: settings ([`config`]), registered buffers
-//! ([`registry`]), tuning on this communicator ([`tune`]).
+//! ([`registry`]), tuning on this communicator ([`tune`]), NCCL's PreMulSum operator
+//! ([`premul`]: a scale kernel before the sum, on the same path).
 //!
 //! Mismatched calls: the first call with a given (count, dtype, op, accum, algorithm) is
 //! checked against every rank through the bootstrap (one all-gather, host side only, so
