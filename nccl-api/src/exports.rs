@@ -752,7 +752,19 @@ unsafe fn red_op_create(
         check_real(rc_code, real, rc.0, NAME)?;
         user.real = Some(real_op);
     }
-    let id = c.ops.insert(user)?;
+    let id = match c.ops.insert(user) {
+        Ok(id) => id,
+        Err(e) => {
+            // No id for ours: the real twin goes too.
+            if let (Some(real_op), Some(rc), Ok(real)) = (user.real, c.real, real_nccl()) {
+                if let Some(f) = real.fns.red_op_destroy {
+                    // SAFETY: the operator the real library made just now on `rc`.
+                    let _ = unsafe { f(real_op, rc.0) };
+                }
+            }
+            return Err(e);
+        }
+    };
     *slot = id;
     log_info!(
         "rank {} {NAME} dtype={} residence={residence} -> op {id}{}",
