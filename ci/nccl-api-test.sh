@@ -3,6 +3,7 @@
 # checks that every function the header declares is exported, then runs the C test on the
 # host backend (no GPU): life cycle, error codes, bad arguments, allreduce across forked
 # processes and threads, grouped inits and calls from one thread, non-blocking inits,
+# PreMulSum operators (2 and 3 processes, and their bad uses),
 # forwarded calls without a real NCCL.
 set -euo pipefail
 cd "$(dirname "$0")/.."

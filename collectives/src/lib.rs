@@ -31,7 +31,7 @@ pub mod timing;
 pub mod tuner;
 
 pub use algorithms::{Algorithm, Collective, ALGORITHMS};
-pub use communicator::{CommConfig, Communicator};
+pub use communicator::{premul::PreMul, CommConfig, Communicator};
 pub use oxccl_backend as backend;
 pub use oxccl_channels as channels;
 pub use oxccl_hal as hal;

@@ -83,6 +83,7 @@ kernel_args!(
     OxcclSelftestDecodeArgs,
     OxcclSelftestEncodeArgs,
     OxcclSelftestReduceArgs,
+    OxcclScaleArgs,
     OxcclMemoryChannelArgs,
     OxcclPortChannelArgs,
     OxcclSwitchChannelArgs,
@@ -103,7 +104,7 @@ macro_rules! layouts {
 /// Every struct of `abi.h`, `abi_channels.h` and `abi_allreduce.h` with its Rust size and
 /// alignment; the tests compare each with the C compiler's (`src/abi_check.c`, by name) and
 /// the list with the structs the headers define.
-pub const OXCCL_ABI_STRUCTS: [(&str, usize, usize); 21] = layouts!(
+pub const OXCCL_ABI_STRUCTS: [(&str, usize, usize); 22] = layouts!(
     OxcclLL16Packet,
     OxcclLL8Packet,
     OxcclDeviceSemaphore,
@@ -119,6 +120,7 @@ pub const OXCCL_ABI_STRUCTS: [(&str, usize, usize); 21] = layouts!(
     OxcclSelftestDecodeArgs,
     OxcclSelftestEncodeArgs,
     OxcclSelftestReduceArgs,
+    OxcclScaleArgs,
     OxcclSwitchChannel,
     OxcclMemoryChannelArgs,
     OxcclPortChannelArgs,

@@ -41,6 +41,7 @@ static const OxcclAbiLayout kLayouts[] = {
     OXCCL_LAYOUT(OxcclSelftestDecodeArgs),
     OXCCL_LAYOUT(OxcclSelftestEncodeArgs),
     OXCCL_LAYOUT(OxcclSelftestReduceArgs),
+    OXCCL_LAYOUT(OxcclScaleArgs),
     OXCCL_LAYOUT(OxcclSwitchChannel),
     OXCCL_LAYOUT(OxcclMemoryChannelArgs),
     OXCCL_LAYOUT(OxcclPortChannelArgs),

@@ -14,6 +14,7 @@ use crate::{formats, pattern, reduce};
 pub static TABLE: HostKernelTable = HostKernelTable {
     name: "oxccl-kernels (host)",
     kernels: &[
+        ("oxccl_scale", scale),
         ("oxccl_selftest_decode", selftest_decode),
         ("oxccl_selftest_encode", selftest_encode),
         ("oxccl_selftest_reduce", selftest_reduce),
@@ -135,6 +136,34 @@ unsafe fn bytes_at_mut<'a>(p: *mut std::ffi::c_void, len: usize) -> &'a mut [u8]
     unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), len) }
 }
 
+fn scale(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
+    let a: abi::OxcclScaleArgs = abi::parse_args(bytes, "oxccl_scale")?;
+    let dtype = DataType::from_code(a.dtype)?;
+    let n = to_usize(a.count, "oxccl_scale")?;
+    if n == 0 {
+        return Ok(());
+    }
+    non_null(a.input, "oxccl_scale", "input")?;
+    non_null(a.output, "oxccl_scale", "output")?;
+    let len = dtype.bytes(n)?;
+    let scalar = if a.scalar.is_null() {
+        a.scalar_bits
+    } else {
+        // SAFETY: launch contract: a non-null `scalar` points at one element of dtype,
+        // read when the kernel runs.
+        let bits = unsafe { bytes_at(a.scalar, dtype.size()) };
+        formats::read_element(dtype, bits, 0).unwrap_or_default()
+    };
+    // In place is allowed (every element is read before it is written), so the input is
+    // copied rather than borrowed beside the output.
+    // SAFETY: launch contract: input holds `count` elements of dtype.
+    let input = unsafe { bytes_at(a.input, len) }.to_vec();
+    // SAFETY: launch contract: output holds `count` elements, accessed by nothing else
+    // while the kernel runs.
+    let output = unsafe { bytes_at_mut(a.output, len) };
+    reduce::pre_multiply(dtype, scalar, &input, output, n)
+}
+
 fn selftest_decode(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     let a: abi::OxcclSelftestDecodeArgs = abi::parse_args(bytes, "oxccl_selftest_decode")?;
     let dtype = DataType::from_code(a.dtype)?;
@@ -212,17 +241,20 @@ mod tests {
     #[test]
     fn host_table_has_every_test_kernel_of_the_images() {
         // The images also hold kernels whose host versions live in other crates (channels,
-        // collectives); the test and self-test kernels are this table's.
+        // collectives); the test, self-test and scale kernels are this table's.
         let host: Vec<&str> = TABLE.kernels.iter().map(|(n, _)| *n).collect();
         for name in &host {
             assert!(KERNEL_NAMES.contains(name), "{name} is not a device kernel");
         }
         for name in KERNEL_NAMES {
-            if name.starts_with("oxccl_test_") || name.starts_with("oxccl_selftest_") {
+            if name.starts_with("oxccl_test_")
+                || name.starts_with("oxccl_selftest_")
+                || *name == "oxccl_scale"
+            {
                 assert!(host.contains(name), "{name} has no host version");
             }
         }
-        assert_eq!(host.len(), 8);
+        assert_eq!(host.len(), 9);
     }
 
     #[test]
@@ -283,5 +315,34 @@ mod tests {
         b[1000] ^= 1;
         test_check_pattern(&cfg, p.as_bytes()).unwrap();
         assert_eq!(bad, 1);
+    }
+
+    #[test]
+    fn scale_in_place_and_from_a_scalar_in_memory() {
+        let cfg = LaunchConfig::linear(1, 1);
+        let mut x = [1.5f32, -2.0, 3.0];
+        let mut s = 4.0f32;
+        let a = abi::OxcclScaleArgs {
+            input: x.as_ptr().cast(),
+            output: x.as_mut_ptr().cast(),
+            scalar: std::ptr::null(),
+            scalar_bits: u64::from(0.5f32.to_bits()),
+            count: 3,
+            dtype: DataType::F32.code(),
+            _pad0: 0,
+        };
+        scale(&cfg, a.as_bytes()).unwrap();
+        assert_eq!(x, [0.75, -1.0, 1.5]);
+        let a = abi::OxcclScaleArgs {
+            scalar: (&mut s as *mut f32).cast_const().cast(),
+            ..a
+        };
+        scale(&cfg, a.as_bytes()).unwrap();
+        assert_eq!(x, [3.0, -4.0, 6.0]);
+        let a = abi::OxcclScaleArgs {
+            input: std::ptr::null(),
+            ..a
+        };
+        assert!(scale(&cfg, a.as_bytes()).is_err());
     }
 }

@@ -247,6 +247,48 @@ pub fn reduce(
     Ok(())
 }
 
+/// PreMulSum's pre-multiply of one element (NCCL's `ncclRedOpCreatePreMulSum`: each rank
+/// multiplies its own input by its own scalar before the sum): `scalar * x`, both bit
+/// patterns of `dtype` (its own bits in the low bits), the result's bits.
+///
+/// Float formats decode both to f32, multiply and encode once (the product of two elements
+/// of a format narrower than f32 is exact in f32, so this is the type's correctly rounded
+/// product, rounded as [`formats::encode`] rounds every reduction's result); f64 multiplies
+/// in f64; integers multiply in the type, wrapping. The device's `oxccl_scale`
+/// (`src/device/scale.cu`) computes the same bits.
+pub fn pre_multiply_element(dtype: DataType, scalar: u64, x: u64) -> u64 {
+    match dtype {
+        DataType::F64 => (f64::from_bits(x) * f64::from_bits(scalar)).to_bits(),
+        // Two's complement: the low bits of the wrapping product are the same signed or
+        // unsigned.
+        d if d.reduces_in_own_type() => x.wrapping_mul(scalar) & formats::mask(d),
+        d => formats::encode(d, formats::decode(d, x) * formats::decode(d, scalar)),
+    }
+}
+
+/// [`pre_multiply_element`] of `count` elements of `dtype` from `input` into `output`
+/// (little-endian bytes; they may be the same length but are separate slices).
+pub fn pre_multiply(
+    dtype: DataType,
+    scalar: u64,
+    input: &[u8],
+    output: &mut [u8],
+    count: usize,
+) -> Result<()> {
+    let bytes = dtype.bytes(count)?;
+    if input.len() < bytes || output.len() < bytes {
+        return Err(Error::InvalidArgument(format!(
+            "pre-multiply of {count} x {dtype}: a buffer is shorter than {bytes} bytes"
+        )));
+    }
+    for i in 0..count {
+        let x = formats::read_element(dtype, input, i).unwrap_or_default();
+        formats::write_element(dtype, output, i, pre_multiply_element(dtype, scalar, x))
+            .ok_or_else(|| Error::InvalidArgument("pre-multiply output too short".into()))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -393,5 +435,42 @@ mod tests {
             .collect();
         assert_eq!(got, vec![1.5, 2.25, 0.0]);
         assert!(reduce(d, ReduceOp::Sum, AccumType::Auto, &[&a, &b], &mut out, 4).is_err());
+    }
+
+    #[test]
+    fn pre_multiply_rounds_once_and_integers_wrap() {
+        use DataType::*;
+        let pm = |d, s: u64, x: u64| pre_multiply_element(d, s, x);
+        // Integers: the product in the type, wrapping.
+        assert_eq!(
+            pm(I8, (-3i8) as u8 as u64, 50),
+            (-150i32 as i8) as u8 as u64
+        );
+        assert_eq!(pm(U8, 16, 17), (16 * 17) & 0xff);
+        assert_eq!(
+            pm(I32, 3, i32::MAX as u32 as u64),
+            (i32::MAX as u32).wrapping_mul(3) as u64
+        );
+        assert_eq!(pm(U64, u64::MAX, 2), u64::MAX - 1);
+        // f64 multiplies in f64 (2^60 + 1 times 3 is no f32 product).
+        let big = ((1u64 << 60) + 1) as f64;
+        assert_eq!(
+            f64::from_bits(pm(F64, 3f64.to_bits(), big.to_bits())),
+            big * 3.0
+        );
+        // f16: 1025 * 3 = 3075 rounds to 3076 (ulp 2 in 2^11..2^12, the tie to even).
+        let (a, b) = (e(F16, 1025.0), e(F16, 3.0));
+        assert_eq!(formats::decode(F16, pm(F16, b, a)), 3076.0);
+        // bf16 and fp8 saturate as encode does, the sign kept.
+        let m = pm(Fp8E4m3, e(Fp8E4m3, -4.0), e(Fp8E4m3, 448.0));
+        assert_eq!(formats::decode(Fp8E4m3, m), -448.0);
+        assert_eq!(
+            formats::decode(Bf16, pm(Bf16, e(Bf16, 0.5), e(Bf16, 3.0))),
+            1.5
+        );
+        let mut out = vec![0u8; 4];
+        assert!(pre_multiply(F16, b, &[0, 0x3c, 0, 0x40], &mut out, 2).is_ok());
+        assert_eq!(out, [0, 0x42, 0, 0x46]); // 3.0, 6.0
+        assert!(pre_multiply(F16, b, &[0; 2], &mut out, 2).is_err());
     }
 }

@@ -1,6 +1,6 @@
-//! GPU self-test: runs the device number-format conversions and the mixed-precision
-//! reduction on random inputs and compares the results bit for bit with the host reference
-//! ([`crate::formats`], [`crate::reduce`]).
+//! GPU self-test: runs the device number-format conversions, the mixed-precision
+//! reduction and PreMulSum's pre-multiply (`oxccl_scale`) on random inputs and compares the
+//! results bit for bit with the host reference ([`crate::formats`], [`crate::reduce`]).
 //!
 //! ```no_run
 //! # fn demo<B: oxccl_hal::Backend>(device: &B::Device) -> oxccl_hal::Result<()> {
@@ -345,7 +345,18 @@ pub fn run<B: Backend>(device: &B::Device, seed: u64) -> Result<SelfTestReport> 
             first_mismatches: Vec::new(),
         },
     };
-    for dtype in DataType::ALL {
+    for (k, dtype) in DataType::ALL.into_iter().enumerate() {
+        // PreMulSum's pre-multiply: a scalar given by value, out of place, and one read
+        // from device memory, in place.
+        scale_case(&h, &mut out, &mut rng, dtype, SIZES[k % SIZES.len()], false)?;
+        scale_case(
+            &h,
+            &mut out,
+            &mut rng,
+            dtype,
+            SIZES[(k + 2) % SIZES.len()],
+            true,
+        )?;
         // Integers and f64 have no f32 format to decode or encode: only their reduction.
         if dtype.reduces_in_own_type() {
             for (k, op) in ReduceOp::ALL.into_iter().enumerate() {
@@ -505,6 +516,73 @@ fn reduce_case<B: Backend>(
                 .map(|b| formats::read_element(dtype, b, i).unwrap_or_default())
                 .collect();
             (g, w, ins)
+        })
+    });
+    Ok(())
+}
+
+/// One `oxccl_scale` case: `count` random elements times a random scalar of `dtype`; with
+/// `device_scalar` the scalar is read from device memory and the call is in place.
+fn scale_case<B: Backend>(
+    h: &Harness<'_, B>,
+    out: &mut Collector,
+    rng: &mut Rng,
+    dtype: DataType,
+    count: usize,
+    device_scalar: bool,
+) -> Result<()> {
+    let len = dtype.bytes(count)?;
+    let mut input = vec![0u8; len];
+    for i in 0..count {
+        formats::write_element(dtype, &mut input, i, rng.element(dtype));
+    }
+    let scalar = rng.element(dtype);
+    h.poison_output()?;
+    let target = if device_scalar {
+        &h.output
+    } else {
+        &h.inputs[0]
+    };
+    let (src, dst) = if device_scalar {
+        (h.output.ptr(), h.output.ptr())
+    } else {
+        (h.inputs[0].ptr(), h.output.ptr())
+    };
+    h.stream.write(target.ptr(), &input)?;
+    let mut scalar_ptr = std::ptr::null();
+    if device_scalar {
+        let mut bytes = vec![0u8; dtype.size()];
+        formats::write_element(dtype, &mut bytes, 0, scalar);
+        h.stream.write(h.inputs[1].ptr(), &bytes)?;
+        scalar_ptr = abi::ptr::<std::ffi::c_void>(h.inputs[1].ptr()).cast_const();
+    }
+    let args = abi::OxcclScaleArgs {
+        input: abi::ptr::<std::ffi::c_void>(src).cast_const(),
+        output: abi::ptr(dst),
+        scalar: scalar_ptr,
+        scalar_bits: if device_scalar { 0 } else { scalar },
+        count: count as u64,
+        dtype: dtype.code(),
+        _pad0: 0,
+    };
+    h.launch("oxccl_scale", count, &args)?;
+    let got = h.read_output(len)?;
+    let mut want = vec![0u8; len];
+    reduce::pre_multiply(dtype, scalar, &input, &mut want, count)?;
+    let detail = format!(
+        "scalar {scalar:#x} ({}) n={count}",
+        if device_scalar {
+            "device, in place"
+        } else {
+            "value"
+        }
+    );
+    out.case("oxccl_scale", dtype, detail, count, |i| {
+        let g = formats::read_element(dtype, &got, i).unwrap_or_default();
+        let w = formats::read_element(dtype, &want, i).unwrap_or_default();
+        (!formats::same_bits(dtype, g, w)).then(|| {
+            let x = formats::read_element(dtype, &input, i).unwrap_or_default();
+            (g, w, vec![x, scalar])
         })
     });
     Ok(())

@@ -11,6 +11,6 @@ fn host_selftest_passes() {
     println!("{report}");
     assert!(report.passed(), "{report}");
     // decode: 7 types; encode: 1 + 7 x 4; reduce: 8 float types x 5 ops x 4 accum, and
-    // 7 own-type types (integers, f64) x 5 ops.
-    assert_eq!(report.cases.len(), 7 + 29 + 160 + 35);
+    // 7 own-type types (integers, f64) x 5 ops; scale: 15 types x 2.
+    assert_eq!(report.cases.len(), 7 + 29 + 160 + 35 + 30);
 }

@@ -17,6 +17,7 @@ use oxccl_collectives::{Collective, CommConfig, Communicator};
 
 use crate::error::{log_info, ApiError, ApiResult};
 use crate::id::{self, PackedId};
+use crate::ops::{Reduction, UserOps};
 use crate::real::{real, RealNccl};
 use crate::types::*;
 
@@ -101,6 +102,8 @@ pub struct Ready {
     pub no_real_reason: String,
     /// Sticky error of an operation that failed after it was queued.
     pub async_error: AtomicI32,
+    /// The PreMulSum operators made on this communicator.
+    pub ops: UserOps,
     finalized: AtomicBool,
     host: Option<HostState>,
 }
@@ -727,6 +730,7 @@ impl InitSpec {
             real,
             no_real_reason,
             async_error: AtomicI32::new(NCCL_SUCCESS),
+            ops: UserOps::default(),
             finalized: AtomicBool::new(false),
             host,
         })
@@ -969,12 +973,14 @@ impl Ready {
             real,
             no_real_reason: self.no_real_reason.clone(),
             async_error: AtomicI32::new(NCCL_SUCCESS),
+            ops: UserOps::default(),
             finalized: AtomicBool::new(false),
             host: side.host,
         })
     }
 
-    /// Allreduce served by oxccl. Returns the algorithm's name for the log.
+    /// Allreduce served by oxccl (a built-in operator or PreMulSum). Returns the algorithm's
+    /// name for the log.
     ///
     /// # Safety
     /// NCCL's contract for ncclAllReduce: `send` and `recv` hold `count` elements on this
@@ -988,7 +994,7 @@ impl Ready {
         recv: DevicePtr,
         count: usize,
         dtype: DataType,
-        op: ReduceOp,
+        op: Reduction,
         stream: CudaStreamT,
     ) -> ApiResult<String> {
         let algo = if crate::error::log_enabled() && self.host.is_none() {
@@ -1003,7 +1009,7 @@ impl Ready {
         }
         let s = self.borrow_stream(comm, stream)?;
         // SAFETY: this function's contract is all_reduce's (buffers and stream).
-        unsafe { comm.all_reduce(send, recv, count, dtype, op, AccumType::Auto, &s) }?;
+        unsafe { all_reduce_with(comm, send, recv, count, dtype, op, &s) }?;
         Ok(algo)
     }
 
@@ -1036,15 +1042,16 @@ impl Ready {
         recv: DevicePtr,
         count: usize,
         dtype: DataType,
-        op: ReduceOp,
+        op: Reduction,
     ) -> ApiResult<String> {
         // The caller's buffers are checked here: the call itself runs on staging.
         comm.check_buffers(Collective::AllReduce, send, recv, count, dtype)?;
         let bytes = dtype.bytes(count)?;
         self.host_call(host, comm, (send, bytes, 0), (recv, bytes, 0), |buf| {
             // SAFETY: the staging buffer holds `count` elements and lives until the stream
-            // is synchronized (host_call); in place is allowed.
-            unsafe { comm.all_reduce(buf, buf, count, dtype, op, AccumType::Auto, &host.stream) }
+            // is synchronized (host_call); in place is allowed; a device scalar is the
+            // caller's host memory, read before host_call returns.
+            unsafe { all_reduce_with(comm, buf, buf, count, dtype, op, &host.stream) }
         })
     }
 
@@ -1110,7 +1117,7 @@ impl Ready {
         recv: DevicePtr,
         count: usize,
         dtype: DataType,
-        op: ReduceOp,
+        op: Reduction,
         stream: CudaStreamT,
     ) -> ApiResult<String> {
         let collective = Collective::ReduceScatter;
@@ -1134,14 +1141,12 @@ impl Ready {
                 // SAFETY: the staging buffer holds `nranks * count` elements, the output is
                 // this rank's chunk of them (in place), and it lives until the stream is
                 // synchronized (host_call).
-                unsafe {
-                    comm.reduce_scatter(buf, own, count, dtype, op, AccumType::Auto, &host.stream)
-                }
+                unsafe { reduce_scatter_with(comm, buf, own, count, dtype, op, &host.stream) }
             });
         }
         let s = self.borrow_stream(comm, stream)?;
         // SAFETY: this function's contract is reduce_scatter's (buffers and stream).
-        unsafe { comm.reduce_scatter(send, recv, count, dtype, op, AccumType::Auto, &s) }?;
+        unsafe { reduce_scatter_with(comm, send, recv, count, dtype, op, &s) }?;
         Ok(algo)
     }
 
@@ -1262,7 +1267,7 @@ impl Ready {
         recv: DevicePtr,
         count: usize,
         dtype: DataType,
-        op: ReduceOp,
+        op: Reduction,
         root: u32,
         stream: CudaStreamT,
     ) -> ApiResult<String> {
@@ -1292,24 +1297,13 @@ impl Ready {
                 |buf| {
                     // SAFETY: the staging buffer holds `count` elements (this rank's input), in
                     // place, and lives until the stream is synchronized (host_call).
-                    unsafe {
-                        comm.reduce(
-                            buf,
-                            buf,
-                            count,
-                            dtype,
-                            op,
-                            AccumType::Auto,
-                            root,
-                            &host.stream,
-                        )
-                    }
+                    unsafe { reduce_with(comm, (buf, buf), count, dtype, op, root, &host.stream) }
                 },
             );
         }
         let s = self.borrow_stream(comm, stream)?;
         // SAFETY: this function's contract is reduce's (buffers and stream).
-        unsafe { comm.reduce(send, recv, count, dtype, op, AccumType::Auto, root, &s) }?;
+        unsafe { reduce_with(comm, (send, recv), count, dtype, op, root, &s) }?;
         Ok(algo)
     }
 
@@ -1393,6 +1387,77 @@ impl Ready {
         }
         drop(self);
         result
+    }
+}
+
+/// An allreduce with a built-in operator or PreMulSum, accumulation `Auto`.
+///
+/// # Safety
+/// [`Communicator::all_reduce`]'s contract (and [`Communicator::all_reduce_premul`]'s).
+unsafe fn all_reduce_with(
+    comm: &Communicator,
+    send: DevicePtr,
+    recv: DevicePtr,
+    count: usize,
+    dtype: DataType,
+    op: Reduction,
+    s: &AnyStream,
+) -> oxccl_collectives::hal::Result<()> {
+    let auto = AccumType::Auto;
+    // SAFETY: this function's contract.
+    unsafe {
+        match op {
+            Reduction::BuiltIn(op) => comm.all_reduce(send, recv, count, dtype, op, auto, s),
+            Reduction::PreMul(p) => comm.all_reduce_premul(send, recv, count, dtype, p, auto, s),
+        }
+    }
+}
+
+/// A reduce-scatter with a built-in operator or PreMulSum, accumulation `Auto`.
+///
+/// # Safety
+/// [`Communicator::reduce_scatter`]'s contract (and [`Communicator::reduce_scatter_premul`]'s).
+unsafe fn reduce_scatter_with(
+    comm: &Communicator,
+    send: DevicePtr,
+    recv: DevicePtr,
+    count: usize,
+    dtype: DataType,
+    op: Reduction,
+    s: &AnyStream,
+) -> oxccl_collectives::hal::Result<()> {
+    let auto = AccumType::Auto;
+    // SAFETY: this function's contract.
+    unsafe {
+        match op {
+            Reduction::BuiltIn(op) => comm.reduce_scatter(send, recv, count, dtype, op, auto, s),
+            Reduction::PreMul(p) => {
+                comm.reduce_scatter_premul(send, recv, count, dtype, p, auto, s)
+            }
+        }
+    }
+}
+
+/// A reduce with a built-in operator or PreMulSum, accumulation `Auto`.
+///
+/// # Safety
+/// [`Communicator::reduce`]'s contract (and [`Communicator::reduce_premul`]'s).
+unsafe fn reduce_with(
+    comm: &Communicator,
+    (send, recv): (DevicePtr, DevicePtr),
+    count: usize,
+    dtype: DataType,
+    op: Reduction,
+    root: u32,
+    s: &AnyStream,
+) -> oxccl_collectives::hal::Result<()> {
+    let auto = AccumType::Auto;
+    // SAFETY: this function's contract.
+    unsafe {
+        match op {
+            Reduction::BuiltIn(op) => comm.reduce(send, recv, count, dtype, op, auto, root, s),
+            Reduction::PreMul(p) => comm.reduce_premul(send, recv, count, dtype, p, auto, root, s),
+        }
     }
 }
 

@@ -13,7 +13,7 @@
 
 use std::ffi::{c_char, c_int, c_void};
 
-use oxccl_collectives::hal::{BackendKind, DataType, DevicePtr, ReduceOp};
+use oxccl_collectives::hal::{BackendKind, DataType, DevicePtr};
 use oxccl_collectives::Communicator;
 
 use crate::comm::{
@@ -25,6 +25,7 @@ use crate::error::{
     set_last_error, ApiError, ApiResult,
 };
 use crate::group;
+use crate::ops::{self, Reduction};
 use crate::real::RealNccl;
 use crate::types::*;
 
@@ -736,8 +737,122 @@ export! {
         })
     }
 }
-forwarded!(ncclRedOpCreatePreMulSum / pncclRedOpCreatePreMulSum, red_op_create_pre_mul_sum, comm, (op: *mut NcclRedOp, scalar: *mut c_void, datatype: NcclDataType, residence: NcclScalarResidence, comm: Opaque));
-forwarded!(ncclRedOpDestroy / pncclRedOpDestroy, red_op_destroy, comm, (op: NcclRedOp, comm: Opaque));
+
+// ---- PreMulSum operators ---------------------------------------------------------------
+
+export! {
+    /// Served: the operator is kept in the communicator (see [`crate::ops`]) and the real
+    /// NCCL makes its own beside it when the communicator has a real side; a communicator
+    /// of the real NCCL's gets the real call.
+    fn ncclRedOpCreatePreMulSum / pncclRedOpCreatePreMulSum(op: *mut NcclRedOp, scalar: *mut c_void, datatype: NcclDataType, residence: NcclScalarResidence, comm: Opaque) -> NcclResult {
+        guard("ncclRedOpCreatePreMulSum", || {
+            // SAFETY: NCCL's contract on every argument.
+            unsafe { red_op_create(op, scalar, datatype, residence, comm) }
+        })
+    }
+}
+
+/// # Safety
+/// NCCL's contract for ncclRedOpCreatePreMulSum.
+unsafe fn red_op_create(
+    op: *mut NcclRedOp,
+    scalar: *mut c_void,
+    datatype: NcclDataType,
+    residence: NcclScalarResidence,
+    comm: Opaque,
+) -> ApiResult<()> {
+    const NAME: &str = "ncclRedOpCreatePreMulSum";
+    // SAFETY: NCCL's contract on comm.
+    let c = match unsafe { resolve(comm) }? {
+        Target::Foreign(_) => {
+            let call = |real: &'static RealNccl, c: Opaque| {
+                let f = real.fns.red_op_create_pre_mul_sum?;
+                // SAFETY: the caller's arguments, for the real library's communicator.
+                Some(unsafe { f(op, scalar, datatype, residence, c) })
+            };
+            // SAFETY: as above.
+            return unsafe { forward(NAME, comm, NOT_SERVED, String::new, call) };
+        }
+        Target::Ours(c) => c.ready()?,
+    };
+    let slot = out(op, "op")?;
+    // SAFETY: NCCL's contract on scalar (one element of datatype).
+    let mut user = unsafe { ops::UserOp::new(scalar, datatype, residence) }?;
+    if let Some(rc) = c.real {
+        let real = real_nccl().map_err(ApiError::internal)?;
+        let f = real.fns.red_op_create_pre_mul_sum.ok_or_else(|| {
+            ApiError::invalid_usage(format!("the real NCCL at {} has no {NAME}", real.path))
+        })?;
+        let mut real_op: NcclRedOp = 0;
+        // SAFETY: the caller's scalar, type and residence, the real communicator, and a
+        // valid out-pointer.
+        let rc_code = unsafe { f(&mut real_op, scalar, datatype, residence, rc.0) };
+        check_real(rc_code, real, rc.0, NAME)?;
+        user.real = Some(real_op);
+    }
+    let id = match c.ops.insert(user) {
+        Ok(id) => id,
+        Err(e) => {
+            // No id for ours: the real twin goes too.
+            if let (Some(real_op), Some(rc), Ok(real)) = (user.real, c.real, real_nccl()) {
+                if let Some(f) = real.fns.red_op_destroy {
+                    // SAFETY: the operator the real library made just now on `rc`.
+                    let _ = unsafe { f(real_op, rc.0) };
+                }
+            }
+            return Err(e);
+        }
+    };
+    *slot = id;
+    log_info!(
+        "rank {} {NAME} dtype={} residence={residence} -> op {id}{}",
+        c.rank,
+        type_name(datatype),
+        user.real
+            .map(|r| format!(" (real NCCL op {r})"))
+            .unwrap_or_default()
+    );
+    Ok(())
+}
+
+export! {
+    /// Served: removes the operator from the communicator (and the real NCCL's beside it);
+    /// a communicator of the real NCCL's gets the real call.
+    fn ncclRedOpDestroy / pncclRedOpDestroy(op: NcclRedOp, comm: Opaque) -> NcclResult {
+        guard("ncclRedOpDestroy", || {
+            // SAFETY: NCCL's contract on comm.
+            let c = match unsafe { resolve(comm) }? {
+                Target::Foreign(_) => {
+                    let call = |real: &'static RealNccl, c: Opaque| {
+                        let f = real.fns.red_op_destroy?;
+                        // SAFETY: the caller's operator, for the real library's communicator.
+                        Some(unsafe { f(op, c) })
+                    };
+                    // SAFETY: as above.
+                    return unsafe { forward("ncclRedOpDestroy", comm, NOT_SERVED, String::new, call) };
+                }
+                Target::Ours(c) => c.ready()?,
+            };
+            if (0..NCCL_NUM_OPS).contains(&op) {
+                return Err(ApiError::invalid_argument(format!(
+                    "op {op} is a built-in operator: only ncclRedOpCreatePreMulSum's can be \
+                     destroyed"
+                )));
+            }
+            let user = c.ops.remove(op)?;
+            if let (Some(real_op), Some(rc)) = (user.real, c.real) {
+                let real = real_nccl().map_err(ApiError::internal)?;
+                if let Some(f) = real.fns.red_op_destroy {
+                    // SAFETY: an operator the real library made on this real communicator,
+                    // destroyed once.
+                    let r = unsafe { f(real_op, rc.0) };
+                    check_real(r, real, rc.0, "ncclRedOpDestroy")?;
+                }
+            }
+            Ok(())
+        })
+    }
+}
 
 // ---- Collectives ------------------------------------------------------------------------
 
@@ -771,25 +886,29 @@ pub fn check_count(count: usize, datatype: NcclDataType) -> ApiResult<usize> {
         })
 }
 
-/// Checks a reduction operator: negative values are no `ncclRedOp_t`, and values past the
-/// built-in ones can only be operators `ncclRedOpCreatePreMulSum` made, which needs a real
-/// NCCL: without one they are `ncclInvalidArgument` too (as NCCL answers an operator it did
-/// not make), not a call to forward.
-fn check_op(op: NcclRedOp) -> ApiResult<()> {
+/// What a reducing call's operator means on `c` for `datatype`: the reduction oxccl runs
+/// (`None` for an operator it does not serve) and the operator a forwarded call hands the
+/// real NCCL (a PreMulSum operator's real twin). Negative values are no `ncclRedOp_t`;
+/// values past the built-in ones must be PreMulSum operators of this communicator made
+/// for `datatype`: anything else is `ncclInvalidArgument`, as NCCL answers.
+fn check_op(
+    c: &Ready,
+    op: NcclRedOp,
+    datatype: NcclDataType,
+) -> ApiResult<(Option<Reduction>, NcclRedOp)> {
     if op < 0 {
         return Err(ApiError::invalid_argument(format!(
             "op {op} is not an ncclRedOp_t"
         )));
     }
-    if op >= NCCL_NUM_OPS {
-        if let Err(why) = real_nccl() {
-            return Err(ApiError::invalid_argument(format!(
-                "op {op} is not a built-in ncclRedOp_t, and no ncclRedOpCreatePreMulSum can \
-                 have made it: {why}"
-            )));
-        }
+    if op < NCCL_NUM_OPS {
+        return Ok((served_op(op).map(Reduction::BuiltIn), op));
     }
-    Ok(())
+    let user = c.ops.get(op, datatype)?;
+    Ok((
+        Some(Reduction::PreMul(user.scalar)),
+        user.real.unwrap_or(op),
+    ))
 }
 
 /// # Safety
@@ -812,29 +931,29 @@ unsafe fn all_reduce(
             op_name(op)
         )
     };
-    let forward_why = |why: String| {
+    let forward_why = |why: String, op: NcclRedOp| {
         let call = |real: &'static RealNccl, c: Opaque| {
             let f = real.fns.all_reduce?;
-            // SAFETY: the caller's arguments with the real communicator.
+            // SAFETY: the caller's arguments with the real communicator (and its operator).
             Some(unsafe { f(sendbuff, recvbuff, count, datatype, op, c, stream) })
         };
         // SAFETY: NCCL's contract on comm.
         unsafe { forward("ncclAllReduce", comm, &why, detail, call) }
     };
     let c = match target {
-        Target::Foreign(_) => return forward_why(NOT_SERVED.into()),
+        Target::Foreign(_) => return forward_why(NOT_SERVED.into(), op),
         Target::Ours(c) => c.ready()?,
     };
     check_count(count, datatype)?;
-    check_op(op)?;
+    let (reduction, real_op) = check_op(c, op, datatype)?;
     if count > 0 && (sendbuff.is_null() || recvbuff.is_null()) {
         return Err(ApiError::invalid_argument(format!(
             "sendbuff {sendbuff:?} or recvbuff {recvbuff:?} is NULL with count {count}"
         )));
     }
-    let (ox, dtype, rop) = match served_reduction(c, datatype, op) {
+    let (ox, dtype, rop) = match served_reduction(c, datatype, reduction) {
         Ok(served) => served,
-        Err(why) => return forward_why(why),
+        Err(why) => return forward_why(why, real_op),
     };
     if count == 0 {
         return Ok(());
@@ -855,17 +974,16 @@ unsafe fn all_reduce(
     group::run_or_queue("ncclAllReduce", comm, c, call)
 }
 
-/// The oxccl communicator, type and operator that serve a reduction on `c`, or why the
-/// call must be forwarded.
+/// The oxccl communicator, type and reduction that serve a reducing call on `c` (its
+/// operator resolved by [`check_op`]), or why the call must be forwarded.
 fn served_reduction(
     c: &Ready,
     datatype: NcclDataType,
-    op: NcclRedOp,
-) -> Result<(&Communicator, DataType, ReduceOp), String> {
+    reduction: Option<Reduction>,
+) -> Result<(&Communicator, DataType, Reduction), String> {
     let dtype = served_dtype(datatype)
         .ok_or_else(|| format!("dtype {} is not served by oxccl", type_name(datatype)))?;
-    let rop = served_op(op)
-        .ok_or_else(|| format!("op {op} (a PreMulSum operator) is not served by oxccl"))?;
+    let rop = reduction.ok_or_else(|| "the operator is not served by oxccl".to_string())?;
     let ox = c.serving().ok_or_else(|| not_serving(c))?;
     Ok((ox, dtype, rop))
 }
@@ -979,29 +1097,29 @@ unsafe fn reduce_scatter(
             op_name(op)
         )
     };
-    let forward_why = |why: String| {
+    let forward_why = |why: String, op: NcclRedOp| {
         let call = |real: &'static RealNccl, c: Opaque| {
             let f = real.fns.reduce_scatter?;
-            // SAFETY: the caller's arguments with the real communicator.
+            // SAFETY: the caller's arguments with the real communicator (and its operator).
             Some(unsafe { f(sendbuff, recvbuff, recvcount, datatype, op, c, stream) })
         };
         // SAFETY: NCCL's contract on comm.
         unsafe { forward("ncclReduceScatter", comm, &why, detail, call) }
     };
     let c = match target {
-        Target::Foreign(_) => return forward_why(NOT_SERVED.into()),
+        Target::Foreign(_) => return forward_why(NOT_SERVED.into(), op),
         Target::Ours(c) => c.ready()?,
     };
     check_count(recvcount, datatype)?;
-    check_op(op)?;
+    let (reduction, real_op) = check_op(c, op, datatype)?;
     if recvcount > 0 && (sendbuff.is_null() || recvbuff.is_null()) {
         return Err(ApiError::invalid_argument(format!(
             "sendbuff {sendbuff:?} or recvbuff {recvbuff:?} is NULL with recvcount {recvcount}"
         )));
     }
-    let (ox, dtype, rop) = match served_reduction(c, datatype, op) {
+    let (ox, dtype, rop) = match served_reduction(c, datatype, reduction) {
         Ok(served) => served,
-        Err(why) => return forward_why(why),
+        Err(why) => return forward_why(why, real_op),
     };
     if recvcount == 0 {
         return Ok(());
@@ -1121,21 +1239,21 @@ unsafe fn reduce(
             op_name(op)
         )
     };
-    let forward_why = |why: String| {
+    let forward_why = |why: String, op: NcclRedOp| {
         let call = |real: &'static RealNccl, c: Opaque| {
             let f = real.fns.reduce?;
-            // SAFETY: the caller's arguments with the real communicator.
+            // SAFETY: the caller's arguments with the real communicator (and its operator).
             Some(unsafe { f(sendbuff, recvbuff, count, datatype, op, root, c, stream) })
         };
         // SAFETY: NCCL's contract on comm.
         unsafe { forward("ncclReduce", comm, &why, detail, call) }
     };
     let c = match target {
-        Target::Foreign(_) => return forward_why(NOT_SERVED.into()),
+        Target::Foreign(_) => return forward_why(NOT_SERVED.into(), op),
         Target::Ours(c) => c.ready()?,
     };
     check_count(count, datatype)?;
-    check_op(op)?;
+    let (reduction, real_op) = check_op(c, op, datatype)?;
     let root = u32::try_from(root)
         .ok()
         .filter(|r| *r < c.nranks)
@@ -1149,9 +1267,9 @@ unsafe fn reduce(
              {count}"
         )));
     }
-    let (ox, dtype, rop) = match served_reduction(c, datatype, op) {
+    let (ox, dtype, rop) = match served_reduction(c, datatype, reduction) {
         Ok(served) => served,
-        Err(why) => return forward_why(why),
+        Err(why) => return forward_why(why, real_op),
     };
     if count == 0 {
         return Ok(());

@@ -8,8 +8,9 @@
 //! - `ncclAllReduce` of fp32/fp16/bf16/fp8 (e4m3, e5m2) with sum/prod/min/max/avg, on one
 //!   node of up to 8 ranks, is served by oxccl's algorithms on the caller's stream (inside
 //!   CUDA graph capture too);
-//! - everything else (other collectives, send/recv, other types, PreMulSum operators,
-//!   windows, larger worlds) is forwarded to the real NCCL, loaded at run time from
+//! - PreMulSum operators (`ncclRedOpCreatePreMulSum`) are kept here ([`ops`]) and served
+//!   for allreduce, reduce-scatter and reduce;
+//! - everything else (other collectives, send/recv, windows, larger worlds) is forwarded to the real NCCL, loaded at run time from
 //!   `OXCCL_NCCL_LIB_PATH` or `libnccl.so.2`, on a real communicator created beside the
 //!   oxccl one at init; without a real NCCL those calls return `ncclInvalidUsage` and
 //!   `ncclGetLastError` says why;
@@ -27,6 +28,7 @@ pub mod error;
 pub mod exports;
 pub mod group;
 pub mod id;
+pub mod ops;
 pub mod real;
 pub mod register;
 pub mod types;

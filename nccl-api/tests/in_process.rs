@@ -1,8 +1,8 @@
 //! The exported functions called from Rust, in one process on the host backend: two ranks
 //! on two threads (`ncclCommInitAll`), allreduces, a forwarded call, teardown from one
 //! thread; then two ranks initialised and all-reduced from one thread in groups (one of
-//! them with a non-blocking config, completed at `ncclGroupEnd` too). (The C test,
-//! `ci/nccl-api-test.sh`, covers the rest across processes.)
+//! them with a non-blocking config, completed at `ncclGroupEnd` too). (PreMulSum is in
+//! `premul.rs`; the C test, `ci/nccl-api-test.sh`, covers the rest across processes.)
 
 use std::ffi::{c_void, CStr};
 

@@ -1,9 +1,11 @@
 //! The collectives a [`Communicator`] serves, one public method each with NCCL's
-//! semantics: every one checks its arguments and runs through the one
-//! path (entry check, selector, first-call signature check, launch).
+//! semantics, and the PreMulSum forms of the reducing ones ([`super::premul`]): every one
+//! checks its arguments and runs through the one path (entry check, selector, first-call
+//! signature check, launch).
 
 use oxccl_hal::{AccumType, DataType, DevicePtr, ReduceOp, Result};
 
+use super::premul::PreMul;
 use super::Communicator;
 use crate::algorithms::Collective;
 use crate::backend::AnyStream;
@@ -44,6 +46,7 @@ impl Communicator {
                 count,
                 dtype,
                 (op, accum, 0),
+                None,
                 stream,
             )
         }
@@ -80,6 +83,7 @@ impl Communicator {
                 count,
                 dtype,
                 (ReduceOp::Sum, AccumType::Auto, 0),
+                None,
                 stream,
             )
         }
@@ -119,6 +123,7 @@ impl Communicator {
                 count,
                 dtype,
                 (op, accum, 0),
+                None,
                 stream,
             )
         }
@@ -154,6 +159,7 @@ impl Communicator {
                 count,
                 dtype,
                 (ReduceOp::Sum, AccumType::Auto, 0),
+                None,
                 stream,
             )
         }
@@ -190,6 +196,7 @@ impl Communicator {
                 count,
                 dtype,
                 (ReduceOp::Sum, AccumType::Auto, root),
+                None,
                 stream,
             )
         }
@@ -230,6 +237,119 @@ impl Communicator {
                 count,
                 dtype,
                 (op, accum, root),
+                None,
+                stream,
+            )
+        }
+    }
+
+    /// [`Communicator::all_reduce`] with NCCL's PreMulSum operator: `output[i] =
+    /// scalar_0 * input_0[i] + ... + scalar_{n-1} * input_{n-1}[i]`, each rank's own input
+    /// times its own scalar (an element of `dtype`, on the host or in device memory, see
+    /// [`PreMul`]), each product rounded to `dtype` (integers wrap), then summed as
+    /// [`Communicator::all_reduce`] sums with `accum`. The products are written into
+    /// `output` first (no memory of its own); in place when `input == output`.
+    ///
+    /// Errors: as [`Communicator::all_reduce`].
+    ///
+    /// # Safety
+    /// As [`Communicator::all_reduce`]; a [`PreMul::Device`] scalar must be device memory
+    /// of this communicator's device holding one element of `dtype`, live until the work
+    /// queued on `stream` completes.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn all_reduce_premul(
+        &self,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        scalar: PreMul,
+        accum: AccumType,
+        stream: &AnyStream,
+    ) -> Result<()> {
+        // SAFETY: the caller's obligations (this function's contract).
+        unsafe {
+            self.run(
+                Collective::AllReduce,
+                input,
+                output,
+                count,
+                dtype,
+                (ReduceOp::Sum, accum, 0),
+                Some(scalar),
+                stream,
+            )
+        }
+    }
+
+    /// [`Communicator::reduce_scatter`] with NCCL's PreMulSum operator: every rank's whole
+    /// input is multiplied by its own scalar (see [`Communicator::all_reduce_premul`]) into
+    /// a buffer of the communicator's (the caller's input is not written), then
+    /// reduce-scattered as a sum. In place as [`Communicator::reduce_scatter`].
+    ///
+    /// Errors: as [`Communicator::reduce_scatter`].
+    ///
+    /// # Safety
+    /// As [`Communicator::reduce_scatter`], and the scalar as in
+    /// [`Communicator::all_reduce_premul`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn reduce_scatter_premul(
+        &self,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        scalar: PreMul,
+        accum: AccumType,
+        stream: &AnyStream,
+    ) -> Result<()> {
+        // SAFETY: the caller's obligations (this function's contract).
+        unsafe {
+            self.run(
+                Collective::ReduceScatter,
+                input,
+                output,
+                count,
+                dtype,
+                (ReduceOp::Sum, accum, 0),
+                Some(scalar),
+                stream,
+            )
+        }
+    }
+
+    /// [`Communicator::reduce`] with NCCL's PreMulSum operator: every rank's input is
+    /// multiplied by its own scalar (see [`Communicator::all_reduce_premul`]) into a buffer
+    /// of the communicator's (the caller's input is not written), then reduced to `root`
+    /// as a sum. Only the root's output is written, as [`Communicator::reduce`].
+    ///
+    /// Errors: as [`Communicator::reduce`].
+    ///
+    /// # Safety
+    /// As [`Communicator::reduce`], and the scalar as in
+    /// [`Communicator::all_reduce_premul`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn reduce_premul(
+        &self,
+        input: DevicePtr,
+        output: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        scalar: PreMul,
+        accum: AccumType,
+        root: u32,
+        stream: &AnyStream,
+    ) -> Result<()> {
+        // SAFETY: the caller's obligations (this function's contract).
+        unsafe {
+            self.run(
+                Collective::Reduce,
+                input,
+                output,
+                count,
+                dtype,
+                (ReduceOp::Sum, accum, root),
+                Some(scalar),
                 stream,
             )
         }

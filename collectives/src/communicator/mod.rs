@@ -17,7 +17,8 @@
 //! replayed any number of times.
 //!
 //! The other concerns have their own modules: settings ([`config`]), registered buffers
-//! ([`registry`]), tuning on this communicator ([`tune`]).
+//! ([`registry`]), tuning on this communicator ([`tune`]), NCCL's PreMulSum operator
+//! ([`premul`]: a scale kernel before the sum, on the same path).
 //!
 //! Mismatched calls: the first call with a given (count, dtype, op, accum, algorithm) is
 //! checked against every rank through the bootstrap (one all-gather, host side only, so
@@ -30,6 +31,7 @@ pub mod auto_register;
 pub mod calls;
 pub mod check;
 pub mod config;
+pub mod premul;
 pub mod registration;
 pub mod registry;
 pub mod setup;
@@ -51,6 +53,7 @@ use crate::tuner::TuneTable;
 use auto_register::{AutoCall, AutoRegistry};
 use check::{check_call, CallSite, Signature, Signatures};
 pub use config::{CommConfig, EARLY_LAUNCH_VAR, STAGING_VAR, TIMEOUT_VAR};
+use premul::{PreMul, PreMulState, PREMUL_SIGNATURE_OP};
 use registry::Registry;
 
 /// A communicator of one rank. See the module docs for the protocol.
@@ -95,6 +98,8 @@ pub struct Communicator {
     tuned: Mutex<HashMap<DataType, Arc<TuneTable>>>,
     /// Every rank's shared scratch as mapped here, when an algorithm set up here uses it.
     scratch: Option<Arc<SharedScratch>>,
+    /// PreMulSum's scale kernel and the buffers it writes into ([`premul`]).
+    premul: PreMulState,
     _modules: Vec<AnyModule>,
     bootstrap: Bootstrap,
     device: AnyDevice,
@@ -320,7 +325,8 @@ impl Communicator {
     }
 
     /// One call of any collective: check it, choose its algorithm, check the first call
-    /// of its signature across ranks, launch.
+    /// of its signature across ranks, launch. With `premul` (a reducing collective whose
+    /// op is the sum), the input is multiplied by the scalar first ([`premul`]).
     ///
     /// # Safety
     /// The collective's public function's contract.
@@ -333,6 +339,7 @@ impl Communicator {
         count: usize,
         dtype: DataType,
         (op, accum, root): (ReduceOp, AccumType, u32),
+        premul: Option<PreMul>,
         stream: &AnyStream,
     ) -> Result<()> {
         let at = |e: Error| e.at_rank(self.rank);
@@ -354,6 +361,14 @@ impl Communicator {
             world: self.world,
         };
         let bytes = check_call(site, input, output, count, dtype, accum).map_err(at)?;
+        // PreMulSum: the sum runs on the products, written where `premul_buffers` says.
+        let user_input = input;
+        let (input, output) = match premul {
+            Some(_) => self
+                .premul_buffers(collective, op, output, bytes, root)
+                .map_err(at)?,
+            None => (input, output),
+        };
         let peers = match self.registered_view(collective, input, output, bytes) {
             Some(p) => Some(p),
             None => {
@@ -361,7 +376,7 @@ impl Communicator {
                     collective,
                     count: count as u64,
                     dtype: dtype.code(),
-                    op: op.code(),
+                    op: premul.map_or(op.code(), |_| PREMUL_SIGNATURE_OP),
                     accum: accum.code(),
                     root,
                 };
@@ -379,7 +394,7 @@ impl Communicator {
                 collective,
                 count: count as u64,
                 dtype: dtype.code(),
-                op: op.code(),
+                op: premul.map_or(op.code(), |_| PREMUL_SIGNATURE_OP),
                 accum: accum.code(),
                 algorithm: choice.algorithm.code(),
                 launch: (choice.plan.config.grid[0], choice.plan.config.block[0]),
@@ -388,6 +403,25 @@ impl Communicator {
             },
             &self.bootstrap,
         )?;
+        if let Some(scalar) = premul {
+            // Every element of this rank's input: one chunk per rank for a reduce-scatter.
+            let (in_bytes, _) = collective.buffer_bytes(bytes, self.world).map_err(at)?;
+            // SAFETY: the caller's input holds `in_bytes` (checked above); the target is the
+            // output (allreduce, as large) or the communicator's buffer of at least
+            // `in_bytes`, live as long as the communicator; the caller keeps its buffers
+            // and stream as the collective's contract says.
+            unsafe {
+                self.premul.launch(
+                    &self.device,
+                    (user_input, input),
+                    in_bytes / dtype.size(),
+                    dtype,
+                    scalar,
+                    stream,
+                )
+            }
+            .map_err(at)?;
+        }
         let call = Call {
             input,
             output,
@@ -401,6 +435,36 @@ impl Communicator {
         // SAFETY: the caller's obligations (this function's contract); the plan came from
         // the selector for this call, which every rank made alike (signature checked).
         unsafe { self.launch(choice.algorithm, &choice.plan, &call, stream) }
+    }
+
+    /// Where a PreMulSum call of `collective` puts the products and runs its sum: the
+    /// (input, output) the sum then takes in place of the caller's (see [`premul`]).
+    fn premul_buffers(
+        &self,
+        collective: Collective,
+        op: ReduceOp,
+        output: DevicePtr,
+        bytes: usize,
+        root: u32,
+    ) -> Result<(DevicePtr, DevicePtr)> {
+        if op != ReduceOp::Sum || !collective.reduces() {
+            return Err(Error::InvalidArgument(format!(
+                "{collective}: PreMulSum multiplies the inputs of a sum, not of a {op} or a \
+                 collective that does not reduce"
+            )));
+        }
+        match collective {
+            Collective::AllReduce => Ok((output, output)),
+            Collective::ReduceScatter => {
+                let (in_bytes, _) = collective.buffer_bytes(bytes, self.world)?;
+                Ok((self.premul.buffer(&self.device, in_bytes)?, output))
+            }
+            _ => {
+                let buf = self.premul.buffer(&self.device, bytes)?;
+                // The other ranks' output is their input (`used_buffers`): never written.
+                Ok((buf, if self.rank == root { output } else { buf }))
+            }
+        }
     }
 
     /// One launch of `algorithm` with `plan` (no selection, no cross-rank check).

@@ -8,12 +8,13 @@ use std::sync::Mutex;
 
 use oxccl_backend::AnyDevice;
 use oxccl_channels::bootstrap::{Bootstrap, BootstrapConfig, UniqueId};
-use oxccl_hal::{BackendKind, Device, DeviceId, Error, Result};
+use oxccl_hal::{BackendKind, Device, DeviceId, Error, Module, Result};
 use oxccl_kernels::abi::OXCCL_ALLREDUCE_MAX_RANKS;
 
 use super::auto_register::AutoRegistry;
 use super::check::Signatures;
 use super::config::{CommConfig, MIN_ONESHOT_CAPACITY};
+use super::premul::{PreMulState, SCALE_KERNEL};
 use super::registry::Registry;
 use super::Communicator;
 use crate::algorithms::{SetupContext, ALGORITHMS};
@@ -105,6 +106,18 @@ impl Communicator {
             }
         }
         let (mut modules, scratch) = ctx.into_parts();
+        // PreMulSum's scale kernel: in the device image, or the kernel crate's host table.
+        let scale = match &image {
+            Some(module) => module.kernel(SCALE_KERNEL).map_err(at)?,
+            None => {
+                let host = device
+                    .load_module(&oxccl_kernels::module_image(BackendKind::Host).map_err(at)?)
+                    .map_err(at)?;
+                let kernel = host.kernel(SCALE_KERNEL).map_err(at)?;
+                modules.push(host);
+                kernel
+            }
+        };
         modules.extend(image);
         tracing::info!(
             rank,
@@ -130,6 +143,7 @@ impl Communicator {
             nvlink,
             layout,
             scratch,
+            premul: PreMulState::new(scale),
             instances,
             signatures: Signatures::default(),
             registry: Registry::default(),

@@ -205,6 +205,24 @@ typedef struct OxcclSelftestReduceArgs {
   uint32_t accum;
 } OxcclSelftestReduceArgs;
 
+/* ---- Kernel argument block: the PreMulSum pre-multiply --------------------------------- */
+
+/* oxccl_scale (src/device/scale.cu): output element i = scalar * input element i, i < count,
+ * every element type: float formats multiply in f32 and round once to the type (the product
+ * of two elements is exact in f32), f64 in f64, integers wrap. The scalar is one element of
+ * `dtype`: read from `scalar` in device memory when the kernel runs (NCCL's
+ * ncclScalarDevice) when that is not NULL, else `scalar_bits` (its bit pattern in the low
+ * bytes). In place (input == output) is allowed; otherwise the buffers must not overlap. */
+typedef struct OxcclScaleArgs {
+  const void* input;
+  void* output;
+  const void* scalar;
+  uint64_t scalar_bits;
+  uint64_t count;
+  uint32_t dtype;
+  uint32_t _pad0;
+} OxcclScaleArgs;
+
 #include "abi_channels.h"
 
 /* ---- Layout checks (Rust asserts the same numbers) ----------------------------------- */
@@ -224,6 +242,7 @@ OXCCL_STATIC_ASSERT(sizeof(OxcclPatternArgs) == 32, "OxcclPatternArgs");
 OXCCL_STATIC_ASSERT(sizeof(OxcclSelftestDecodeArgs) == 32, "OxcclSelftestDecodeArgs");
 OXCCL_STATIC_ASSERT(sizeof(OxcclSelftestEncodeArgs) == 32, "OxcclSelftestEncodeArgs");
 OXCCL_STATIC_ASSERT(sizeof(OxcclSelftestReduceArgs) == 96, "OxcclSelftestReduceArgs");
+OXCCL_STATIC_ASSERT(sizeof(OxcclScaleArgs) == 48, "OxcclScaleArgs");
 
 #include "abi_allreduce.h"
 

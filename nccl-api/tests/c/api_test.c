@@ -5,8 +5,9 @@
  * arguments, the unique id, real allreduces across forked processes and across threads
  * (ncclCommInitAll) checked against a reference computed here, splits, groups (inits,
  * splits and allreduces of several ranks driven from one thread, and failing groups),
- * non-blocking communicators, and calls that must be forwarded to a real NCCL that is
- * absent.
+ * non-blocking communicators, PreMulSum operators (allreduce, reduce-scatter and reduce
+ * across processes, and their bad uses), and calls that must be forwarded to a real NCCL
+ * that is absent.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -366,6 +367,136 @@ static void reduce_suite(ncclComm_t comm, int rank, int nranks) {
   }
 }
 
+/* ---- PreMulSum ------------------------------------------------------------------------- */
+
+static int pm_is_int(ncclDataType_t t) { return t == ncclInt32 || t == ncclUint8; }
+static size_t pm_size(ncclDataType_t t) {
+  return t == ncclUint8 ? 1 : t == ncclBfloat16 ? 2 : t == ncclFloat64 ? 8 : 4;
+}
+
+/* Element i of buffer `p` as a double (float types) or as its zero-extended bits (ints). */
+static double pm_get(ncclDataType_t t, const void* p, size_t i) {
+  const unsigned char* b = (const unsigned char*)p + i * pm_size(t);
+  if (t == ncclFloat32) { float f; memcpy(&f, b, 4); return f; }
+  if (t == ncclBfloat16) { uint16_t h; memcpy(&h, b, 2); uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+  if (t == ncclFloat64) { double d; memcpy(&d, b, 8); return d; }
+  return 0;
+}
+static uint64_t pm_get_int(ncclDataType_t t, const void* p, size_t i) {
+  const unsigned char* b = (const unsigned char*)p + i * pm_size(t);
+  if (t == ncclUint8) return b[0];
+  uint32_t u; memcpy(&u, b, 4); return u;
+}
+static void pm_put(ncclDataType_t t, void* p, size_t i, double v, uint64_t bits) {
+  unsigned char* b = (unsigned char*)p + i * pm_size(t);
+  if (t == ncclFloat32) { float f = (float)v; memcpy(b, &f, 4); }
+  else if (t == ncclBfloat16) { uint16_t h = bf16_of((float)v); memcpy(b, &h, 2); }
+  else if (t == ncclFloat64) memcpy(b, &v, 8);
+  else if (t == ncclUint8) b[0] = (unsigned char)bits;
+  else { uint32_t u = (uint32_t)bits; memcpy(b, &u, 4); }
+}
+
+/* `rank`'s input: multiples of 1/8 (fp32, fp64) or small integers (bf16), so every product
+ * and sum below is exact; the whole range (int32, uint8), so they wrap. */
+static void pm_fill(ncclDataType_t t, void* p, size_t n, int rank, int salt) {
+  rng_state = 0x6a09e667f3bcc909ull ^ ((uint64_t)rank << 36) ^ (uint64_t)salt * 104723u ^ n;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t h = next_u64();
+    pm_put(t, p, i, t == ncclBfloat16 ? (double)((int)(h % 17) - 8) : (double)((int)(h % 2001) - 1000) / 8.0,
+           t == ncclUint8 ? (h >> 40) : h);
+  }
+}
+
+/* `rank`'s scalar, different on every rank, negative on some. */
+static void pm_scalar(ncclDataType_t t, int rank, void* out) {
+  double v = (rank % 2 ? -1.0 : 1.0) * (rank + 1) * (t == ncclBfloat16 ? 1.0 : 0.5);
+  pm_put(t, out, 0, v, t == ncclUint8 ? (uint64_t)(7 + 2 * rank) : (uint64_t)(uint32_t)(3 - 5 * rank));
+}
+
+/* PreMulSum allreduce, reduce-scatter and reduce (every root in turn) of fp32 and int32
+ * (scalar on the host, ncclScalarHostImmediate) and bf16, uint8 and fp64 (scalar in memory,
+ * ncclScalarDevice: host memory on the host backend, read when the call runs; set after the
+ * operator was made), in and out of place, outputs poisoned first, counts that are not
+ * powers of two; checked against every rank's input times its scalar, summed here. */
+static void premul_suite(ncclComm_t comm, int rank, int nranks) {
+  static const ncclDataType_t TYPES[] = {ncclFloat32, ncclInt32, ncclBfloat16, ncclUint8, ncclFloat64};
+  static const size_t PM_COUNTS[] = {1, 1001, 12345};
+  int salt = 2100;
+  for (size_t ti = 0; ti < 5; ti++) {
+    ncclDataType_t t = TYPES[ti];
+    size_t sz = pm_size(t);
+    int device = ti >= 2;
+    unsigned char scalar[8] = {0}, mine[8] = {0};
+    pm_scalar(t, rank, mine);
+    if (!device) memcpy(scalar, mine, sz);
+    ncclRedOp_t op = ncclSum;
+    OK(ncclRedOpCreatePreMulSum(&op, scalar, t, device ? ncclScalarDevice : ncclScalarHostImmediate, comm));
+    CHECK(op >= ncclNumOps, "PreMulSum op %d", (int)op);
+    if (device) memcpy(scalar, mine, sz); /* read when the calls run */
+    else memset(scalar, 0, sizeof scalar); /* read at creation: changing it changes nothing */
+    for (int coll = 0; coll < 3; coll++) {
+      for (size_t ci = 0; ci < 3; ci++) {
+        size_t n = PM_COUNTS[ci], in_n = coll == 1 ? n * (size_t)nranks : n;
+        int in_place = (salt++) % 2, root = salt % nranks;
+        unsigned char* all = malloc(in_n * sz * (size_t)nranks);
+        unsigned char* in = malloc(in_n * sz);
+        unsigned char* out = malloc(in_n * sz);
+        unsigned char* want = malloc(n * sz);
+        unsigned char* s = malloc(8 * (size_t)nranks);
+        for (int r = 0; r < nranks; r++) {
+          pm_fill(t, all + (size_t)r * in_n * sz, in_n, r, salt);
+          pm_scalar(t, r, s + 8 * r);
+        }
+        size_t from = coll == 1 ? (size_t)rank * n : 0;
+        for (size_t i = 0; i < n; i++) {
+          double acc = 0;
+          uint64_t iacc = 0;
+          for (int r = 0; r < nranks; r++) {
+            const unsigned char* x = all + (size_t)r * in_n * sz;
+            if (pm_is_int(t)) iacc += pm_get_int(t, x, from + i) * pm_get_int(t, s + 8 * r, 0);
+            else acc += pm_get(t, x, from + i) * pm_get(t, s + 8 * r, 0);
+          }
+          pm_put(t, want, i, acc, iacc);
+        }
+        memcpy(in, all + (size_t)rank * in_n * sz, in_n * sz);
+        memset(out, 0xa5, in_n * sz);
+        unsigned char* result;
+        const char* what = coll == 0 ? "allreduce" : coll == 1 ? "reduce-scatter" : "reduce";
+        if (coll == 0) {
+          result = in_place ? in : out;
+          OK(ncclAllReduce(in, result, n, t, op, comm, NULL));
+        } else if (coll == 1) {
+          result = in_place ? in + (size_t)rank * n * sz : out;
+          OK(ncclReduceScatter(in, result, n, t, op, comm, NULL));
+        } else {
+          result = in_place ? in : out;
+          OK(ncclReduce(in, rank == root || ci != 1 ? result : NULL, n, t, op, root, comm, NULL));
+        }
+        if (coll < 2 || rank == root) {
+          CHECK(memcmp(result, want, n * sz) == 0, "PreMulSum %s of %zu x type %d (in place %d, rank %d)", what, n, (int)t,
+                in_place, rank);
+        } else if (!in_place) {
+          size_t touched = 0;
+          for (size_t i = 0; i < n * sz; i++) touched += out[i] != 0xa5;
+          CHECK(touched == 0, "PreMulSum reduce wrote %zu bytes of a non-root's output", touched);
+        }
+        if (!in_place || (coll == 2 && rank != root))
+          CHECK(memcmp(in, all + (size_t)rank * in_n * sz, in_n * sz) == 0, "PreMulSum %s changed the input", what);
+        free(all); free(in); free(out); free(want); free(s);
+      }
+    }
+    /* The operator belongs to its type. */
+    float f[4] = {1, 2, 3, 4};
+    if (t != ncclFloat32) {
+      EXPECT(ncclAllReduce(f, f, 4, ncclFloat32, op, comm, NULL), ncclInvalidArgument);
+      CHECK(last_error_contains("made for"), "wrong datatype named");
+    }
+    OK(ncclRedOpDestroy(op, comm));
+    EXPECT(ncclAllReduce(f, f, 4, t, op, comm, NULL), ncclInvalidArgument);
+    CHECK(last_error_contains("destroyed"), "destroyed operator named");
+  }
+}
+
 /* One rank of a job of `nranks` forked processes. */
 static int child(ncclUniqueId id, int rank, int nranks) {
   char name[32];
@@ -418,6 +549,7 @@ static int child(ncclUniqueId id, int rank, int nranks) {
   alltoall_suite(comm, rank, nranks);
   broadcast_suite(comm, rank, nranks);
   reduce_suite(comm, rank, nranks);
+  premul_suite(comm, rank, nranks);
 
   /* Windows: collective; the same length on every rank, else an error on every rank. */
   float* wbuf = NULL;
@@ -921,8 +1053,8 @@ static void single_process_tests(void) {
   half_suite(comm, 0, 1);
 
   integer_suite(comm, 0, 1);
-  /* An operator past the built-in ones: only ncclRedOpCreatePreMulSum makes those, and it
-     needs a real NCCL, so here it is an invalid argument (as NCCL answers one it did not make). */
+  /* An operator past the built-in ones that ncclRedOpCreatePreMulSum did not make on this
+     communicator: an invalid argument (as NCCL answers one it did not make). */
   EXPECT(ncclAllReduce(x, x, 8, ncclFloat32, (ncclRedOp_t)5, comm, NULL), ncclInvalidArgument);
   CHECK(last_error_contains("op 5"), "unknown operator named");
   OK(ncclBroadcast(x, x, 8, ncclFloat32, 0, comm, NULL)); /* one rank: in place, a no-op */
@@ -940,10 +1072,39 @@ static void single_process_tests(void) {
   int32_t ints[8] = {5, -7, 1, 2, 3, 4, 5, 6};
   OK(ncclReduceScatter(ints, ints, 8, ncclInt32, ncclSum, comm, NULL)); /* one rank: a no-op */
   CHECK(ints[0] == 5 && ints[1] == -7, "one-rank int32 reduce-scatter changed its input");
-  ncclRedOp_t op;
-  float scalar = 2.0f;
-  EXPECT(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat32, ncclScalarHostImmediate, comm), ncclInvalidUsage);
-  CHECK(last_error_contains("real NCCL"), "forwarding error names the reason");
+  /* PreMulSum on one rank: the output is the input times the scalar; then its bad uses. */
+  ncclRedOp_t op = ncclSum;
+  float scalar = 2.0f, y[8];
+  for (int i = 0; i < 8; i++) x[i] = (float)i - 3.0f;
+  OK(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat32, ncclScalarHostImmediate, comm));
+  CHECK(op >= ncclNumOps, "PreMulSum op %d", (int)op);
+  OK(ncclAllReduce(x, y, 8, ncclFloat32, op, comm, NULL));
+  for (int i = 0; i < 8; i++) CHECK(y[i] == 2.0f * x[i], "one-rank PreMulSum element %d: %g", i, y[i]);
+  OK(ncclGroupStart()); /* a served PreMulSum call inside a group runs at ncclGroupEnd */
+  OK(ncclReduce(x, y, 8, ncclFloat32, op, 0, comm, NULL));
+  OK(ncclGroupEnd());
+  for (int i = 0; i < 8; i++) CHECK(y[i] == 2.0f * x[i], "grouped one-rank PreMulSum element %d: %g", i, y[i]);
+  EXPECT(ncclAllReduce(x, y, 8, ncclBfloat16, op, comm, NULL), ncclInvalidArgument);
+  CHECK(last_error_contains("made for fp32"), "wrong datatype named");
+  EXPECT(ncclRedOpCreatePreMulSum(NULL, &scalar, ncclFloat32, ncclScalarHostImmediate, comm), ncclInvalidArgument);
+  EXPECT(ncclRedOpCreatePreMulSum(&op, NULL, ncclFloat32, ncclScalarHostImmediate, comm), ncclInvalidArgument);
+  EXPECT(ncclRedOpCreatePreMulSum(&op, &scalar, (ncclDataType_t)99, ncclScalarDevice, comm), ncclInvalidArgument);
+  EXPECT(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat32, (ncclScalarResidence_t)5, comm), ncclInvalidArgument);
+  EXPECT(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat32, ncclScalarDevice, NULL), ncclInvalidArgument);
+  EXPECT(ncclRedOpDestroy(ncclSum, comm), ncclInvalidArgument);
+  EXPECT(ncclRedOpDestroy(op, NULL), ncclInvalidArgument);
+  ncclComm_t other = NULL;
+  OK(ncclCommSplit(comm, 0, 0, &other, NULL));
+  if (other) {
+    EXPECT(ncclAllReduce(x, y, 8, ncclFloat32, op, other, NULL), ncclInvalidArgument);
+    CHECK(last_error_contains("another communicator"), "another communicator's operator named");
+    EXPECT(ncclRedOpDestroy(op, other), ncclInvalidArgument);
+    OK(ncclCommDestroy(other));
+  }
+  OK(ncclRedOpDestroy(op, comm));
+  EXPECT(ncclReduceScatter(x, y, 8, ncclFloat32, op, comm, NULL), ncclInvalidArgument);
+  CHECK(last_error_contains("destroyed"), "destroyed operator named");
+  EXPECT(ncclRedOpDestroy(op, comm), ncclInvalidArgument);
 
   /* Groups. */
   OK(ncclGroupStart());
