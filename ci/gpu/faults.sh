@@ -43,9 +43,9 @@ launch() {
 }
 
 for case in $CASES; do
-    start=$(date +%s.%N)
+    start=$EPOCHREALTIME
     launch "fault-$case" "$BIN/oxccl-gpu-suite" faults "$case"
-    secs=$(echo "$(date +%s.%N) - $start" | bc)
+    secs=$(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
     ok=1
     victim=$((WORLD - 1))
     for ((r = 0; r < victim; r++)); do
