@@ -15,6 +15,7 @@
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=src/sys/functions.in");
     for var in [
         "OXCCL_HIP5_INCLUDE_DIR",
         "OXCCL_HIP6_INCLUDE_DIR",
@@ -37,56 +38,8 @@ mod hip {
     /// The ABI generations with checked-in bindings (`src/sys/v<N>.rs`).
     const GENERATIONS: &[u32] = &[5, 6, 7];
 
-    /// Every HIP function oxccl calls. Keep in step with `src/result.rs`.
-    const FUNCTIONS: &[&str] = &[
-        "hipGetErrorName",
-        "hipGetErrorString",
-        "hipRuntimeGetVersion",
-        "hipGetDeviceCount",
-        "hipSetDevice",
-        "hipGetDevice",
-        "hipDeviceGetAttribute",
-        "hipDeviceGetName",
-        "hipDeviceTotalMem",
-        "hipDeviceCanAccessPeer",
-        "hipDeviceEnablePeerAccess",
-        "hipDeviceSynchronize",
-        "hipMalloc",
-        "hipExtMallocWithFlags",
-        "hipFree",
-        "hipHostMalloc",
-        "hipHostFree",
-        "hipHostGetDevicePointer",
-        "hipMemGetAllocationGranularity",
-        "hipMemCreate",
-        "hipMemRelease",
-        "hipMemAddressReserve",
-        "hipMemAddressFree",
-        "hipMemMap",
-        "hipMemUnmap",
-        "hipMemSetAccess",
-        "hipMemExportToShareableHandle",
-        "hipMemImportFromShareableHandle",
-        "hipIpcGetMemHandle",
-        "hipIpcOpenMemHandle",
-        "hipIpcCloseMemHandle",
-        "hipStreamCreateWithFlags",
-        "hipStreamDestroy",
-        "hipStreamSynchronize",
-        "hipStreamWaitEvent",
-        "hipStreamIsCapturing",
-        "hipEventCreateWithFlags",
-        "hipEventDestroy",
-        "hipEventRecord",
-        "hipEventSynchronize",
-        "hipEventElapsedTime",
-        "hipMemcpyAsync",
-        "hipMemsetD8Async",
-        "hipModuleLoadData",
-        "hipModuleUnload",
-        "hipModuleGetFunction",
-        "hipModuleLaunchKernel",
-    ];
+    /// Every HIP function oxccl calls (shared with `sys::FUNCTIONS`).
+    const FUNCTIONS: &[&str] = &include!("src/sys/functions.in");
 
     /// Flag macros and version numbers oxccl uses.
     const VARS: &[&str] = &[

@@ -135,6 +135,16 @@ impl Hip {
         } else {
             None
         };
+        // Name the first function the library lacks (the table's own error does not).
+        for name in sys::FUNCTIONS {
+            // SAFETY: only looks the symbol up; the pointer is not used.
+            if let Err(e) = unsafe { lib.get::<*const ()>(name.as_bytes()) } {
+                return Err(Error::RuntimeMissing(format!(
+                    "no ROCm runtime found (libamdhip64 could not be loaded): {path} lacks \
+                     {name}: {e}"
+                )));
+            }
+        }
         // SAFETY: every symbol is resolved with the signature bindgen generated from the
         // HIP headers, identical in every supported generation (see `sys`).
         let api = unsafe { sys::HipApi::from_library(lib) }.map_err(|e| {

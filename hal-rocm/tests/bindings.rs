@@ -68,6 +68,22 @@ fn every_generation_has_the_same_function_table() {
 }
 
 #[test]
+fn the_symbol_list_is_the_function_table() {
+    let v7 = checked_in(7);
+    let table = item(&v7, "pub struct HipApi {");
+    let mut fields: Vec<&str> = table
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("pub "))
+        .filter_map(|l| l.split(':').next())
+        .filter(|n| n.starts_with("hip"))
+        .collect();
+    let mut listed = oxccl_hal_rocm::sys::FUNCTIONS.to_vec();
+    fields.sort_unstable();
+    listed.sort_unstable();
+    assert_eq!(fields, listed);
+}
+
+#[test]
 fn each_file_says_which_headers_it_comes_from() {
     for (g, headers) in [(5, "5.7"), (6, "6.4"), (7, "7.2")] {
         let text = checked_in(g);

@@ -466,6 +466,31 @@ fn runtimes_of_unsupported_majors_are_refused_naming_both_versions() {
     }
 }
 
+/// A library with `hipRuntimeGetVersion` and nothing else: the version is read before the
+/// function table, so an unsupported major is named as such even though symbols are
+/// missing, while a supported major that lacks them is no usable runtime.
+#[test]
+fn the_version_is_checked_before_the_symbols() {
+    for (version, unsupported) in [(80_000_000, true), (60_200_000, false)] {
+        let lib = common::build_c_library(
+            &format!("version_only_{version}"),
+            &format!("int hipRuntimeGetVersion(int *v) {{ *v = {version}; return 0; }}\n"),
+        );
+        let err = oxccl_hal_rocm::Hip::load(&lib).unwrap_err();
+        let m = err.to_string();
+        if unsupported {
+            assert!(matches!(err, Error::Unsupported(_)), "{m}");
+            assert!(m.contains("is version 8.0.0 "), "{m}");
+        } else {
+            assert!(matches!(err, Error::RuntimeMissing(_)), "{m}");
+            assert!(
+                m.contains("hipGetErrorName") || m.contains("undefined symbol"),
+                "{m}"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_library_without_hip_symbols_is_no_runtime() {
     let err = oxccl_hal_rocm::Hip::load("libc.so.6").unwrap_err();

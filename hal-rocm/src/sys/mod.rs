@@ -80,6 +80,10 @@ pub const HIP_LAUNCH_PARAM_BUFFER_SIZE: usize = 0x02;
 /// `HIP_LAUNCH_PARAM_END` (`((void*)0x03)` in the headers).
 pub const HIP_LAUNCH_PARAM_END: usize = 0x03;
 
+/// Every function in [`HipApi`] (the symbols a runtime must export; `tests/bindings.rs`
+/// checks the list against the table). Used to name the one a library lacks.
+pub const FUNCTIONS: &[&str] = &include!("functions.in");
+
 /// The HIP major versions oxccl has bindings for.
 pub const SUPPORTED_MAJORS: &[i32] = &[5, 6, 7];
 

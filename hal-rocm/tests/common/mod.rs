@@ -139,6 +139,28 @@ pub fn fake_library(generation: u32) -> PathBuf {
     lib
 }
 
+/// Compiles the C `source` into the shared library `name` (in the fake's build directory).
+pub fn build_c_library(name: &str, source: &str) -> PathBuf {
+    let dir = out_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).unwrap();
+    let lib = dir.join(format!("{name}.so"));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let out = Command::new(&cc)
+        .args(["-shared", "-fPIC", "-Wall", "-Werror", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .unwrap_or_else(|e| panic!("running the C compiler '{cc}' (set CC): {e}"));
+    assert!(
+        out.status.success(),
+        "compiling {name}.c failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    lib
+}
+
 /// A private copy of generation `generation`'s fake library.
 fn private_copy(generation: u32) -> PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);
