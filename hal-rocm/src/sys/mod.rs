@@ -3,7 +3,9 @@
 //!
 //! # Generations
 //!
-//! AMD breaks the HIP ABI only at major releases (ROCm 6.0, 7.0). [`v5`], [`v6`] and [`v7`]
+//! AMD breaks the HIP ABI only at major releases (ROCm 6.0, 7.0), so a runtime is matched
+//! by its major version alone; other minors than the headers' below (e.g. 5.0 to 5.6, 6.0 to
+//! 6.3) were not compared. [`v5`], [`v6`] and [`v7`]
 //! are bindgen's output for the HIP 5.7, 6.4 and 7.2 headers (Debian's `libamdhip64-dev`),
 //! restricted to what oxccl calls, and checked into git: a `--features rocm` build needs no
 //! HIP headers and no libclang for this crate, and one binary serves all three runtimes.
