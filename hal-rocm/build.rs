@@ -1,116 +1,45 @@
-//! Generates the HIP runtime bindings (feature `hip`) with bindgen from installed headers.
+//! Regenerates the checked-in HIP bindings (`src/sys/v{5,6,7}.rs`) when asked; a normal
+//! build does nothing here and needs no HIP headers.
+//!
+//! The bindings of every supported HIP ABI generation live in git (see `src/sys/mod.rs`
+//! for why). With feature `hip`, for each generation `N` whose headers are named by
+//! `OXCCL_HIP<N>_INCLUDE_DIR` (the include directory holding `hip/hip_runtime_api.h`;
+//! `ci/toolchains/hip.sh` exports all three), bindgen regenerates `v<N>.rs` into `OUT_DIR`
+//! and `tests/bindings.rs` compares it with the checked-in file. With
+//! `OXCCL_HIP_BINDGEN_WRITE=1` the result is written over `src/sys/v<N>.rs` instead
+//! (`ci/toolchains/hip-bindgen.sh` does this).
 //!
 //! Only what oxccl calls is generated (allowlists below). The bindings describe a table of
 //! function pointers filled at run time from libamdhip64 (`dynamic_library_name`): nothing
-//! here links against the HIP runtime, so a machine with headers but no runtime builds.
-//!
-//! Where the headers are looked for, first match wins (each must hold
-//! `hip/hip_runtime_api.h`):
-//! 1. `HIP_INCLUDE_DIR` (the include directory itself),
-//! 2. `$HIP_PATH/include`, `$ROCM_PATH/include`,
-//! 3. `$OXCCL_HIP_TOOLCHAIN/{root/usr,usr,}/include` (the prefix `ci/toolchains/hip.sh` fills),
-//! 4. `/opt/rocm/include`,
-//! 5. `<workspace>/.toolchains/hip/root/usr/include` (hip.sh's default prefix).
-
-use std::env;
-use std::path::{Path, PathBuf};
+//! links against the HIP runtime.
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=src/sys/functions.in");
     for var in [
-        "HIP_INCLUDE_DIR",
-        "HIP_PATH",
-        "ROCM_PATH",
-        "OXCCL_HIP_TOOLCHAIN",
+        "OXCCL_HIP5_INCLUDE_DIR",
+        "OXCCL_HIP6_INCLUDE_DIR",
+        "OXCCL_HIP7_INCLUDE_DIR",
+        "OXCCL_HIP_BINDGEN_WRITE",
         "LIBCLANG_PATH",
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
     #[cfg(feature = "hip")]
-    hip::generate();
-}
-
-/// Candidate include directories, in the order documented above.
-#[cfg_attr(not(feature = "hip"), allow(dead_code))]
-fn include_candidates() -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    if let Some(dir) = env::var_os("HIP_INCLUDE_DIR") {
-        out.push(PathBuf::from(dir));
-    }
-    for var in ["HIP_PATH", "ROCM_PATH"] {
-        if let Some(dir) = env::var_os(var) {
-            out.push(Path::new(&dir).join("include"));
-        }
-    }
-    if let Some(dir) = env::var_os("OXCCL_HIP_TOOLCHAIN") {
-        let p = PathBuf::from(dir);
-        out.push(p.join("root/usr/include"));
-        out.push(p.join("usr/include"));
-        out.push(p.join("include"));
-    }
-    out.push(PathBuf::from("/opt/rocm/include"));
-    if let Some(manifest) = env::var_os("CARGO_MANIFEST_DIR") {
-        out.push(Path::new(&manifest).join("../.toolchains/hip/root/usr/include"));
-    }
-    out
+    hip::regenerate();
 }
 
 #[cfg(feature = "hip")]
 mod hip {
     use std::env;
-    use std::path::PathBuf;
+    use std::path::{Path, PathBuf};
     use std::process::exit;
 
-    /// Every HIP function oxccl calls. Keep in step with `src/result.rs`.
-    const FUNCTIONS: &[&str] = &[
-        "hipGetErrorName",
-        "hipGetErrorString",
-        "hipRuntimeGetVersion",
-        "hipGetDeviceCount",
-        "hipSetDevice",
-        "hipGetDevice",
-        "hipDeviceGetAttribute",
-        "hipDeviceGetName",
-        "hipDeviceTotalMem",
-        "hipDeviceCanAccessPeer",
-        "hipDeviceEnablePeerAccess",
-        "hipDeviceSynchronize",
-        "hipMalloc",
-        "hipExtMallocWithFlags",
-        "hipFree",
-        "hipHostMalloc",
-        "hipHostFree",
-        "hipHostGetDevicePointer",
-        "hipMemGetAllocationGranularity",
-        "hipMemCreate",
-        "hipMemRelease",
-        "hipMemAddressReserve",
-        "hipMemAddressFree",
-        "hipMemMap",
-        "hipMemUnmap",
-        "hipMemSetAccess",
-        "hipMemExportToShareableHandle",
-        "hipMemImportFromShareableHandle",
-        "hipIpcGetMemHandle",
-        "hipIpcOpenMemHandle",
-        "hipIpcCloseMemHandle",
-        "hipStreamCreateWithFlags",
-        "hipStreamDestroy",
-        "hipStreamSynchronize",
-        "hipStreamWaitEvent",
-        "hipStreamIsCapturing",
-        "hipEventCreateWithFlags",
-        "hipEventDestroy",
-        "hipEventRecord",
-        "hipEventSynchronize",
-        "hipEventElapsedTime",
-        "hipMemcpyAsync",
-        "hipMemsetD8Async",
-        "hipModuleLoadData",
-        "hipModuleUnload",
-        "hipModuleGetFunction",
-        "hipModuleLaunchKernel",
-    ];
+    /// The ABI generations with checked-in bindings (`src/sys/v<N>.rs`).
+    const GENERATIONS: &[u32] = &[5, 6, 7];
+
+    /// Every HIP function oxccl calls (shared with `sys::FUNCTIONS`).
+    const FUNCTIONS: &[&str] = &include!("src/sys/functions.in");
 
     /// Flag macros and version numbers oxccl uses.
     const VARS: &[&str] = &[
@@ -127,34 +56,75 @@ mod hip {
         "hipDeviceMallocUncached",
     ];
 
-    pub(super) fn generate() {
-        let Some(include) = super::include_candidates()
-            .into_iter()
-            .find(|d| d.join("hip/hip_runtime_api.h").is_file())
-        else {
+    /// Enum types oxccl passes or compares (more come in through the signatures).
+    const TYPES: &[&str] = &[
+        "hipError_t",
+        "hipDeviceAttribute_t",
+        "hipStreamCaptureStatus",
+        "hipMemcpyKind",
+        "hipMemAllocationProp",
+        "hipMemAccessDesc",
+        "hipMemAllocationGranularity_flags",
+        "hipMemAllocationHandleType",
+    ];
+
+    pub(super) fn regenerate() {
+        let out = PathBuf::from(env::var_os("OUT_DIR").unwrap_or_default());
+        // The test that compares regenerated and checked-in bindings reads them here.
+        println!("cargo:rustc-env=OXCCL_HIP_BINDGEN_OUT={}", out.display());
+        let write = env::var("OXCCL_HIP_BINDGEN_WRITE").is_ok_and(|v| v == "1");
+        let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
+        for &generation in GENERATIONS {
+            // Nothing stale for the comparison test to find.
+            let _ = std::fs::remove_file(out.join(format!("v{generation}.rs")));
+            let Some(include) = env::var_os(format!("OXCCL_HIP{generation}_INCLUDE_DIR")) else {
+                continue;
+            };
+            let include = PathBuf::from(include);
+            let text = generate(generation, &include);
+            let target = if write {
+                manifest.join(format!("src/sys/v{generation}.rs"))
+            } else {
+                out.join(format!("v{generation}.rs"))
+            };
+            if let Err(e) = std::fs::write(&target, text) {
+                eprintln!("error: writing {}: {e}", target.display());
+                exit(1);
+            }
+        }
+    }
+
+    /// `#define HIP_VERSION_<part> <n>` from `hip/hip_version.h`.
+    fn header_version(include: &Path, part: &str) -> Option<u32> {
+        let text = std::fs::read_to_string(include.join("hip/hip_version.h")).ok()?;
+        let key = format!("#define HIP_VERSION_{part} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    fn generate(generation: u32, include: &Path) -> String {
+        if !include.join("hip/hip_runtime_api.h").is_file() {
             eprintln!(
-                "error: oxccl-hal-rocm (feature `hip`, enabled by `--features rocm`) needs the \
-                 HIP headers (hip/hip_runtime_api.h) to generate its bindings, and found none.\n\
-                 Looked in: {}\n\
-                 Install ROCm (https://rocm.docs.amd.com; headers land in /opt/rocm/include) and \
-                 set ROCM_PATH if it is elsewhere, or on Debian/Ubuntu CI run \
-                 `ci/toolchains/hip.sh && . .toolchains/hip/env.sh` (HIP headers from Debian's \
-                 libamdhip64-dev, no runtime needed).",
-                super::include_candidates()
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                "error: OXCCL_HIP{generation}_INCLUDE_DIR={} holds no hip/hip_runtime_api.h \
+                 (run ci/toolchains/hip.sh and source .toolchains/hip/env.sh)",
+                include.display()
             );
             exit(1);
-        };
-        println!("cargo:rerun-if-changed={}", include.join("hip").display());
-        // The fake runtime of the tests is compiled against the same headers.
-        println!(
-            "cargo:rustc-env=OXCCL_HIP_INCLUDE_DIR={}",
-            include.display()
+        }
+        let (major, minor) = (
+            header_version(include, "MAJOR"),
+            header_version(include, "MINOR"),
         );
-
+        if major != Some(generation) {
+            eprintln!(
+                "error: OXCCL_HIP{generation}_INCLUDE_DIR={} holds HIP {major:?}.{minor:?} \
+                 headers, not HIP {generation}.x",
+                include.display()
+            );
+            exit(1);
+        }
+        println!("cargo:rerun-if-changed={}", include.join("hip").display());
         let mut builder = bindgen::Builder::default()
             .header_contents(
                 "oxccl_hip_wrapper.h",
@@ -163,6 +133,13 @@ mod hip {
             .clang_arg(format!("-I{}", include.display()))
             .clang_arg("-D__HIP_PLATFORM_AMD__=1")
             .clang_arg("-xc")
+            .raw_line(format!(
+                "// HIP {generation}.x ABI: generated by bindgen from the HIP {}.{} headers \
+                 (hal-rocm/build.rs,\n// ci/toolchains/hip-bindgen.sh). Do not edit; \
+                 tests/bindings.rs checks that regenerating reproduces it.",
+                generation,
+                minor.unwrap_or(0)
+            ))
             // Newtype enums: the runtime may return values these headers do not know, which
             // would be undefined behaviour in a Rust enum.
             .default_enum_style(bindgen::EnumVariation::NewType {
@@ -174,23 +151,18 @@ mod hip {
             .derive_default(true)
             .layout_tests(true)
             .generate_comments(false)
-            .allowlist_type("hipError_t")
-            .allowlist_type("hipDeviceAttribute_t")
-            .allowlist_type("hipStreamCaptureStatus")
-            .allowlist_type("hipMemcpyKind")
-            .allowlist_type("hipMemAllocationProp")
-            .allowlist_type("hipMemAccessDesc")
-            .allowlist_type("hipMemAllocationGranularity_flags")
-            .allowlist_type("hipMemAllocationHandleType")
             .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()));
+        for t in TYPES {
+            builder = builder.allowlist_type(t);
+        }
         for f in FUNCTIONS {
             builder = builder.allowlist_function(f);
         }
         for v in VARS {
             builder = builder.allowlist_var(v);
         }
-        let bindings = match builder.generate() {
-            Ok(b) => b,
+        match builder.generate() {
+            Ok(b) => b.to_string(),
             Err(e) => {
                 eprintln!(
                     "error: bindgen could not parse the HIP headers in {}: {e}\n\
@@ -200,11 +172,6 @@ mod hip {
                 );
                 exit(1);
             }
-        };
-        let out = PathBuf::from(env::var_os("OUT_DIR").unwrap_or_default()).join("hip_sys.rs");
-        if let Err(e) = bindings.write_to_file(&out) {
-            eprintln!("error: writing {}: {e}", out.display());
-            exit(1);
         }
     }
 }

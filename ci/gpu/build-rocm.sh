@@ -21,9 +21,9 @@ if [[ ! -f "${ROCM_PATH}/include/hip/hip_runtime_api.h" ]]; then
     echo "build-rocm.sh: no HIP headers in ${ROCM_PATH}/include; install ROCm 6.x or set ROCM_PATH" >&2
     exit 1
 fi
-# The bindings must come from the headers of the runtime that will be loaded: oxccl
-# refuses a runtime whose major version differs from the headers'. Drop anything that
-# points the build at other headers (e.g. the CI prefix of ci/toolchains/hip.sh).
+# The kernels are compiled with this ROCm's clang and headers (the HIP bindings of
+# oxccl-hal-rocm are checked in and serve HIP 5.x, 6.x and 7.x). Drop anything that points
+# the build at other headers (e.g. the CI prefix of ci/toolchains/hip.sh).
 unset HIP_INCLUDE_DIR OXCCL_HIP_TOOLCHAIN HIP_CLANG ROCM_DEVICE_LIB_PATH
 export HIP_PATH="${ROCM_PATH}"
 export OXCCL_ROCM_ARCHS="${OXCCL_ROCM_ARCHS:-gfx942}"
@@ -35,8 +35,9 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 echo "build-rocm.sh: ROCm $(cat "${ROCM_PATH}/.info/version" 2>/dev/null || echo '(version unknown)') in ${ROCM_PATH}, archs ${OXCCL_ROCM_ARCHS}"
 
 if [[ "${OXCCL_SKIP_FAKE_TESTS:-0}" != 1 ]]; then
-    # The backend against a fake HIP runtime compiled from these same headers: checks the
-    # bindings and the IPC cache before anything touches a GPU.
+    # The backend against a fake HIP runtime compiled from these same headers (the fake
+    # tests find them through ROCM_PATH): checks this generation's values and the IPC cache
+    # before anything touches a GPU.
     cargo test -p oxccl-hal-rocm --features rocm
 fi
 

@@ -2,6 +2,10 @@
 # Installs what building oxccl-kernels with `--features rocm` needs on Debian bookworm
 # (root): clang/lld 19 from bookworm, and HIP headers plus AMD device bitcode from Debian
 # trixie's packages, unpacked (never installed) into <repo>/.toolchains/hip.
+# Also unpacks the HIP 6.x and 7.x headers (pinned libamdhip64-dev packages of Debian sid
+# and experimental) next to trixie's 5.7: oxccl-hal-rocm's tests build their fake HIP
+# runtime once per ABI generation from them and check that regenerating the checked-in
+# bindings (hal-rocm/src/sys/v{5,6,7}.rs) reproduces them.
 #
 # Usage:
 #     ci/toolchains/hip.sh             # installs once; re-runs return at once
@@ -25,6 +29,17 @@ TRIXIE_PACKAGES=(
 )
 # -----------------------------------------------------------------------------------------
 
+# ---- HIP headers of the later ABI generations: pinned .debs (pool path and SHA256). -----
+# Fetched by path, not through apt's sid/experimental indexes (tens of MB): the versions are
+# pinned so that regenerating the bindings is reproducible. If the Debian mirror no longer
+# carries one, snapshot.debian.org does.
+HIP_GENERATION_DEBS=(
+    "6 pool/main/r/rocm-hipamd/libamdhip64-dev_6.4.3-5_amd64.deb f2a3a542d41883f87a45e2d0554c1c84ccf350c836b9e8b35473dadbc34ced5e"
+    "7 pool/main/r/rocm-hipamd/libamdhip64-dev_7.2.4-1~exp2_amd64.deb 28ae316c5be2d33b53fae8f2151e76a758f84aa3493abafeaef935e49cc5ba07"
+)
+SNAPSHOT="${OXCCL_DEBIAN_SNAPSHOT:-https://snapshot.debian.org/archive/debian/20261125T000000Z}"
+# -----------------------------------------------------------------------------------------
+
 TRIXIE_SUITE="${OXCCL_TRIXIE_SUITE:-trixie}"
 DEBIAN_MIRROR="${OXCCL_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 KEYRING="/usr/share/keyrings/debian-archive-keyring.gpg"
@@ -32,7 +47,7 @@ KEYRING="/usr/share/keyrings/debian-archive-keyring.gpg"
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 prefix="${OXCCL_TOOLCHAINS:-${repo_root}/.toolchains}/hip"
 stamp="${prefix}/.installed"
-want="$(printf '%s\n' "${APT_PACKAGES[@]}" "--" "${TRIXIE_PACKAGES[@]}")"
+want="$(printf '%s\n' "${APT_PACKAGES[@]}" "--" "${TRIXIE_PACKAGES[@]}" "--" "${HIP_GENERATION_DEBS[@]}")"
 
 if [[ -f "${stamp}" && "$(cat "${stamp}")" == "${want}" && -f "${prefix}/env.sh" ]] \
     && command -v clang-19 >/dev/null; then
@@ -100,6 +115,23 @@ patch="$(sed -n 's/^#define HIP_VERSION_PATCH \([0-9]*\).*/\1/p' "${hip_ver_h}" 
 printf 'HIP_VERSION_MAJOR=%s\nHIP_VERSION_MINOR=%s\nHIP_VERSION_PATCH=%s\n' \
     "${major:-5}" "${minor:-7}" "${patch:-0}" | tee "${hip_path}/bin/.hipVersion" > "${hip_path}/share/hip/version"
 
+# The HIP 6.x and 7.x headers, each in its own root (only the headers are used).
+declare -A gen_include=([5]="${hip_include}")
+for entry in "${HIP_GENERATION_DEBS[@]}"; do
+    read -r gen pool sha <<<"${entry}"
+    deb="${aptdir}/debs/$(basename "${pool}")"
+    if ! /usr/lib/apt/apt-helper -qq -o APT::Sandbox::User=root download-file "${DEBIAN_MIRROR}/${pool}" "${deb}" "SHA256:${sha}"; then
+        /usr/lib/apt/apt-helper -qq -o APT::Sandbox::User=root download-file "${SNAPSHOT}/${pool}" "${deb}" "SHA256:${sha}"
+    fi
+    gen_root="${prefix}/hip${gen}"
+    rm -rf "${gen_root}"
+    mkdir -p "${gen_root}"
+    dpkg-deb -x "${deb}" "${gen_root}"
+    h="$(find "${gen_root}" -path '*/include/hip/hip_runtime_api.h' | head -n1)"
+    [[ -n "${h}" ]] || { echo "hip.sh: hip/hip_runtime_api.h not found in $(basename "${pool}")" >&2; exit 1; }
+    gen_include[${gen}]="$(dirname "$(dirname "${h}")")"
+done
+
 clang="$(command -v clang-19)"
 libclang_dir="$(dirname "$(find /usr/lib/llvm-*/lib -maxdepth 1 -name 'libclang.so*' | sort -V | tail -n1)")"
 
@@ -111,6 +143,12 @@ export HIP_PATH="${hip_path}"
 export HIP_INCLUDE_DIR="${hip_include}"
 export ROCM_DEVICE_LIB_PATH="${bitcode}"
 export LIBCLANG_PATH="${libclang_dir}"
+# One include directory per HIP ABI generation (oxccl-hal-rocm's fake runtimes and the
+# check of its checked-in bindings); with ALL_GENERATIONS its tests fail if one is missing.
+export OXCCL_HIP5_INCLUDE_DIR="${gen_include[5]}"
+export OXCCL_HIP6_INCLUDE_DIR="${gen_include[6]}"
+export OXCCL_HIP7_INCLUDE_DIR="${gen_include[7]}"
+export OXCCL_HIP_ALL_GENERATIONS=1
 ENV
 printf '%s\n' "${want}" > "${stamp}"
 cat "${prefix}/env.sh"

@@ -100,14 +100,15 @@ impl RocmDevice {
     ///
     /// Never through `hipDeviceProp_t`: its layout changed in ROCm 6 (the runtime exports
     /// `hipGetDevicePropertiesR0600` next to the old symbol and the headers pick one by
-    /// macro), so a structure read through bindings generated from one release's headers
-    /// is garbage with the other's runtime. Attributes are plain ints by enum value.
+    /// macro), so a structure read with one generation's layout is garbage with another's
+    /// runtime. Attributes are plain ints, numbered by the runtime's generation
+    /// ([`sys::Abi`]).
     fn query_capabilities(hip: &Hip, dev: c_int) -> Result<Capabilities> {
-        use sys::hipDeviceAttribute_t as A;
+        use sys::Attribute as A;
         let attr = |a: A| hip.attribute(a, dev);
-        let vmm = attr(A::hipDeviceAttributeVirtualMemoryManagementSupported)? != 0;
+        let vmm = attr(A::VirtualMemoryManagementSupported)? != 0;
         let allocation_granularity = if vmm {
-            hip.allocation_granularity(&vmm_prop(dev))? as u64
+            hip.allocation_granularity(&vmm_prop(hip, dev))? as u64
         } else {
             0
         };
@@ -115,11 +116,10 @@ impl RocmDevice {
             backend: Some(BackendKind::Rocm),
             name: hip.device_name(dev)?,
             arch: arch_name(
-                attr(A::hipDeviceAttributeComputeCapabilityMajor)?,
-                attr(A::hipDeviceAttributeComputeCapabilityMinor)?,
+                attr(A::ComputeCapabilityMajor)?,
+                attr(A::ComputeCapabilityMinor)?,
             ),
-            multiprocessors: u32::try_from(attr(A::hipDeviceAttributeMultiprocessorCount)?)
-                .unwrap_or(0),
+            multiprocessors: u32::try_from(attr(A::MultiprocessorCount)?).unwrap_or(0),
             total_memory: hip.total_mem(dev)?,
             vmm,
             // HIP's VMM on Linux exports POSIX file descriptors (its only shareable type
@@ -132,7 +132,7 @@ impl RocmDevice {
             // HIP has no attribute for it; RDMA to AMD GPU memory depends on the kernel's
             // peer-memory support, which the InfiniBand transport probes itself.
             gpu_direct_rdma: false,
-            fine_grained_memory: attr(A::hipDeviceAttributeFineGrainSupport)? != 0,
+            fine_grained_memory: attr(A::FineGrainSupport)? != 0,
             allocation_granularity,
             // xGMI is not NVLink; nothing here relies on NVLink's line delivery.
             peers_over_nvlink: false,

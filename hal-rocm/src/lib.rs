@@ -3,18 +3,22 @@
 //! - **Feature `hip` holds the backend.** Without it this crate is empty, so that
 //!   `cargo build --workspace` works on machines without HIP headers; `oxccl-backend`'s
 //!   `rocm` feature enables it.
-//! - **Bindings: bindgen at build time, not `hip-sys`.** `hip-sys`/`hip-runtime-sys` 0.1.2
-//!   ship bindings pre-generated (bindgen 0.65) from one older ROCm release and *link*
+//! - **Bindings: checked in, one file per HIP ABI generation, not `hip-sys`.**
+//!   `hip-sys`/`hip-runtime-sys` 0.1.2 ship bindings of one older ROCm release and *link*
 //!   `libamdhip64` (`cargo:rustc-link-lib=dylib=amdhip64`), which breaks the rule that one
-//!   binary runs on machines with or without ROCm. `build.rs` runs bindgen on the installed
-//!   headers (`ROCM_PATH`/`HIP_PATH`, default `/opt/rocm`; on CI the Debian packages that
-//!   `ci/toolchains/hip.sh` unpacks), generating only the calls, types and flags oxccl uses,
-//!   as a table of function pointers ([`sys::HipApi`]).
-//! - **Nothing links libamdhip64.** [`Hip`] loads it with `libloading`: the file named by
-//!   `OXCCL_HIP_LIBRARY`, else `libamdhip64.so`, `.so.6`, `.so.5`, `$ROCM_PATH/lib/...`.
-//!   Without one every entry point answers [`oxccl_hal::Error::RuntimeMissing`] ("no ROCm
-//!   runtime found ..."). A runtime whose major version differs from the headers' is
-//!   refused: ROCm 6 changed structure layouts and enum values.
+//!   binary runs on machines with or without ROCm. [`sys::v5`], [`sys::v6`] and [`sys::v7`]
+//!   are bindgen's output for the HIP 5.7, 6.4 and 7.2 headers, restricted to the calls,
+//!   types and flags oxccl uses, as a table of function pointers ([`sys::HipApi`]). They are
+//!   in git (like cudarc's per-version bindings) so that a `--features rocm` build needs
+//!   neither HIP headers nor libclang here, and one binary serves every generation;
+//!   `build.rs` regenerates them only on request and `tests/bindings.rs` checks, where the
+//!   headers are present (CI), that regenerating changes nothing.
+//! - **The generation is chosen at run time.** [`Hip::load`] reads `hipRuntimeGetVersion`
+//!   and takes that major's [`sys::Abi`]: the enum values and flags of that generation
+//!   (e.g. `hipIpcMemLazyEnablePeerAccess` is 0 in 5.x, 1 from 6.0). A runtime of any other
+//!   major (4.x, 8.x) is [`oxccl_hal::Error::Unsupported`], naming the version found and
+//!   the generations supported. What differs between generations, and what oxccl avoids
+//!   because it differs (`hipDeviceProp_t`, `hipPointerAttribute_t`): [`sys`].
 //! - **Layers as in cudarc.** [`sys`]: raw bindings; [`result`]: one method per HIP call on
 //!   [`Hip`] returning `Result`, errors mapped to [`oxccl_hal::Error::Backend`] with the
 //!   call, the code, `hipGetErrorName` and `hipGetErrorString`; safe owners on top
@@ -40,8 +44,9 @@
 //!   bytes as the kernel's metadata says from an unchecked pointer).
 //!
 //! No AMD GPU has been available to this project: the backend is tested against a fake
-//! HIP runtime (`tests/fake_hip/`), never on an MI300X. `ci/gpu/run-rocm.sh` is the suite
-//! for someone who has one.
+//! HIP runtime (`tests/fake_hip/`), built once per generation against that generation's
+//! real headers, never against a real libamdhip64 of any version, and never on an MI300X.
+//! `ci/gpu/run-rocm.sh` is the suite for someone who has one.
 
 #[cfg(feature = "hip")]
 mod device;

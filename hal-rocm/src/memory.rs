@@ -17,17 +17,10 @@ use crate::sys;
 /// How long an importer waits for the owner's descriptor server.
 const FD_FETCH_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The allocation properties of a VMM allocation on `device` exportable as a POSIX FD.
-pub(crate) fn vmm_prop(device: c_int) -> sys::hipMemAllocationProp {
-    sys::hipMemAllocationProp {
-        type_: sys::hipMemAllocationType::hipMemAllocationTypePinned,
-        requestedHandleType: sys::hipMemAllocationHandleType::hipMemHandleTypePosixFileDescriptor,
-        location: sys::hipMemLocation {
-            type_: sys::hipMemLocationType::hipMemLocationTypeDevice,
-            id: device,
-        },
-        ..Default::default()
-    }
+/// The allocation properties of a VMM allocation on `device` exportable as a POSIX FD,
+/// in the numbering of `hip`'s generation.
+pub(crate) fn vmm_prop(hip: &Hip, device: c_int) -> sys::hipMemAllocationProp {
+    hip.abi().vmm_allocation_prop(device)
 }
 
 fn round_up(bytes: usize, granularity: usize) -> Result<usize> {
@@ -136,7 +129,7 @@ impl RocmMemory {
             // UC) sends every access to memory, so a peer's signal is seen by the next
             // load; this is what cross-GPU flags and LL packets need.
             MemoryKind::Coherent => Backing::Malloc(Raw(
-                hip.ext_malloc_with_flags(bytes, sys::hipDeviceMallocUncached)?
+                hip.ext_malloc_with_flags(bytes, hip.abi().device_malloc_uncached)?
             )),
             MemoryKind::Physical => {
                 if !vmm {
@@ -147,7 +140,7 @@ impl RocmMemory {
                             .into(),
                     ));
                 }
-                let prop = vmm_prop(device);
+                let prop = vmm_prop(hip, device);
                 let g = hip.allocation_granularity(&prop)?;
                 let size = round_up(bytes, g)?;
                 let handle = hip.mem_create(size, &prop)?;
@@ -263,8 +256,8 @@ impl RocmHostMemory {
         // Coherent: the proxy FIFO and host flags are polled by one side while the other
         // writes, so writes must be visible without a kernel boundary (the default
         // depends on HIP_HOST_COHERENT, so say it).
-        let flags =
-            sys::hipHostMallocMapped | sys::hipHostMallocPortable | sys::hipHostMallocCoherent;
+        let abi = hip.abi();
+        let flags = abi.host_malloc_mapped | abi.host_malloc_portable | abi.host_malloc_coherent;
         let host = hip.host_malloc(bytes, flags)?;
         // SAFETY: `host` was just allocated mapped.
         let device = match unsafe { hip.host_device_pointer(host) } {
@@ -374,7 +367,7 @@ impl IpcOpener for RocmIpcOpener {
                 let h = hip.import_posix_fd(fd.as_raw_fd())?;
                 // The imported handle holds the allocation; the descriptor can go.
                 drop(fd);
-                let g = hip.allocation_granularity(&vmm_prop(device))?;
+                let g = hip.allocation_granularity(&vmm_prop(&hip, device))?;
                 let range = VmmRange::map(&hip, h, size, device, g)?;
                 Ok(RocmMapping {
                     ptr: DevicePtr(range.base.0 as u64),

@@ -81,23 +81,20 @@ impl Module<RocmBackend> for RocmModule {
         let cname = CString::new(name)
             .map_err(|_| Error::InvalidArgument(format!("kernel name {name:?} contains NUL")))?;
         // SAFETY: the module is live while `self.inner` is.
-        match unsafe { self.inner.hip.module_get_function(self.inner.raw.0, &cname) } {
-            Ok(f) => Ok(RocmKernel {
+        match unsafe { self.inner.hip.module_get_function(self.inner.raw.0, &cname) }? {
+            Some(f) => Ok(RocmKernel {
                 raw: Raw(f),
                 name: name.to_string(),
                 _module: Arc::clone(&self.inner),
             }),
-            Err((code, _)) if code == sys::hipError_t::hipErrorNotFound => {
-                Err(Error::InvalidArgument(format!(
-                    "no kernel '{name}' in this code object; it defines: {}",
-                    if self.inner.names.is_empty() {
-                        "(no kernel names found)".to_string()
-                    } else {
-                        self.inner.names.join(", ")
-                    }
-                )))
-            }
-            Err((_, e)) => Err(e),
+            None => Err(Error::InvalidArgument(format!(
+                "no kernel '{name}' in this code object; it defines: {}",
+                if self.inner.names.is_empty() {
+                    "(no kernel names found)".to_string()
+                } else {
+                    self.inner.names.join(", ")
+                }
+            ))),
         }
     }
 }

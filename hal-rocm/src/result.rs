@@ -40,7 +40,7 @@ fn text(p: *const c_char) -> String {
     unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
-fn error_from(api: &sys::HipApi, call: &'static str, code: sys::hipError_t) -> Error {
+pub(crate) fn error_from(api: &sys::HipApi, call: &'static str, code: sys::hipError_t) -> Error {
     // SAFETY: both calls take any code and return a static string (or null).
     let (name, message) = unsafe {
         (
@@ -57,17 +57,6 @@ fn error_from(api: &sys::HipApi, call: &'static str, code: sys::hipError_t) -> E
     }
 }
 
-/// `hipRuntimeGetVersion`, before a [`Hip`] exists.
-pub(crate) fn runtime_version(api: &sys::HipApi) -> Result<i32> {
-    let mut v: c_int = 0;
-    // SAFETY: `v` is a valid out-pointer.
-    let rc = unsafe { api.hipRuntimeGetVersion(&mut v) };
-    if rc != sys::hipError_t::hipSuccess {
-        return Err(error_from(api, "hipRuntimeGetVersion", rc));
-    }
-    Ok(v)
-}
-
 impl Hip {
     /// The [`Error::Backend`] for `code` returned by `call`.
     pub fn error(&self, call: &'static str, code: sys::hipError_t) -> Error {
@@ -76,7 +65,7 @@ impl Hip {
 
     /// `Ok` for `hipSuccess`, else [`Hip::error`].
     pub fn check(&self, call: &'static str, code: sys::hipError_t) -> Result<()> {
-        if code == sys::hipError_t::hipSuccess {
+        if code == self.abi.success {
             Ok(())
         } else {
             Err(self.error(call, code))
@@ -89,7 +78,7 @@ impl Hip {
         let mut n: c_int = 0;
         // SAFETY: `n` is a valid out-pointer.
         let rc = unsafe { self.api.hipGetDeviceCount(&mut n) };
-        if rc == sys::hipError_t::hipErrorNoDevice {
+        if rc == self.abi.error_no_device {
             return Ok(0);
         }
         self.check("hipGetDeviceCount", rc)?;
@@ -112,11 +101,14 @@ impl Hip {
         Ok(d)
     }
 
-    /// `hipDeviceGetAttribute`.
-    pub fn attribute(&self, attr: sys::hipDeviceAttribute_t, device: c_int) -> Result<i32> {
+    /// `hipDeviceGetAttribute`, numbered as the runtime's generation numbers it.
+    pub fn attribute(&self, attr: sys::Attribute, device: c_int) -> Result<i32> {
         let mut v: c_int = 0;
         // SAFETY: `v` is a valid out-pointer.
-        let rc = unsafe { self.api.hipDeviceGetAttribute(&mut v, attr, device) };
+        let rc = unsafe {
+            self.api
+                .hipDeviceGetAttribute(&mut v, self.abi.attribute(attr), device)
+        };
         self.check("hipDeviceGetAttribute", rc)?;
         Ok(v)
     }
@@ -156,7 +148,7 @@ impl Hip {
     pub fn enable_peer_access(&self, peer: c_int) -> Result<()> {
         // SAFETY: plain value arguments.
         let rc = unsafe { self.api.hipDeviceEnablePeerAccess(peer, 0) };
-        if rc == sys::hipError_t::hipErrorPeerAccessAlreadyEnabled {
+        if rc == self.abi.error_peer_access_already_enabled {
             return Ok(());
         }
         self.check("hipDeviceEnablePeerAccess", rc)
@@ -233,11 +225,8 @@ impl Hip {
         let mut g: usize = 0;
         // SAFETY: `g` is a valid out-pointer and `prop` a valid structure.
         let rc = unsafe {
-            self.api.hipMemGetAllocationGranularity(
-                &mut g,
-                prop,
-                sys::hipMemAllocationGranularity_flags::hipMemAllocationGranularityMinimum,
-            )
+            self.api
+                .hipMemGetAllocationGranularity(&mut g, prop, self.abi.granularity_minimum)
         };
         self.check("hipMemGetAllocationGranularity", rc)?;
         Ok(g)
@@ -318,13 +307,7 @@ impl Hip {
     /// # Safety
     /// `p`/`bytes` must be mapped.
     pub unsafe fn mem_set_access(&self, p: *mut c_void, bytes: usize, device: c_int) -> Result<()> {
-        let desc = sys::hipMemAccessDesc {
-            location: sys::hipMemLocation {
-                type_: sys::hipMemLocationType::hipMemLocationTypeDevice,
-                id: device,
-            },
-            flags: sys::hipMemAccessFlags::hipMemAccessFlagsProtReadWrite,
-        };
+        let desc = self.abi.read_write_access(device);
         // SAFETY: `desc` is one valid descriptor; the range per the caller.
         let rc = unsafe { self.api.hipMemSetAccess(p, bytes, &desc, 1) };
         self.check("hipMemSetAccess", rc)
@@ -341,7 +324,7 @@ impl Hip {
             self.api.hipMemExportToShareableHandle(
                 (&mut fd as *mut c_int).cast(),
                 h,
-                sys::hipMemAllocationHandleType::hipMemHandleTypePosixFileDescriptor,
+                self.abi.handle_type_posix_fd,
                 0,
             )
         };
@@ -358,7 +341,7 @@ impl Hip {
             self.api.hipMemImportFromShareableHandle(
                 &mut h,
                 fd as isize as *mut c_void,
-                sys::hipMemAllocationHandleType::hipMemHandleTypePosixFileDescriptor,
+                self.abi.handle_type_posix_fd,
             )
         };
         self.check("hipMemImportFromShareableHandle", rc)?;
@@ -377,7 +360,8 @@ impl Hip {
         Ok(h.reserved.iter().map(|&c| c as u8).collect())
     }
 
-    /// `hipIpcOpenMemHandle` (lazy peer access) of a handle's 64 bytes.
+    /// `hipIpcOpenMemHandle` (lazy peer access: 0 in 5.x, 1 from 6.0) of a handle's 64
+    /// bytes.
     pub fn ipc_open_mem_handle(&self, bytes: &[u8]) -> Result<*mut c_void> {
         let mut h = sys::hipIpcMemHandle_t::default();
         if bytes.len() != h.reserved.len() {
@@ -394,7 +378,7 @@ impl Hip {
         // SAFETY: `p` is a valid out-pointer; the handle is passed by value.
         let rc = unsafe {
             self.api
-                .hipIpcOpenMemHandle(&mut p, h, sys::hipIpcMemLazyEnablePeerAccess)
+                .hipIpcOpenMemHandle(&mut p, h, self.abi.ipc_lazy_enable_peer_access)
         };
         self.check("hipIpcOpenMemHandle", rc)?;
         Ok(p)
@@ -416,7 +400,7 @@ impl Hip {
         // SAFETY: `s` is a valid out-pointer.
         let rc = unsafe {
             self.api
-                .hipStreamCreateWithFlags(&mut s, sys::hipStreamNonBlocking)
+                .hipStreamCreateWithFlags(&mut s, self.abi.stream_non_blocking)
         };
         self.check("hipStreamCreateWithFlags", rc)?;
         Ok(s)
@@ -457,11 +441,11 @@ impl Hip {
     /// # Safety
     /// `s` must be a live stream.
     pub unsafe fn stream_is_capturing(&self, s: sys::hipStream_t) -> Result<bool> {
-        let mut status = sys::hipStreamCaptureStatus::hipStreamCaptureStatusNone;
+        let mut status = self.abi.capture_status_none;
         // SAFETY: `status` is a valid out-pointer; live stream.
         let rc = unsafe { self.api.hipStreamIsCapturing(s, &mut status) };
         self.check("hipStreamIsCapturing", rc)?;
-        Ok(status != sys::hipStreamCaptureStatus::hipStreamCaptureStatusNone)
+        Ok(status != self.abi.capture_status_none)
     }
 
     /// `hipEventCreateWithFlags(hipEventDefault)`: a timing event.
@@ -470,7 +454,7 @@ impl Hip {
         // SAFETY: `e` is a valid out-pointer.
         let rc = unsafe {
             self.api
-                .hipEventCreateWithFlags(&mut e, sys::hipEventDefault)
+                .hipEventCreateWithFlags(&mut e, self.abi.event_default)
         };
         self.check("hipEventCreateWithFlags", rc)?;
         Ok(e)
@@ -531,9 +515,10 @@ impl Hip {
         dst: *mut c_void,
         src: *const c_void,
         bytes: usize,
-        kind: sys::hipMemcpyKind,
+        kind: sys::MemcpyKind,
         s: sys::hipStream_t,
     ) -> Result<()> {
+        let kind = self.abi.memcpy_kind(kind);
         // SAFETY: forwarded to the caller.
         let rc = unsafe { self.api.hipMemcpyAsync(dst, src, bytes, kind, s) };
         self.check("hipMemcpyAsync", rc)
@@ -578,8 +563,8 @@ impl Hip {
         self.check("hipModuleUnload", rc)
     }
 
-    /// `hipModuleGetFunction`; the raw code is returned with the error so the caller can
-    /// tell "not found" apart.
+    /// `hipModuleGetFunction`; `Ok(None)` when the module has no such function
+    /// (`hipErrorNotFound`).
     ///
     /// # Safety
     /// `m` must be a live module.
@@ -587,14 +572,15 @@ impl Hip {
         &self,
         m: sys::hipModule_t,
         name: &CStr,
-    ) -> std::result::Result<sys::hipFunction_t, (sys::hipError_t, Error)> {
+    ) -> Result<Option<sys::hipFunction_t>> {
         let mut f = ptr::null_mut();
         // SAFETY: `f` is a valid out-pointer; live module; NUL-terminated name.
         let rc = unsafe { self.api.hipModuleGetFunction(&mut f, m, name.as_ptr()) };
-        match self.check("hipModuleGetFunction", rc) {
-            Ok(()) => Ok(f),
-            Err(e) => Err((rc, e)),
+        if rc == self.abi.error_not_found {
+            return Ok(None);
         }
+        self.check("hipModuleGetFunction", rc)?;
+        Ok(Some(f))
     }
 
     /// `hipModuleLaunchKernel` with the argument block passed through `extra`.

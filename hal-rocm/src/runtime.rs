@@ -4,7 +4,7 @@
 //! process-wide instance ([`Hip::global`]) is what [`crate::RocmBackend`] uses; tests and
 //! tools can load a specific file with [`Hip::load`] and open devices on it.
 
-use std::ffi::OsStr;
+use std::ffi::{c_int, OsStr};
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
@@ -34,6 +34,8 @@ fn max_ipc_imports_from_env() -> usize {
 /// A loaded HIP runtime.
 pub struct Hip {
     pub(crate) api: sys::HipApi,
+    /// The numbering of the runtime's ABI generation, chosen from its version.
+    pub(crate) abi: &'static sys::Abi,
     path: String,
     version: i32,
     /// Every import of this runtime goes through this one cache, whichever device asks:
@@ -46,6 +48,7 @@ impl fmt::Debug for Hip {
         f.debug_struct("Hip")
             .field("path", &self.path)
             .field("version", &self.version)
+            .field("generation", &self.abi.major)
             .finish()
     }
 }
@@ -54,6 +57,7 @@ impl fmt::Debug for Hip {
 fn default_candidates() -> Vec<String> {
     let mut names = vec![
         "libamdhip64.so".to_string(),
+        "libamdhip64.so.7".to_string(),
         "libamdhip64.so.6".to_string(),
         "libamdhip64.so.5".to_string(),
     ];
@@ -67,12 +71,13 @@ static GLOBAL: OnceLock<std::result::Result<Arc<Hip>, String>> = OnceLock::new()
 
 impl Hip {
     /// Loads the HIP runtime from `path` (a file name searched by the dynamic loader, or a
-    /// path) and resolves every function oxccl uses.
+    /// path), picks the ABI generation its `hipRuntimeGetVersion` reports, and resolves
+    /// every function oxccl uses.
     ///
     /// Fails with [`Error::RuntimeMissing`] when the file cannot be loaded or lacks a
-    /// symbol, and with [`Error::Unsupported`] when the runtime's major version differs
-    /// from the headers the bindings were generated from (ROCm 6 changed structure
-    /// layouts and enum values; rebuild against the installed ROCm).
+    /// symbol, and with [`Error::Unsupported`] when the runtime's major version is not one
+    /// of [`sys::SUPPORTED_MAJORS`] (the message names the version found and the supported
+    /// ones).
     ///
     /// The IPC cache bound comes from `OXCCL_ROCM_MAX_IPC_IMPORTS` (default
     /// [`DEFAULT_MAX_IPC_IMPORTS`]).
@@ -86,19 +91,73 @@ impl Hip {
         max_ipc_imports: usize,
     ) -> Result<Arc<Hip>> {
         let path = path.as_ref();
-        // SAFETY: loading a shared library runs its initialisers; libamdhip64 (or the test
-        // runtime) is a well-behaved C library. Every symbol is resolved with the
-        // signature bindgen generated from the HIP headers.
-        let api = unsafe { sys::HipApi::new(path) }.map_err(|e| {
+        let missing = |e: libloading::Error| {
             Error::RuntimeMissing(format!(
                 "no ROCm runtime found (libamdhip64 could not be loaded): {}: {e}",
                 path.to_string_lossy()
             ))
-        })?;
+        };
+        // SAFETY: loading a shared library runs its initialisers; libamdhip64 (or the test
+        // runtime) is a well-behaved C library.
+        let lib = unsafe { libloading::Library::new(path) }.map_err(missing)?;
+        // The version comes first, through the one symbol every HIP release has with the
+        // same signature, so a runtime of another generation is named as such even when
+        // it lacks a symbol the bindings need.
+        let (rc, version) = {
+            // SAFETY: `hipError_t hipRuntimeGetVersion(int*)` in every HIP release.
+            let get = unsafe {
+                lib.get::<unsafe extern "C" fn(*mut c_int) -> sys::hipError_t>(
+                    b"hipRuntimeGetVersion\0",
+                )
+            }
+            .map_err(missing)?;
+            let mut v: c_int = 0;
+            // SAFETY: `v` is a valid out-pointer.
+            let rc = unsafe { get(&mut v) };
+            (rc, v)
+        };
         let path = path.to_string_lossy().into_owned();
-        let version = crate::result::runtime_version(&api)?;
+        let abi = if rc.0 == 0 {
+            Some(sys::Abi::for_version(version).ok_or_else(|| {
+                Error::Unsupported(format!(
+                    "the HIP runtime {path} is version {} (HIP {}.x); oxccl supports the HIP ABI \
+                     generations {} (bindings from the HIP {} headers)",
+                    version_text(version),
+                    version / 10_000_000,
+                    sys::SUPPORTED_MAJORS
+                        .iter()
+                        .map(|m| format!("{m}.x"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    sys::Abi::all().map(|a| a.headers).join(", ")
+                ))
+            })?)
+        } else {
+            None
+        };
+        // Name the first function the library lacks (the table's own error does not).
+        for name in sys::FUNCTIONS {
+            // SAFETY: only looks the symbol up; the pointer is not used.
+            if let Err(e) = unsafe { lib.get::<*const ()>(name.as_bytes()) } {
+                return Err(Error::RuntimeMissing(format!(
+                    "no ROCm runtime found (libamdhip64 could not be loaded): {path} lacks \
+                     {name}: {e}"
+                )));
+            }
+        }
+        // SAFETY: every symbol is resolved with the signature bindgen generated from the
+        // HIP headers, identical in every supported generation (see `sys`).
+        let api = unsafe { sys::HipApi::from_library(lib) }.map_err(|e| {
+            Error::RuntimeMissing(format!(
+                "no ROCm runtime found (libamdhip64 could not be loaded): {path}: {e}"
+            ))
+        })?;
+        let Some(abi) = abi else {
+            return Err(crate::result::error_from(&api, "hipRuntimeGetVersion", rc));
+        };
         let hip = Arc::new_cyclic(|weak| Hip {
             api,
+            abi,
             path,
             version,
             ipc: IpcCache::new(
@@ -108,25 +167,17 @@ impl Hip {
                 },
             ),
         });
-        let major = hip.version / 10_000_000;
-        if u32::try_from(major).ok() != Some(sys::HIP_VERSION_MAJOR) {
-            return Err(Error::Unsupported(format!(
-                "the HIP runtime {} is version {}.{}, but oxccl was built against HIP {}.{} \
-                 headers; the two major versions differ in structure layouts and enum values, \
-                 so rebuild with ROCM_PATH pointing at the installed ROCm",
-                hip.path,
-                major,
-                (hip.version / 100_000) % 100,
-                sys::HIP_VERSION_MAJOR,
-                sys::HIP_VERSION_MINOR
-            )));
-        }
-        tracing::debug!(path = %hip.path, version = hip.version, "HIP runtime loaded");
+        tracing::debug!(
+            path = %hip.path,
+            version = hip.version,
+            generation = abi.major,
+            "HIP runtime loaded"
+        );
         Ok(hip)
     }
 
     /// The process-wide runtime: the file named by `OXCCL_HIP_LIBRARY` if set, else the
-    /// first of `libamdhip64.so`, `.so.6`, `.so.5`, `$ROCM_PATH/lib/libamdhip64.so` that
+    /// first of `libamdhip64.so`, `.so.7`, `.so.6`, `.so.5`, `$ROCM_PATH/lib/libamdhip64.so` that
     /// loads. Loaded once; a failure is remembered and reported on every call.
     pub fn global() -> Result<Arc<Hip>> {
         let slot = GLOBAL.get_or_init(|| {
@@ -172,4 +223,14 @@ impl Hip {
     pub fn version(&self) -> i32 {
         self.version
     }
+
+    /// The numbering of this runtime's HIP ABI generation.
+    pub fn abi(&self) -> &'static sys::Abi {
+        self.abi
+    }
+}
+
+/// "major.minor.patch" of a `hipRuntimeGetVersion` number.
+fn version_text(v: i32) -> String {
+    format!("{}.{}.{}", v / 10_000_000, (v / 100_000) % 100, v % 100_000)
 }

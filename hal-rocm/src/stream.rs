@@ -77,7 +77,7 @@ impl Stream<RocmBackend> for RocmStream {
                 dst.0 as *mut c_void,
                 src.as_ptr().cast(),
                 src.len(),
-                sys::hipMemcpyKind::hipMemcpyHostToDevice,
+                sys::MemcpyKind::HostToDevice,
                 self.raw.0,
             )
         }?;
@@ -96,7 +96,7 @@ impl Stream<RocmBackend> for RocmStream {
                 dst.as_mut_ptr().cast(),
                 src.0 as *const c_void,
                 dst.len(),
-                sys::hipMemcpyKind::hipMemcpyDeviceToHost,
+                sys::MemcpyKind::DeviceToHost,
                 self.raw.0,
             )
         }?;
@@ -116,7 +116,7 @@ impl Stream<RocmBackend> for RocmStream {
                 dst.0 as *mut c_void,
                 src.0 as *const c_void,
                 bytes,
-                sys::hipMemcpyKind::hipMemcpyDefault,
+                sys::MemcpyKind::Default,
                 self.raw.0,
             )
         }

@@ -1,5 +1,7 @@
 //! The ROCm backend driven from the HAL traits down to the HIP symbols of a fake runtime
-//! (`tests/fake_hip/fake_hip.c`), loaded through the same loader as libamdhip64.
+//! (`tests/fake_hip/fake_hip.c`), loaded through the same loader as libamdhip64. Every test
+//! runs against the fake of each HIP ABI generation (5.x, 6.x, 7.x) whose headers are
+//! present (all three on CI).
 #![cfg(feature = "hip")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -10,8 +12,43 @@ use oxccl_hal::{
     Device, DeviceId, Error, Event, IpcHandleKind, LaunchConfig, Memory, MemoryKind, Module,
     ModuleImage, MulticastSupport, Stream,
 };
-use oxccl_hal_rocm::sys::{hipDeviceAttribute_t as A, hipError_t as E};
 use oxccl_hal_rocm::{RocmBackend, RocmDevice};
+
+/// One `#[test]` per function below, each running it against every generation's fake.
+macro_rules! for_each_generation {
+    ($($name:ident),* $(,)?) => {
+        mod each_generation {
+            $(
+                #[test]
+                fn $name() {
+                    for g in crate::common::generations() {
+                        eprintln!("HIP ABI generation {g}");
+                        super::$name(g);
+                    }
+                }
+            )*
+        }
+    };
+}
+
+for_each_generation!(
+    device_count_and_capabilities_come_from_attributes,
+    no_device_is_zero_devices,
+    errors_carry_call_code_name_and_message,
+    zero_size_is_rejected_before_any_call,
+    memory_kinds_free_on_drop,
+    ipc_import_twice_opens_once_and_closes_after_last_user,
+    ipc_open_failure_is_a_backend_error_naming_the_call,
+    ipc_cache_limit_is_an_error_and_frees_up,
+    foreign_handles_are_refused,
+    physical_memory_exports_a_descriptor_and_imports_through_fd_share,
+    streams_copy_fill_and_time,
+    kernels_launch_with_the_argument_block_in_extra,
+    multicast_is_unsupported_whatever_the_gate_says,
+    the_runtime_version_picks_the_generation,
+    the_generation_decides_the_values_passed,
+    a_failing_version_query_is_a_backend_error
+);
 
 fn open(fake: &Fake, id: u32) -> RocmDevice {
     RocmDevice::open_on(&fake.hip, DeviceId(id)).unwrap()
@@ -22,9 +59,8 @@ fn key(payload: &[u8]) -> u64 {
     u64::from_le_bytes(payload[..8].try_into().unwrap())
 }
 
-#[test]
-fn device_count_and_capabilities_come_from_attributes() {
-    let fake = Fake::new();
+fn device_count_and_capabilities_come_from_attributes(g: u32) {
+    let fake = Fake::new(g);
     assert_eq!(fake.hip.device_count().unwrap(), 2);
     let dev = open(&fake, 1);
     let caps = dev.capabilities();
@@ -41,12 +77,12 @@ fn device_count_and_capabilities_come_from_attributes() {
     assert!(fake.calls("hipSetDevice") >= 1);
 
     // Another device generation: no VMM, no fine-grained memory, gfx90a-like.
-    let fake = Fake::new();
+    let fake = Fake::new(g);
     fake.set_device_count(1);
-    fake.set_attribute(A::hipDeviceAttributeVirtualMemoryManagementSupported.0, 0);
-    fake.set_attribute(A::hipDeviceAttributeFineGrainSupport.0, 0);
-    fake.set_attribute(A::hipDeviceAttributeComputeCapabilityMinor.0, 0);
-    fake.set_attribute(A::hipDeviceAttributeMultiprocessorCount.0, 104);
+    fake.set_attribute("VirtualMemoryManagementSupported", 0);
+    fake.set_attribute("FineGrainSupport", 0);
+    fake.set_attribute("ComputeCapabilityMinor", 0);
+    fake.set_attribute("MultiprocessorCount", 104);
     let dev = open(&fake, 0);
     let caps = dev.capabilities();
     assert!(!caps.vmm && !caps.posix_fd_handles && !caps.fine_grained_memory);
@@ -69,18 +105,16 @@ fn device_count_and_capabilities_come_from_attributes() {
     ));
 }
 
-#[test]
-fn no_device_is_zero_devices() {
-    let fake = Fake::new();
+fn no_device_is_zero_devices(g: u32) {
+    let fake = Fake::new(g);
     fake.set_device_count(0);
     assert_eq!(fake.hip.device_count().unwrap(), 0);
 }
 
-#[test]
-fn errors_carry_call_code_name_and_message() {
-    let fake = Fake::new();
+fn errors_carry_call_code_name_and_message(g: u32) {
+    let fake = Fake::new(g);
     let dev = open(&fake, 0);
-    fake.fail("hipMalloc", E::hipErrorOutOfMemory.0, 1);
+    fake.fail("hipMalloc", "hipErrorOutOfMemory", 1);
     let err = dev.alloc(64, MemoryKind::Plain).unwrap_err();
     match &err {
         Error::Backend {
@@ -106,9 +140,8 @@ fn errors_carry_call_code_name_and_message() {
     dev.alloc(64, MemoryKind::Plain).unwrap();
 }
 
-#[test]
-fn zero_size_is_rejected_before_any_call() {
-    let fake = Fake::new();
+fn zero_size_is_rejected_before_any_call(g: u32) {
+    let fake = Fake::new(g);
     let dev = open(&fake, 0);
     for kind in [
         MemoryKind::Plain,
@@ -128,9 +161,8 @@ fn zero_size_is_rejected_before_any_call() {
     }
 }
 
-#[test]
-fn memory_kinds_free_on_drop() {
-    let fake = Fake::new();
+fn memory_kinds_free_on_drop(g: u32) {
+    let fake = Fake::new(g);
     let dev = open(&fake, 0);
     {
         let plain = dev.alloc(100, MemoryKind::Plain).unwrap();
@@ -154,9 +186,8 @@ fn memory_kinds_free_on_drop() {
     assert_eq!(fake.calls("hipMemRelease"), 1);
 }
 
-#[test]
-fn ipc_import_twice_opens_once_and_closes_after_last_user() {
-    let fake = Fake::new();
+fn ipc_import_twice_opens_once_and_closes_after_last_user(g: u32) {
+    let fake = Fake::new(g);
     let dev0 = open(&fake, 0);
     let dev1 = open(&fake, 1);
     let mem = dev0.alloc(4096, MemoryKind::Plain).unwrap();
@@ -192,13 +223,12 @@ fn ipc_import_twice_opens_once_and_closes_after_last_user() {
     assert_eq!(fake.ipc_closes(k), 2);
 }
 
-#[test]
-fn ipc_open_failure_is_a_backend_error_naming_the_call() {
-    let fake = Fake::new();
+fn ipc_open_failure_is_a_backend_error_naming_the_call(g: u32) {
+    let fake = Fake::new(g);
     let dev = open(&fake, 0);
     let mem = dev.alloc(64, MemoryKind::Coherent).unwrap();
     let handle = dev.export_memory(&mem).unwrap();
-    fake.fail("hipIpcOpenMemHandle", E::hipErrorInvalidHandle.0, 1);
+    fake.fail("hipIpcOpenMemHandle", "hipErrorInvalidHandle", 1);
     let err = dev.import_memory(&handle).unwrap_err();
     assert!(
         matches!(
@@ -219,9 +249,8 @@ fn ipc_open_failure_is_a_backend_error_naming_the_call() {
     assert_eq!(fake.ipc_closes(key(&handle.payload)), 1);
 }
 
-#[test]
-fn ipc_cache_limit_is_an_error_and_frees_up() {
-    let fake = Fake::with_import_limit(2);
+fn ipc_cache_limit_is_an_error_and_frees_up(g: u32) {
+    let fake = Fake::with_import_limit(g, 2);
     let dev = open(&fake, 0);
     let mems: Vec<_> = (0..3)
         .map(|_| dev.alloc(64, MemoryKind::Plain).unwrap())
@@ -244,9 +273,8 @@ fn ipc_cache_limit_is_an_error_and_frees_up() {
     drop((b, c));
 }
 
-#[test]
-fn foreign_handles_are_refused() {
-    let fake = Fake::new();
+fn foreign_handles_are_refused(g: u32) {
+    let fake = Fake::new(g);
     let dev = open(&fake, 0);
     let mem = dev.alloc(64, MemoryKind::Plain).unwrap();
     let mut handle = dev.export_memory(&mem).unwrap();
@@ -258,9 +286,8 @@ fn foreign_handles_are_refused() {
     assert_eq!(fake.calls("hipIpcOpenMemHandle"), 0);
 }
 
-#[test]
-fn physical_memory_exports_a_descriptor_and_imports_through_fd_share() {
-    let fake = Fake::new();
+fn physical_memory_exports_a_descriptor_and_imports_through_fd_share(g: u32) {
+    let fake = Fake::new(g);
     let dev = open(&fake, 0);
     let mem = dev.alloc(1000, MemoryKind::Physical).unwrap();
     let handle = dev.export_memory(&mem).unwrap();
@@ -277,9 +304,8 @@ fn physical_memory_exports_a_descriptor_and_imports_through_fd_share() {
     assert_eq!(fake.calls("hipMemUnmap"), 1);
 }
 
-#[test]
-fn streams_copy_fill_and_time() {
-    let fake = Fake::new();
+fn streams_copy_fill_and_time(g: u32) {
+    let fake = Fake::new(g);
     let dev = open(&fake, 0);
     let s = dev.create_stream().unwrap();
     let a = dev.alloc(16, MemoryKind::Plain).unwrap();
@@ -296,6 +322,9 @@ fn streams_copy_fill_and_time() {
     s.read(b.ptr(), &mut back).unwrap();
     assert_eq!(&back[8..], &[0xab; 8]);
     assert!(!s.is_capturing().unwrap());
+    fake.set_capturing(s.as_raw().cast(), true);
+    assert!(s.is_capturing().unwrap());
+    fake.set_capturing(s.as_raw().cast(), false);
 
     let start = dev.create_event().unwrap();
     let stop = dev.create_event().unwrap();
@@ -308,9 +337,8 @@ fn streams_copy_fill_and_time() {
     dev.synchronize().unwrap();
 }
 
-#[test]
-fn kernels_launch_with_the_argument_block_in_extra() {
-    let fake = Fake::new();
+fn kernels_launch_with_the_argument_block_in_extra(g: u32) {
+    let fake = Fake::new(g);
     let dev = open(&fake, 0);
     let image = b"\x7fELF\0\0oxccl_allreduce.kd\0oxccl_allreduce\0oxccl_signal.kd\0".to_vec();
     let module = dev.load_module(&ModuleImage::Rocm(&image)).unwrap();
@@ -341,9 +369,8 @@ fn kernels_launch_with_the_argument_block_in_extra() {
     assert_eq!(fake.calls("hipModuleUnload"), 1);
 }
 
-#[test]
-fn multicast_is_unsupported_whatever_the_gate_says() {
-    let fake = Fake::new();
+fn multicast_is_unsupported_whatever_the_gate_says(g: u32) {
+    let fake = Fake::new(g);
     let dev = open(&fake, 0);
     let err = dev.create_multicast(1 << 20, 2).unwrap_err();
     assert!(
@@ -365,19 +392,103 @@ fn multicast_is_unsupported_whatever_the_gate_says() {
     ));
 }
 
-#[test]
-fn a_runtime_of_another_major_version_is_refused() {
-    // HIP_VERSION of 6.2 against the 5.x (or 7.x) headers: a different major either way.
-    let other = if oxccl_hal_rocm::sys::HIP_VERSION_MAJOR == 6 {
-        50_700_000
-    } else {
-        60_200_000
-    };
-    let err = common::load_with_version(other).unwrap_err();
+fn the_runtime_version_picks_the_generation(g: u32) {
+    let fake = Fake::new(g);
+    assert_eq!(fake.hip.version(), fake.header_version());
+    assert_eq!(fake.hip.version() / 10_000_000, g as i32);
+    assert_eq!(fake.hip.abi().major, g as i32);
+    // Any minor and patch of the major is the same generation.
+    let version = g as i32 * 10_000_000 + 99 * 100_000 + 12_345;
+    let (hip, _control) = common::load_prepared(g, |c| c.set_version(version));
+    let hip = hip.unwrap();
+    assert_eq!(hip.version(), version);
+    assert_eq!(hip.abi().major, g as i32);
+}
+
+/// The fake of generation `g` claiming another generation's version: oxccl then passes the
+/// other generation's values, and the fake (which takes only its own headers' values)
+/// refuses the one that differs: `hipIpcMemLazyEnablePeerAccess`, 0 in 5.x and 1 from 6.0.
+/// So the values really come from the version the runtime reports.
+fn the_generation_decides_the_values_passed(g: u32) {
+    let other = if g == 5 { 6 } else { 5 };
+    let (hip, control) = common::load_prepared(g, |c| c.set_version(other * 10_000_000 + 100_000));
+    let hip = hip.unwrap();
+    assert_eq!(hip.abi().major, other);
+    let dev = RocmDevice::open_on(&hip, DeviceId(0)).unwrap();
+    let mem = dev.alloc(64, MemoryKind::Plain).unwrap();
+    let handle = dev.export_memory(&mem).unwrap();
+    let err = dev.import_memory(&handle).unwrap_err();
     assert!(
-        matches!(err, Error::Unsupported(ref m) if m.contains("rebuild")),
+        matches!(&err, Error::Backend { call: "hipIpcOpenMemHandle", code, .. }
+            if *code == i64::from(control.error_code("hipErrorInvalidValue"))),
         "{err}"
     );
+    drop((dev, mem, hip));
+
+    // Its own version: the same import goes through.
+    let fake = Fake::new(g);
+    let dev = open(&fake, 0);
+    let mem = dev.alloc(64, MemoryKind::Plain).unwrap();
+    let handle = dev.export_memory(&mem).unwrap();
+    dev.import_memory(&handle).unwrap();
+}
+
+fn a_failing_version_query_is_a_backend_error(g: u32) {
+    let (hip, _control) = common::load_prepared(g, |c| {
+        c.fail("hipRuntimeGetVersion", "hipErrorNotSupported", 1)
+    });
+    let err = hip.unwrap_err();
+    assert!(
+        matches!(&err, Error::Backend { call: "hipRuntimeGetVersion", name, .. }
+            if name == "hipErrorNotSupported"),
+        "{err}"
+    );
+}
+
+#[test]
+fn runtimes_of_unsupported_majors_are_refused_naming_both_versions() {
+    for (version, text) in [
+        (40_500_000, "4.5.0"),
+        (80_000_000, "8.0.0"),
+        (80_100_003, "8.1.3"),
+        (0, "0.0.0"),
+    ] {
+        let (hip, _control) = common::load_prepared(common::newest(), |c| c.set_version(version));
+        let err = hip.unwrap_err();
+        let m = err.to_string();
+        assert!(matches!(err, Error::Unsupported(_)), "{m}");
+        assert!(m.contains(&format!("is version {text} ")), "{m}");
+        assert!(
+            m.contains("supports the HIP ABI generations 5.x, 6.x, 7.x"),
+            "{m}"
+        );
+        assert!(m.contains("HIP 5.7, 6.4, 7.2 headers"), "{m}");
+    }
+}
+
+/// A library with `hipRuntimeGetVersion` and nothing else: the version is read before the
+/// function table, so an unsupported major is named as such even though symbols are
+/// missing, while a supported major that lacks them is no usable runtime.
+#[test]
+fn the_version_is_checked_before_the_symbols() {
+    for (version, unsupported) in [(80_000_000, true), (60_200_000, false)] {
+        let lib = common::build_c_library(
+            &format!("version_only_{version}"),
+            &format!("int hipRuntimeGetVersion(int *v) {{ *v = {version}; return 0; }}\n"),
+        );
+        let err = oxccl_hal_rocm::Hip::load(&lib).unwrap_err();
+        let m = err.to_string();
+        if unsupported {
+            assert!(matches!(err, Error::Unsupported(_)), "{m}");
+            assert!(m.contains("is version 8.0.0 "), "{m}");
+        } else {
+            assert!(matches!(err, Error::RuntimeMissing(_)), "{m}");
+            assert!(
+                m.contains("hipGetErrorName") || m.contains("undefined symbol"),
+                "{m}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -11,7 +11,8 @@ use oxccl_hal_rocm::{RocmBackend, LIBRARY_VAR};
 #[test]
 fn backend_entry_points_use_the_library_override() {
     // The only test in this process, so nothing reads the environment concurrently.
-    std::env::set_var(LIBRARY_VAR, common::fake_library());
+    let generation = common::newest();
+    std::env::set_var(LIBRARY_VAR, common::fake_library(generation));
     assert_eq!(RocmBackend::device_count().unwrap(), 2);
     let dev = RocmBackend::open_device(DeviceId(1)).unwrap();
     assert_eq!(dev.id(), DeviceId(1));
@@ -26,5 +27,9 @@ fn backend_entry_points_use_the_library_override() {
         .unwrap();
     assert_eq!(oxccl_hal::Memory::ptr(&a), oxccl_hal::Memory::ptr(&b));
     assert_eq!(dev.hip().ipc_cache().live(), 1);
-    assert!(dev.hip().path().ends_with("libfakehip.so"));
+    assert!(dev
+        .hip()
+        .path()
+        .ends_with(&format!("libfakehip-v{generation}.so")));
+    assert_eq!(dev.hip().abi().major, generation as i32);
 }

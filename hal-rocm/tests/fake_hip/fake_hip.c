@@ -1,7 +1,10 @@
 /*
  * A fake HIP runtime for oxccl-hal-rocm's tests: no GPU, host memory stands in for device
- * memory. It is compiled against the same HIP headers the bindings were generated from,
- * so every signature, enum value and flag is checked by the C compiler against them.
+ * memory. It is built once per HIP ABI generation, against that generation's real headers
+ * (5.7, 6.4, 7.2): each build reports the headers' HIP_VERSION from hipRuntimeGetVersion
+ * and takes every enum value, flag and structure in that generation's numbering and
+ * layout, refusing the values it does not expect. So oxccl's one binary is checked to
+ * speak each generation's ABI once it has picked the generation from the version.
  *
  * It records calls, counts IPC opens and closes per handle, refuses a second open of a
  * handle that is already open (as ROCm does), and fails any call on demand
@@ -113,12 +116,46 @@ static unsigned last_launch_grid = 0;
 /* ---- control interface ----------------------------------------------------------- */
 void fakehip_set_device_count(int n) { device_count = n; }
 
-void fakehip_set_attribute(int attr, int value) {
+static void set_attribute_value(int attr, int value) {
     pthread_mutex_lock(&lock);
     for (int i = 0; i < n_attrs; i++)
         if (attrs[i].attr == attr) { attrs[i].value = value; pthread_mutex_unlock(&lock); return; }
     if (n_attrs < MAX_ATTRS) { attrs[n_attrs].attr = attr; attrs[n_attrs].value = value; n_attrs++; }
     pthread_mutex_unlock(&lock);
+}
+
+/* Sets `hipDeviceAttribute<name>`; returns 0 for a name this fake does not know. */
+int fakehip_set_attribute(const char *name, int value) {
+    static const struct { const char *name; int attr; } known[] = {
+        {"ComputeCapabilityMajor", hipDeviceAttributeComputeCapabilityMajor},
+        {"ComputeCapabilityMinor", hipDeviceAttributeComputeCapabilityMinor},
+        {"MultiprocessorCount", hipDeviceAttributeMultiprocessorCount},
+        {"VirtualMemoryManagementSupported", hipDeviceAttributeVirtualMemoryManagementSupported},
+        {"FineGrainSupport", hipDeviceAttributeFineGrainSupport},
+    };
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        if (strcmp(known[i].name, name) == 0) {
+            set_attribute_value(known[i].attr, value);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The headers' value of the hipError_t called `name`; -1 for one this fake does not know. */
+int fakehip_error_code(const char *name) {
+    static const struct { const char *name; int code; } known[] = {
+        {"hipErrorInvalidValue", hipErrorInvalidValue},
+        {"hipErrorOutOfMemory", hipErrorOutOfMemory},
+        {"hipErrorNoDevice", hipErrorNoDevice},
+        {"hipErrorInvalidDevice", hipErrorInvalidDevice},
+        {"hipErrorInvalidHandle", hipErrorInvalidHandle},
+        {"hipErrorNotFound", hipErrorNotFound},
+        {"hipErrorNotSupported", hipErrorNotSupported},
+    };
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (strcmp(known[i].name, name) == 0) return known[i].code;
+    return -1;
 }
 
 /* The next `times` calls of `name` (times < 0: all) return `code`. */
@@ -174,6 +211,7 @@ const char *hipGetErrorString(hipError_t e) {
 
 static int runtime_version = HIP_VERSION;
 void fakehip_set_version(int v) { runtime_version = v; }
+int fakehip_header_version(void) { return HIP_VERSION; }
 
 hipError_t hipRuntimeGetVersion(int *v) { ENTER(); *v = runtime_version; return hipSuccess; }
 
@@ -260,7 +298,8 @@ hipError_t hipFree(void *p) { ENTER(); fake_free(p); return hipSuccess; }
 
 hipError_t hipHostMalloc(void **p, size_t n, unsigned int flags) {
     ENTER();
-    if (!(flags & hipHostMallocMapped)) return hipErrorInvalidValue;
+    if (flags != (hipHostMallocMapped | hipHostMallocPortable | hipHostMallocCoherent))
+        return hipErrorInvalidValue;
     *p = fake_alloc(n);
     return *p ? hipSuccess : hipErrorOutOfMemory;
 }
@@ -274,10 +313,19 @@ hipError_t hipHostGetDevicePointer(void **d, void *h, unsigned int flags) {
     return hipSuccess;
 }
 
+/* The properties oxccl asks for: pinned device memory exportable as a POSIX FD (7.x
+ * reaches requestedHandleType through an anonymous union; C spells it the same). */
+static int valid_prop(const hipMemAllocationProp *prop) {
+    return prop->type == hipMemAllocationTypePinned &&
+           prop->requestedHandleType == hipMemHandleTypePosixFileDescriptor &&
+           prop->location.type == hipMemLocationTypeDevice && prop->location.id >= 0 &&
+           prop->location.id < device_count;
+}
+
 hipError_t hipMemGetAllocationGranularity(size_t *g, const hipMemAllocationProp *prop,
                                           hipMemAllocationGranularity_flags option) {
     ENTER();
-    (void)prop; (void)option;
+    if (option != hipMemAllocationGranularityMinimum || !valid_prop(prop)) return hipErrorInvalidValue;
     *g = 2u << 20;
     return hipSuccess;
 }
@@ -288,8 +336,7 @@ struct vmm { size_t size; void *mem; };
 hipError_t hipMemCreate(hipMemGenericAllocationHandle_t *h, size_t size,
                         const hipMemAllocationProp *prop, unsigned long long flags) {
     ENTER();
-    (void)flags;
-    if (prop->requestedHandleType != hipMemHandleTypePosixFileDescriptor) return hipErrorInvalidValue;
+    if (flags != 0 || !valid_prop(prop)) return hipErrorInvalidValue;
     struct vmm *v = calloc(1, sizeof *v);
     if (!v) return hipErrorOutOfMemory;
     v->size = size;
@@ -331,7 +378,9 @@ hipError_t hipMemUnmap(void *p, size_t size) { ENTER(); (void)p; (void)size; ret
 hipError_t hipMemSetAccess(void *p, size_t size, const hipMemAccessDesc *desc, size_t count) {
     ENTER();
     (void)p; (void)size;
-    if (count != 1 || desc->flags != hipMemAccessFlagsProtReadWrite) return hipErrorInvalidValue;
+    if (count != 1 || desc->flags != hipMemAccessFlagsProtReadWrite ||
+        desc->location.type != hipMemLocationTypeDevice)
+        return hipErrorInvalidValue;
     return hipSuccess;
 }
 
@@ -413,10 +462,11 @@ hipError_t hipIpcCloseMemHandle(void *p) {
 }
 
 struct fake_stream { int capturing; };
+void fakehip_set_capturing(hipStream_t s, int on) { ((struct fake_stream *)s)->capturing = on; }
 
 hipError_t hipStreamCreateWithFlags(hipStream_t *s, unsigned int flags) {
     ENTER();
-    (void)flags;
+    if (flags != hipStreamNonBlocking) return hipErrorInvalidValue;
     *s = (hipStream_t)calloc(1, sizeof(struct fake_stream));
     return *s ? hipSuccess : hipErrorOutOfMemory;
 }
@@ -432,8 +482,8 @@ hipError_t hipStreamWaitEvent(hipStream_t s, hipEvent_t e, unsigned int flags) {
 
 hipError_t hipStreamIsCapturing(hipStream_t s, hipStreamCaptureStatus *status) {
     ENTER();
-    (void)s;
-    *status = hipStreamCaptureStatusNone;
+    *status = ((struct fake_stream *)s)->capturing ? hipStreamCaptureStatusActive
+                                                   : hipStreamCaptureStatusNone;
     return hipSuccess;
 }
 
@@ -442,7 +492,7 @@ static float clock_ms = 0;
 
 hipError_t hipEventCreateWithFlags(hipEvent_t *e, unsigned flags) {
     ENTER();
-    (void)flags;
+    if (flags != hipEventDefault) return hipErrorInvalidValue;
     *e = (hipEvent_t)calloc(1, sizeof(struct fake_event));
     return *e ? hipSuccess : hipErrorOutOfMemory;
 }
@@ -467,7 +517,9 @@ hipError_t hipEventElapsedTime(float *ms, hipEvent_t start, hipEvent_t stop) {
 
 hipError_t hipMemcpyAsync(void *dst, const void *src, size_t n, hipMemcpyKind kind, hipStream_t s) {
     ENTER();
-    (void)kind; (void)s;
+    (void)s;
+    if (kind != hipMemcpyHostToDevice && kind != hipMemcpyDeviceToHost && kind != hipMemcpyDefault)
+        return hipErrorInvalidValue;
     memmove(dst, src, n);
     return hipSuccess;
 }
