@@ -58,6 +58,14 @@ def _stream_handle(stream: Any, array: Any) -> int:
     raise TypeError(f"oxccl: stream {stream!r} is not a stream (an int handle, a torch.cuda.Stream or a CuPy stream)")
 
 
+def _plain(array: Any) -> Any:
+    """torch refuses DLPack export of a tensor that requires grad; the collectives only
+    move its data, so they see it detached (same storage)."""
+    if getattr(array, "requires_grad", False) and hasattr(array, "detach"):
+        return array.detach()
+    return array
+
+
 class Communicator:
     """One rank of an oxccl communicator (collective to create: every rank must).
 
@@ -192,41 +200,41 @@ class Communicator:
         ``accum``: auto, native, f16, f32 (the accumulation type of floating types).
         Returns the output."""
         out = tensor if output is None else output
-        self._c.all_reduce(tensor, out, op, accum, _stream_handle(stream, out))
+        self._c.all_reduce(_plain(tensor), _plain(out), op, accum, _stream_handle(stream, out))
         return out
 
     def all_gather(self, input, output, *, stream=None):
         """Rank r's ``input`` lands at elements ``[r*n, (r+1)*n)`` of every rank's
         ``output`` (``world_size * n`` elements). In place when ``input`` is this rank's slot
         of ``output``. Returns the output."""
-        self._c.all_gather(input, output, _stream_handle(stream, output))
+        self._c.all_gather(_plain(input), _plain(output), _stream_handle(stream, output))
         return output
 
     def reduce_scatter(self, input, output, *, op: str = "sum", accum: str = "auto", stream=None):
         """Rank r's ``output`` (n elements) gets the reduction of elements ``[r*n, (r+1)*n)``
         of every rank's ``input`` (``world_size * n``). In place when ``output`` is this
         rank's chunk of ``input``. Returns the output."""
-        self._c.reduce_scatter(input, output, op, accum, _stream_handle(stream, output))
+        self._c.reduce_scatter(_plain(input), _plain(output), op, accum, _stream_handle(stream, output))
         return output
 
     def all_to_all(self, input, output, *, stream=None):
         """Chunk p of rank r's ``input`` lands in chunk r of rank p's ``output`` (both
         ``world_size * n`` elements, not overlapping). Returns the output."""
-        self._c.all_to_all(input, output, _stream_handle(stream, output))
+        self._c.all_to_all(_plain(input), _plain(output), _stream_handle(stream, output))
         return output
 
     def broadcast(self, tensor, output=None, *, root: int = 0, stream=None):
         """Every rank's ``output`` gets ``root``'s ``tensor``; in place when ``output`` is
         omitted. Returns the output."""
         out = tensor if output is None else output
-        self._c.broadcast(tensor, out, root, _stream_handle(stream, out))
+        self._c.broadcast(_plain(tensor), _plain(out), root, _stream_handle(stream, out))
         return out
 
     def reduce(self, tensor, output=None, *, root: int = 0, op: str = "sum", accum: str = "auto", stream=None):
         """``root``'s ``output`` gets the reduction of every rank's ``tensor`` (other ranks'
         output is not written); in place when ``output`` is omitted. Returns the output."""
         out = tensor if output is None else output
-        self._c.reduce(tensor, out, root, op, accum, _stream_handle(stream, out))
+        self._c.reduce(_plain(tensor), _plain(out), root, op, accum, _stream_handle(stream, out))
         return out
 
     # -- registration, errors, teardown ----------------------------------------------
@@ -235,11 +243,11 @@ class Communicator:
         same length). Calls on buffers inside registered arrays, at the same offsets on
         every rank, take the zero-copy algorithms. On the host backend it is only
         recorded (calls are staged there)."""
-        self._c.register(array)
+        self._c.register(_plain(array))
 
     def deregister(self, array) -> None:
         """Undoes :meth:`register` (collective)."""
-        self._c.deregister(array)
+        self._c.deregister(_plain(array))
 
     def check(self, stream=None) -> None:
         """Waits for ``stream`` (default: the current torch stream when torch is loaded)

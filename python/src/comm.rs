@@ -175,7 +175,12 @@ fn backend_kind(name: Option<&str>) -> Result<BackendKind> {
 }
 
 impl PyCommunicator {
-    fn build(bootstrap: Bootstrap, kind: BackendKind, device: u32, cfg: CommConfig) -> Result<Self> {
+    fn build(
+        bootstrap: Bootstrap,
+        kind: BackendKind,
+        device: u32,
+        cfg: CommConfig,
+    ) -> Result<Self> {
         let rank = bootstrap.rank();
         let world = bootstrap.world_size();
         let dev = AnyDevice::open_with(kind, DeviceId(device)).map_err(|e| e.at_rank(rank))?;
@@ -211,10 +216,7 @@ impl PyCommunicator {
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
             .ok_or_else(|| {
-                OxcclError::new_err(format!(
-                    "{}: the communicator was destroyed",
-                    ctx.head()
-                ))
+                OxcclError::new_err(format!("{}: the communicator was destroyed", ctx.head()))
             })
     }
 
@@ -410,7 +412,9 @@ fn device_call(
         match kind {
             Kind::AllReduce(op, acc) => comm.all_reduce(inp, out, count, dtype, op, acc, &s),
             Kind::AllGather => comm.all_gather(inp, out, count, dtype, &s),
-            Kind::ReduceScatter(op, acc) => comm.reduce_scatter(inp, out, count, dtype, op, acc, &s),
+            Kind::ReduceScatter(op, acc) => {
+                comm.reduce_scatter(inp, out, count, dtype, op, acc, &s)
+            }
             Kind::AllToAll => comm.all_to_all(inp, out, count, dtype, &s),
             Kind::Broadcast(root) => comm.broadcast(inp, out, count, dtype, root, &s),
             Kind::Reduce(op, acc, root) => comm.reduce(inp, out, count, dtype, op, acc, root, &s),
