@@ -94,6 +94,13 @@ def collectives(comm: oxccl.Communicator, seed: int) -> int:
                 comm.all_reduce(buf, op=op)  # in place
                 same_bits(buf, out, f"all_reduce {op} in place {tag}")
                 checks += 2
+            if dtype == np.float16:
+                # Widened accumulation: f32 sums in rank order, rounded to f16 once.
+                out = poisoned(count, dtype)
+                comm.all_reduce(mine, out, accum="f32")
+                wide = reference([t.astype(np.float32) for t in ins], "sum").astype(np.float16)
+                same_bits(out, wide, f"all_reduce sum accum f32 {tag}")
+                checks += 1
             # all_gather: out of place, then in place (input = this rank's slot).
             out = poisoned(n * count, dtype)
             comm.all_gather(mine, out)
@@ -209,3 +216,38 @@ def from_env_rank(rank: int, world: int, port: int) -> list:
     comm.all_reduce(x)
     comm.destroy()
     return x.tolist()
+
+
+class FileStore:
+    """The smallest store ``Communicator.from_store`` needs: ``set`` and a blocking ``get``."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def set(self, key: str, value: bytes) -> None:
+        import os
+
+        tmp = f"{self.path}/{key.replace('/', '_')}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(value)
+        os.replace(tmp, tmp[:-4])
+
+    def get(self, key: str) -> bytes:
+        import time
+
+        name = f"{self.path}/{key.replace('/', '_')}"
+        for _ in range(3000):
+            try:
+                with open(name, "rb") as f:
+                    return f.read()
+            except FileNotFoundError:
+                time.sleep(0.01)
+        raise TimeoutError(key)
+
+
+def from_store_rank(rank: int, world: int, path: str) -> list:
+    comm = oxccl.Communicator.from_store(FileStore(path), rank, world, backend="host")
+    out = np.empty(world * 2, np.uint64)
+    comm.all_gather(np.array([rank, 10 + rank], np.uint64), out)
+    comm.destroy()
+    return out.tolist()

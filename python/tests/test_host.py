@@ -42,6 +42,11 @@ def test_launcher_environment():
     assert got == [[3] * 33] * 3
 
 
+def test_store_route(tmp_path):
+    got = ranks.run_each([(host_cases.from_store_rank, (r, 3, str(tmp_path))) for r in range(3)])
+    assert got == [[0, 10, 1, 11, 2, 12]] * 3
+
+
 @pytest.fixture(scope="module")
 def solo():
     comm = oxccl.Communicator(oxccl.unique_id(), 0, 1, backend="host")
