@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 import oxccl
 
-__all__ = ["handle", "communicator", "ProcessGroupOxccl", "BACKEND"]
+__all__ = ["handle", "communicator", "mem_pool", "ProcessGroupOxccl", "BACKEND"]
 
 #: The name of the torch.distributed backend.
 BACKEND = "oxccl"
@@ -76,6 +76,29 @@ def _chunks(t: torch.Tensor, world: int, call: str) -> int:
     if t.dim() == 0 or t.shape[0] % world:
         raise ValueError(f"oxccl.torch {call}: dim 0 of the input ({tuple(t.shape)}) is not a multiple of world_size {world}")
     return t.shape[0] // world
+
+
+_ALLOCATOR = None
+
+
+def mem_pool(device=None) -> "torch.cuda.MemPool":
+    """A ``torch.cuda.MemPool`` whose tensors live in oxccl's own exportable allocations
+    (``torch.cuda.memory.CUDAPluggableAllocator`` over this package's extension module):
+
+        pool = oxccl.torch.mem_pool()
+        with torch.cuda.use_mem_pool(pool):
+            grads = torch.empty(n, device="cuda")
+        comm.register(grads)
+
+    Needs a CUDA wheel (``--features cuda``)."""
+    global _ALLOCATOR
+    if "cuda" not in oxccl.backends():
+        raise RuntimeError("oxccl.torch.mem_pool: this oxccl wheel was built without CUDA (maturin build --features cuda)")
+    if _ALLOCATOR is None:
+        from oxccl import _oxccl
+
+        _ALLOCATOR = torch.cuda.memory.CUDAPluggableAllocator(_oxccl.__file__, "oxccl_torch_alloc", "oxccl_torch_free")
+    return torch.cuda.MemPool(_ALLOCATOR.allocator())
 
 
 # -- custom ops ----------------------------------------------------------------------

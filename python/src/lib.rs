@@ -8,6 +8,7 @@
 //! Built by maturin (`python/pyproject.toml`) into one abi3 wheel (CPython >= 3.10); the
 //! default build holds only the host backend, `--features cuda` adds CUDA.
 
+pub mod allocator;
 pub mod buffer;
 pub mod comm;
 

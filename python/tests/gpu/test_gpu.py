@@ -110,6 +110,22 @@ def test_registered_buffer(comm):
         comm.deregister(buf)
 
 
+def test_mem_pool_tensors(comm):
+    """Tensors from oxccl.torch.mem_pool() live in oxccl's allocations: registered and
+    reduced bit for bit."""
+    r, n = comm.rank, comm.world_size
+    pool = oxt.mem_pool()
+    with torch.cuda.use_mem_pool(pool):
+        buf = torch.empty(5 << 20, dtype=torch.bfloat16, device="cuda")
+    ins = [rank_data(p, buf.numel(), torch.bfloat16, 6) for p in range(n)]
+    buf.copy_(ins[r])
+    comm.register(buf)
+    comm.all_reduce(buf)
+    same_bits(buf, reduced(ins, "sum"), "mem_pool all_reduce")
+    comm.deregister(buf)
+    del buf
+
+
 def test_custom_ops_eager(comm):
     h = oxt.handle(comm)
     r, n = comm.rank, comm.world_size
