@@ -29,7 +29,9 @@ if [[ -z "$wheel" ]]; then
 fi
 SITE="$OUT/site"
 rm -rf "$SITE"
-python3 -m pip install --quiet --no-deps --target "$SITE" "$wheel" || exit 2
+# pip's --target skips the PEP 668 check; without pip, a wheel is a zip of the same files.
+python3 -m pip install --quiet --no-deps --target "$SITE" "$wheel" ||
+    python3 -m zipfile -e "$wheel" "$SITE" || exit 2
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>/dev/null || true
 python3 -c 'import sys, oxccl, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "oxccl backends", oxccl.backends(), "gpus", torch.cuda.device_count())' || exit 2
