@@ -54,6 +54,10 @@ run "doc tests [host]" cargo test --workspace --doc
 # gcc, run on the host backend across forked processes (no GPU needed).
 run "nccl-api C test" bash ci/nccl-api-test.sh
 
+# The Python package (python/): the abi3 wheel built by maturin, installed in the venv of
+# ci/install.sh, and its host-backend pytest suite (2 and 3 processes).
+run "python [host]" bash ci/python-test.sh
+
 # Issue #21's faults phase on the host backend: a killed rank, a skipped call, a rank that
 # exits without destroying, mismatched calls; survivors must error within the bound and the
 # next job must pass (the same script runs on GPUs, ci/gpu/faults.sh).

@@ -1,0 +1,271 @@
+"""oxccl for Python: GPU collectives (MSCCL++-style) over the Rust core.
+
+One :class:`Communicator` per rank (one GPU per process), made from a unique id
+(:func:`unique_id`, bytes shared any way), from the launcher environment
+(:meth:`Communicator.from_env`: torchrun, mpirun, srun) or from a ``torch.distributed``
+store (:meth:`Communicator.from_store`). Its collectives take torch tensors, CuPy arrays or
+anything with DLPack / ``__cuda_array_interface__`` on GPUs, and numpy arrays (or CPU
+tensors) on the host backend, which needs no GPU::
+
+    import numpy as np, oxccl
+    comm = oxccl.Communicator.from_env()           # RANK, WORLD_SIZE, MASTER_ADDR/PORT
+    x = np.arange(1000, dtype=np.float32)
+    comm.all_reduce(x)                             # in place: x = sum over the ranks
+    comm.destroy()
+
+On a GPU backend a call is queued on the caller's current stream (torch's or CuPy's, or the
+``stream=`` given) and returns at once; on the host backend it is synchronous (the data is
+staged through a buffer of the communicator's). Failures raise :class:`OxcclError` (or
+``ValueError`` / ``TypeError`` for bad arguments) naming the call, the rank and the cause.
+``oxccl.torch`` adds torch custom ops and the ``"oxccl"`` ``torch.distributed`` backend.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional
+
+from ._oxccl import UNIQUE_ID_BYTES, OxcclError, backends, dtypes, unique_id
+from ._oxccl import Communicator as _Raw
+
+__all__ = [
+    "Communicator",
+    "OxcclError",
+    "UNIQUE_ID_BYTES",
+    "backends",
+    "dtypes",
+    "unique_id",
+]
+
+
+def _stream_handle(stream: Any, array: Any) -> int:
+    """The raw stream handle a call runs on: ``stream`` as given (an int, a
+    ``torch.cuda.Stream`` or a CuPy stream), else the current stream of the library that
+    made ``array`` (torch, CuPy), else 0 (the legacy default stream)."""
+    if stream is None:
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(array, torch.Tensor) and array.is_cuda:
+            return int(torch.cuda.current_stream(array.device).cuda_stream)
+        cupy = sys.modules.get("cupy")
+        if cupy is not None and isinstance(array, cupy.ndarray):
+            return int(cupy.cuda.get_current_stream().ptr)
+        return 0
+    if isinstance(stream, int):
+        return stream
+    for attr in ("cuda_stream", "ptr", "handle"):
+        if hasattr(stream, attr):
+            return int(getattr(stream, attr))
+    raise TypeError(f"oxccl: stream {stream!r} is not a stream (an int handle, a torch.cuda.Stream or a CuPy stream)")
+
+
+def _plain(array: Any) -> Any:
+    """torch refuses DLPack export of a tensor that requires grad; the collectives only
+    move its data, so they see it detached (same storage)."""
+    if getattr(array, "requires_grad", False) and hasattr(array, "detach"):
+        return array.detach()
+    return array
+
+
+class Communicator:
+    """One rank of an oxccl communicator (collective to create: every rank must).
+
+    ``Communicator(unique_id, rank, world_size)`` joins the job named by ``unique_id``
+    (bytes from :func:`unique_id` on one rank, handed to the others any way). ``device``:
+    the device ordinal (default ``LOCAL_RANK``, else ``rank``); ``backend``: ``"host"``,
+    ``"cuda"`` or ``"rocm"`` (default ``OXCCL_BACKEND``, else the first GPU backend built
+    that finds a device, else the host); ``timeout_ms``: bound of every wait on a peer
+    (default ``OXCCL_TIMEOUT_MS`` or 30 s). Other settings come from the ``OXCCL_*``
+    environment (docs/python.md).
+    """
+
+    def __init__(
+        self,
+        unique_id: bytes,
+        rank: int,
+        world_size: int,
+        *,
+        device: Optional[int] = None,
+        backend: Optional[str] = None,
+        timeout_ms: Optional[int] = None,
+    ) -> None:
+        self._c = _Raw.from_unique_id(bytes(unique_id), rank, world_size, device, backend, timeout_ms)
+
+    @classmethod
+    def _wrap(cls, raw: _Raw) -> "Communicator":
+        self = cls.__new__(cls)
+        self._c = raw
+        return self
+
+    @classmethod
+    def from_env(
+        cls,
+        *,
+        device: Optional[int] = None,
+        backend: Optional[str] = None,
+        timeout_ms: Optional[int] = None,
+    ) -> "Communicator":
+        """Joins the job the launcher describes (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+        ``MASTER_ADDR``, ``MASTER_PORT``: torchrun, mpirun, srun). Rank 0 listens on
+        ``MASTER_PORT``, so that port must not be taken (under torchrun, whose store is on
+        ``MASTER_PORT``, use :meth:`from_store` or set ``OXCCL_...`` as docs/python.md says)."""
+        return cls._wrap(_Raw.from_env(device, backend, timeout_ms))
+
+    @classmethod
+    def from_store(
+        cls,
+        store: Any,
+        rank: int,
+        world_size: int,
+        *,
+        key: str = "oxccl/unique_id",
+        device: Optional[int] = None,
+        backend: Optional[str] = None,
+        timeout_ms: Optional[int] = None,
+    ) -> "Communicator":
+        """Joins through a key-value store with ``set(key, bytes)`` and a blocking
+        ``get(key)`` (``torch.distributed.Store``: TCPStore, FileStore, ...): rank 0 makes
+        the unique id and sets ``key``, the others wait for it. Use a fresh ``key`` per
+        communicator on one store."""
+        if rank == 0:
+            uid = unique_id()
+            store.set(key, uid)
+        else:
+            uid = bytes(store.get(key))
+        return cls(uid, rank, world_size, device=device, backend=backend, timeout_ms=timeout_ms)
+
+    @classmethod
+    def from_process_group(
+        cls,
+        group: Any = None,
+        *,
+        device: Optional[int] = None,
+        backend: Optional[str] = None,
+        timeout_ms: Optional[int] = None,
+    ) -> "Communicator":
+        """Joins with the ranks of a ``torch.distributed`` process group (default: the
+        world), exchanging the unique id through the group's own collective
+        (``broadcast_object_list``), so torchrun users need nothing else."""
+        import torch.distributed as dist
+
+        group = group or dist.group.WORLD
+        rank = dist.get_rank(group)
+        world = dist.get_world_size(group)
+        box = [unique_id() if rank == 0 else None]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
+        if device is None:
+            import torch
+
+            if torch.cuda.is_available():
+                device = torch.cuda.current_device()
+        return cls(box[0], rank, world, device=device, backend=backend, timeout_ms=timeout_ms)
+
+    # -- properties ------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """This rank."""
+        return self._c.rank
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks."""
+        return self._c.world_size
+
+    @property
+    def backend(self) -> str:
+        """``"host"``, ``"cuda"`` or ``"rocm"``."""
+        return self._c.backend
+
+    @property
+    def device(self) -> int:
+        """Device ordinal of this rank."""
+        return self._c.device
+
+    @property
+    def registered(self) -> int:
+        """Number of registered arrays."""
+        return self._c.registered
+
+    @property
+    def destroyed(self) -> bool:
+        """Whether :meth:`destroy` was called."""
+        return self._c.destroyed
+
+    def __repr__(self) -> str:
+        return repr(self._c)
+
+    # -- collectives -----------------------------------------------------------------
+    def all_reduce(self, tensor, output=None, *, op: str = "sum", accum: str = "auto", stream=None):
+        """``output = op(tensor of every rank)``, reduced in rank order (every rank gets the
+        same bits). In place when ``output`` is omitted. ``op``: sum, prod, min, max, avg;
+        ``accum``: auto, native, f16, f32 (the accumulation type of floating types).
+        Returns the output."""
+        out = tensor if output is None else output
+        self._c.all_reduce(_plain(tensor), _plain(out), op, accum, _stream_handle(stream, out))
+        return out
+
+    def all_gather(self, input, output, *, stream=None):
+        """Rank r's ``input`` lands at elements ``[r*n, (r+1)*n)`` of every rank's
+        ``output`` (``world_size * n`` elements). In place when ``input`` is this rank's slot
+        of ``output``. Returns the output."""
+        self._c.all_gather(_plain(input), _plain(output), _stream_handle(stream, output))
+        return output
+
+    def reduce_scatter(self, input, output, *, op: str = "sum", accum: str = "auto", stream=None):
+        """Rank r's ``output`` (n elements) gets the reduction of elements ``[r*n, (r+1)*n)``
+        of every rank's ``input`` (``world_size * n``). In place when ``output`` is this
+        rank's chunk of ``input``. Returns the output."""
+        self._c.reduce_scatter(_plain(input), _plain(output), op, accum, _stream_handle(stream, output))
+        return output
+
+    def all_to_all(self, input, output, *, stream=None):
+        """Chunk p of rank r's ``input`` lands in chunk r of rank p's ``output`` (both
+        ``world_size * n`` elements, not overlapping). Returns the output."""
+        self._c.all_to_all(_plain(input), _plain(output), _stream_handle(stream, output))
+        return output
+
+    def broadcast(self, tensor, output=None, *, root: int = 0, stream=None):
+        """Every rank's ``output`` gets ``root``'s ``tensor``; in place when ``output`` is
+        omitted. Returns the output."""
+        out = tensor if output is None else output
+        self._c.broadcast(_plain(tensor), _plain(out), root, _stream_handle(stream, out))
+        return out
+
+    def reduce(self, tensor, output=None, *, root: int = 0, op: str = "sum", accum: str = "auto", stream=None):
+        """``root``'s ``output`` gets the reduction of every rank's ``tensor`` (other ranks'
+        output is not written); in place when ``output`` is omitted. Returns the output."""
+        out = tensor if output is None else output
+        self._c.reduce(_plain(tensor), _plain(out), root, op, accum, _stream_handle(stream, out))
+        return out
+
+    # -- registration, errors, teardown ----------------------------------------------
+    def register(self, array) -> None:
+        """Registers ``array`` for zero-copy calls (collective: every rank, same order,
+        same length). Calls on buffers inside registered arrays, at the same offsets on
+        every rank, take the zero-copy algorithms. On the host backend it is only
+        recorded (calls are staged there)."""
+        self._c.register(_plain(array))
+
+    def deregister(self, array) -> None:
+        """Undoes :meth:`register` (collective)."""
+        self._c.deregister(_plain(array))
+
+    def check(self, stream=None) -> None:
+        """Waits for ``stream`` (default: the current torch stream when torch is loaded)
+        and raises a failure a kernel recorded (a peer's timeout, ...). Not while
+        capturing a CUDA graph."""
+        if stream is None and self.backend == "cuda":
+            torch = sys.modules.get("torch")
+            if torch is not None:
+                stream = torch.cuda.current_stream(self.device)
+        self._c.check(0 if stream is None else _stream_handle(stream, None))
+
+    def destroy(self) -> None:
+        """Tears down (collective: waits for every rank). Later calls raise; a second
+        destroy does nothing."""
+        self._c.destroy()
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.destroy()
