@@ -99,16 +99,20 @@ refused() {
     fi
 }
 
+# The PortChannel algorithm of a collective (what the selector must take across nodes).
+port_algo() {
+    case $1 in
+    allreduce) echo port_channel ;;
+    *) echo "${1}_port" ;;
+    esac
+}
+
 nvidia-smi -L 2>/dev/null || true
 echo "# $WORLD ranks on $GPUS GPU(s), OXCCL_SEPARATE_HOSTS=1, sizes up to $MAX"
 q=(-w 1 --iters 2)
 perf=("$BIN/oxccl-perf")
 for c in allreduce allgather reducescatter; do
-    case $c in
-    allreduce) algo=port_channel ;;
-    allgather) algo=allgather_port ;;
-    reducescatter) algo=reducescatter_port ;;
-    esac
+    algo=$(port_algo "$c")
     for dtype in bf16 f32 fp8_e4m3; do
         step "$c-$dtype" "$algo" "${perf[@]}" -c "$c" -b 1 -e "$MAX" -f 7 -d "$dtype" "${q[@]}"
     done
@@ -127,18 +131,14 @@ done
 # Timing against NCCL on its socket transport, same GPUs, same sizes, one run each.
 if ((GPUS >= WORLD)) && [[ ${OXCCL_BACKEND:-} != host ]]; then
     for c in allreduce allgather reducescatter; do
-        case $c in
-        allreduce) algo=port_channel ;;
-        allgather) algo=allgather_port ;;
-        reducescatter) algo=reducescatter_port ;;
-        esac
+        algo=$(port_algo "$c")
         step "$c-vs-nccl-sockets" "$algo" env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 \
             NCCL_NVLS_ENABLE=0 "${perf[@]}" -c "$c" -b 1K -e "${MN_TIME_MAX:-256M}" -f 4 -d bf16 -w 3 --iters 10 \
             --compare nccl --json "$OUT/$c-bf16-${WORLD}rank-sockets.json"
         grep -E '^#|^ *[0-9]+ ' "$OUT/$c-vs-nccl-sockets.0.log" | tail -12
     done
 else
-    echo "# timing against NCCL skipped: $WORLD ranks on $GPUS GPU(s) (NCCL needs one GPU per rank)"
+    echo "# timing against NCCL skipped: ${OXCCL_BACKEND:-GPU} backend, $WORLD ranks on $GPUS GPU(s) (NCCL needs a GPU per rank)"
 fi
 if ((FAILED)); then
     echo "multinode: FAILED (logs in $OUT)"

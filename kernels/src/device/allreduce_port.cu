@@ -50,6 +50,34 @@ OXCCL_DEVICE_INLINE bool wait_signal(const OxcclHostDeviceSemaphore& s, const De
   return true;
 }
 
+/// Round k of a call whose per-rank chunk of the whole call is `total` bytes: its parity,
+/// first byte, 16-byte units, and this rank's recv[parity].
+struct PortRound {
+  uint64_t parity;
+  uint64_t base;
+  uint64_t units;
+  const char* recv;
+};
+
+OXCCL_DEVICE_INLINE PortRound port_round(const OxcclPortAllreduceArgs& a, uint64_t round0,
+                                         uint64_t k, uint64_t total) {
+  const uint64_t c = a.chunk_bytes;
+  PortRound r;
+  r.parity = (round0 + k) & 1;
+  r.base = k * c;
+  r.units = ((total - r.base < c ? total - r.base : c) + 15) / 16;
+  r.recv = static_cast<const char*>(a.scratch) + a.recv_offset + r.parity * a.world_size * c;
+  return r;
+}
+
+/// The end of a call: `rounds` more rounds completed (one thread; the next call reads it).
+OXCCL_DEVICE_INLINE void port_finish(const OxcclPortAllreduceArgs& a, uint64_t round0,
+                                     uint64_t rounds) {
+  if (threadIdx.x == 0) {
+    atomic_store_release(port_word(a.scratch, OXCCL_PORT_ALLREDUCE_SYNC_ROUND), round0 + rounds);
+  }
+}
+
 /// One round's exchange: stage what leaves this rank in its send slots (the proxy reads
 /// registered memory only), then thread p pushes put_with_signal into my slot of peer p's
 /// recv[parity] and waits for p's signal (p's chunk of this round has landed in my
@@ -57,12 +85,14 @@ OXCCL_DEVICE_INLINE bool wait_signal(const OxcclHostDeviceSemaphore& s, const De
 /// slot p; otherwise every peer gets my input from slot 0. `total`: bytes of one rank's
 /// chunk of the whole call. Returns false when a wait failed (recorded in the scratch).
 __device__ __noinline__ bool port_exchange(const OxcclPortAllreduceArgs& a, uint64_t total,
-                                           uint64_t base, uint64_t units, uint64_t parity,
-                                           bool scatter, const Deadline& d, int* failed) {
+                                           const PortRound& round, bool scatter,
+                                           const Deadline& d, int* failed) {
   const uint32_t w = a.world_size;
   const uint32_t me = a.rank;
   const uint64_t c = a.chunk_bytes;
-  const uint64_t group = a.send_offset + parity * w * c;  // send[parity][0]
+  const uint64_t base = round.base;
+  const uint64_t units = round.units;
+  const uint64_t group = a.send_offset + round.parity * w * c;  // send[parity][0]
   char* send = static_cast<char*>(a.scratch) + group;
   const char* input = static_cast<const char*>(a.input);
   if (scatter) {
@@ -83,7 +113,7 @@ __device__ __noinline__ bool port_exchange(const OxcclPortAllreduceArgs& a, uint
   if (p < w && p != me) {
     fence_system();  // the block's stores into send[] before the trigger
     const PortChannelDevice ch{a.channels[p]};
-    const uint64_t dst = a.recv_offset + (parity * w + me) * c;
+    const uint64_t dst = a.recv_offset + (round.parity * w + me) * c;
     const uint64_t src = group + (scatter ? p : 0) * c;
     if (ch.put_with_signal(dst, src, units * 16) == ~uint64_t{0}) {
       port_report(a.scratch, OXCCL_ALLREDUCE_ERR_TIMEOUT, p);
@@ -113,13 +143,11 @@ __device__ __noinline__ void port_reduce_body(const Reducer reduce, const OxcclP
   const uint64_t rounds = (total + c - 1) / c;
 
   for (uint64_t k = 0; k < rounds; ++k) {
-    const uint64_t parity = (round0 + k) & 1;
-    const uint64_t base = k * c;
-    const uint64_t len = total - base < c ? total - base : c;
-    const uint64_t units = (len + 15) / 16;
-    if (w > 1 && !port_exchange(a, total, base, units, parity, scatter, d, failed)) return;
-    const char* recv = static_cast<const char*>(a.scratch) + a.recv_offset + parity * w * c;
-    for (uint64_t u = threadIdx.x; u < units; u += blockDim.x) {
+    const PortRound round = port_round(a, round0, k, total);
+    const uint64_t base = round.base;
+    const char* recv = round.recv;
+    if (w > 1 && !port_exchange(a, total, round, scatter, d, failed)) return;
+    for (uint64_t u = threadIdx.x; u < round.units; u += blockDim.x) {
       Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
 #pragma unroll
       for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
@@ -133,9 +161,7 @@ __device__ __noinline__ void port_reduce_body(const Reducer reduce, const OxcclP
     // Every read of recv[parity] is done before the next round's triggers are pushed.
     __syncthreads();
   }
-  if (threadIdx.x == 0) {
-    atomic_store_release(port_word(a.scratch, OXCCL_PORT_ALLREDUCE_SYNC_ROUND), round0 + rounds);
-  }
+  port_finish(a, round0, rounds);
 }
 
 /// All-gather: exchange each round, then copy every rank's chunk into its slot of the
@@ -151,12 +177,11 @@ __device__ __noinline__ void port_gather_body(const OxcclPortAllreduceArgs& a, u
   const uint64_t rounds = (total + c - 1) / c;
 
   for (uint64_t k = 0; k < rounds; ++k) {
-    const uint64_t parity = (round0 + k) & 1;
-    const uint64_t base = k * c;
-    const uint64_t len = total - base < c ? total - base : c;
-    const uint64_t units = (len + 15) / 16;
-    if (w > 1 && !port_exchange(a, total, base, units, parity, false, d, failed)) return;
-    const char* recv = static_cast<const char*>(a.scratch) + a.recv_offset + parity * w * c;
+    const PortRound round = port_round(a, round0, k, total);
+    const uint64_t base = round.base;
+    const uint64_t units = round.units;
+    const char* recv = round.recv;
+    if (w > 1 && !port_exchange(a, total, round, false, d, failed)) return;
     for (uint64_t i = threadIdx.x; i < w * units; i += blockDim.x) {
       const uint64_t r = i / units;
       const uint64_t u = i - r * units;
@@ -167,9 +192,7 @@ __device__ __noinline__ void port_gather_body(const OxcclPortAllreduceArgs& a, u
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) {
-    atomic_store_release(port_word(a.scratch, OXCCL_PORT_ALLREDUCE_SYNC_ROUND), round0 + rounds);
-  }
+  port_finish(a, round0, rounds);
 }
 
 OXCCL_DEVICE_INLINE bool port_args_ok(const OxcclPortAllreduceArgs& a) {
