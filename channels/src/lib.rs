@@ -3,9 +3,9 @@
 //! Setup is collective and goes through the [`bootstrap`] (TCP rendezvous, all-gather,
 //! tagged send/recv, barrier; every wait bounded and naming the ranks it waited for).
 //! Memory is made reachable by peers through [`registered_memory`] and moved by a
-//! [`connection`]: same-node IPC (the copy engine on GPUs), TCP, or InfiniBand RC queue pairs
-//! behind the `ib` feature (without it, a stub whose every call says "InfiniBand support not
-//! built"). On top of those:
+//! [`connection`] (chosen per peer from [`hosts`], every rank's node): same-node IPC (the
+//! copy engine on GPUs), TCP, or InfiniBand RC queue pairs behind the `ib` feature (without
+//! it, a stub whose every call says "InfiniBand support not built"). On top of those:
 //! - [`semaphore`]: device-to-device, host-to-device and host-to-host counters;
 //! - [`memory_channel`]: GPU threads load and store peer memory directly (put/get, LL packets);
 //! - [`port_channel`]: GPU threads push triggers into a [`fifo`] that a [`proxy`] thread turns
@@ -20,6 +20,7 @@ pub mod bootstrap;
 pub mod connection;
 pub mod fifo;
 pub mod host_kernels;
+pub mod hosts;
 pub mod memory_channel;
 pub mod port_channel;
 pub mod proxy;

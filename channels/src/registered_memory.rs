@@ -30,12 +30,30 @@ const VERSION: u8 = 1;
 /// Bound on variable-length fields, so corrupt bytes cannot make us allocate gigabytes.
 const MAX_FIELD: usize = 1 << 20;
 
+/// Environment variable: `1` makes every process of this machine count as its own node
+/// (see [`HostIdentity::local`]): how the multi-node paths (PortChannel algorithms over
+/// TCP, or InfiniBand where a device exists) run without a second node. `0` or unset: off.
+pub const SEPARATE_HOSTS_VAR: &str = "OXCCL_SEPARATE_HOSTS";
+
+/// Parses the value of [`SEPARATE_HOSTS_VAR`] (`None`: unset): `1` on, `0` or empty off,
+/// anything else an error naming the variable.
+pub fn separate_hosts(value: Option<&str>) -> std::result::Result<bool, String> {
+    match value.map(str::trim) {
+        None | Some("") | Some("0") => Ok(false),
+        Some("1") => Ok(true),
+        Some(other) => Err(format!(
+            "{SEPARATE_HOSTS_VAR}='{other}': want 1 (every process its own node) or 0"
+        )),
+    }
+}
+
 /// What tells two processes apart as being on one node or on two.
 ///
 /// Two processes are on the same node when both the host name and the kernel's boot id
 /// match. The boot id alone is shared by containers on one host that cannot see each
 /// other's memory; the host name alone is reused across clusters. Both together are
 /// conservative: a false "different node" only costs the faster transport.
+/// [`SEPARATE_HOSTS_VAR`] makes that false answer on purpose, per process.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct HostIdentity {
     /// The kernel's host name (`/proc/sys/kernel/hostname`).
@@ -45,20 +63,47 @@ pub struct HostIdentity {
 }
 
 impl HostIdentity {
-    /// The identity of the node this process runs on (read once).
-    pub fn local() -> &'static HostIdentity {
-        static LOCAL: LazyLock<HostIdentity> = LazyLock::new(|| {
+    /// The identity of the node this process runs on (read once). With
+    /// [`SEPARATE_HOSTS_VAR`]`=1` the host name carries this process's id, so every other
+    /// process (every other rank launched one per process) is on "another node": no IPC
+    /// mapping, network transports only. An unreadable value of the variable is an error
+    /// here, on every call, never a silent choice.
+    pub fn local() -> Result<&'static HostIdentity> {
+        static LOCAL: LazyLock<std::result::Result<HostIdentity, String>> = LazyLock::new(|| {
             let read = |path: &str| {
                 std::fs::read_to_string(path)
                     .map(|s| s.trim().to_string())
                     .unwrap_or_default()
             };
-            HostIdentity {
+            let node = HostIdentity {
                 hostname: read("/proc/sys/kernel/hostname"),
                 boot_id: read("/proc/sys/kernel/random/boot_id"),
-            }
+            };
+            let separate = separate_hosts(std::env::var(SEPARATE_HOSTS_VAR).ok().as_deref())?;
+            Ok(if separate {
+                node.separated(std::process::id())
+            } else {
+                node
+            })
         });
-        &LOCAL
+        LOCAL
+            .as_ref()
+            .map_err(|e| Error::InvalidArgument(e.clone()))
+    }
+
+    /// This node's identity made unique to process `pid` (what [`SEPARATE_HOSTS_VAR`]
+    /// does): another process of the same node no longer matches it.
+    pub fn separated(&self, pid: u32) -> HostIdentity {
+        let hostname = if self.hostname.is_empty() {
+            // Unknown identities never match anyway; keep them unknown.
+            String::new()
+        } else {
+            format!("{}#{SEPARATE_HOSTS_VAR}-pid{pid}", self.hostname)
+        };
+        HostIdentity {
+            hostname,
+            boot_id: self.boot_id.clone(),
+        }
     }
 
     /// Whether `self` and `other` name the same node. Unknown identities never match.
@@ -97,6 +142,8 @@ pub(crate) struct Registration {
     pub(crate) transports: TransportSet,
     pub(crate) ipc: Option<IpcHandle>,
     pub(crate) ib: Option<IbRegion>,
+    /// The owner's node, as its peers are told.
+    pub(crate) host: HostIdentity,
 }
 
 impl Registration {
@@ -224,6 +271,7 @@ impl RegisteredMemory {
             )));
         }
         let _span = tracing::debug_span!("register_memory", rank, len, ?transports).entered();
+        let host = HostIdentity::local()?.clone();
         let ipc = if transports.contains(Transport::Ipc) {
             Some(device.export_memory(&memory)?)
         } else {
@@ -245,6 +293,7 @@ impl RegisteredMemory {
             transports,
             ipc,
             ib,
+            host,
         });
         if transports.contains(Transport::Tcp) {
             registry().insert(id, Arc::downgrade(&inner));
@@ -311,7 +360,7 @@ impl RegisteredMemory {
         out.extend_from_slice(&(r.offset as u64).to_le_bytes());
         out.extend_from_slice(&(r.len as u64).to_le_bytes());
         out.extend_from_slice(&(self.ptr().0 % 4096).to_le_bytes());
-        HostIdentity::local().encode(&mut out);
+        r.host.encode(&mut out);
         put_bytes(
             &mut out,
             &r.ipc.as_ref().map(IpcHandle::to_bytes).unwrap_or_default(),
@@ -377,7 +426,7 @@ impl RemoteMemory {
     /// never imported (a GPU cannot open its own IPC handle).
     pub fn from_bytes(bytes: &[u8], device: &AnyDevice, local_rank: u32) -> Result<RemoteMemory> {
         let mut remote = RemoteMemory::parse(bytes)?;
-        let same_node = HostIdentity::local().same_node(&remote.host);
+        let same_node = HostIdentity::local()?.same_node(&remote.host);
         if remote.rank != local_rank && same_node && remote.backend == device.backend() {
             if let Some(handle) = &remote.ipc {
                 let _span = tracing::debug_span!("import_remote", owner = remote.rank).entered();
@@ -676,7 +725,7 @@ mod tests {
         assert!(peer.is_imported());
         assert_eq!((peer.rank(), peer.len(), peer.id()), (3, 5000, reg.id()));
         assert_eq!(peer.transports(), set);
-        assert_eq!(peer.host(), HostIdentity::local());
+        assert_eq!(peer.host(), HostIdentity::local().unwrap());
         assert!(peer.is_aligned8(0) && peer.is_aligned8(8) && !peer.is_aligned8(4));
         // The import maps the same pages: a byte written through it is seen locally.
         let stream = oxccl_hal::Device::create_stream(&dev).unwrap();

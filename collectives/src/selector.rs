@@ -1,8 +1,11 @@
 //! Picks the algorithm for a call: a tuned table's entry, else by collective, size, world
 //! size, registration and capability, unless `OXCCL_ALGO` forces one for the call's
-//! collective. Every decision is a `tracing::debug!` event with its reason.
+//! collective. Ranks on several nodes (or a forced PortChannel algorithm, which says they
+//! may be) take their collective's algorithm that maps no peer memory, found by iterating
+//! the descriptors; a collective without one is refused. Every decision is a
+//! `tracing::debug!` event with its reason.
 
-use oxccl_hal::Result;
+use oxccl_hal::{Error, Result};
 
 use crate::algorithms::all_gather::{
     direct::ALLGATHER_DIRECT, one_shot::ALLGATHER_ONESHOT_LL, staged::ALLGATHER_STAGED,
@@ -127,7 +130,9 @@ impl Selector {
     /// algorithm can serve the call) over the size thresholds; `OXCCL_ALGO` wins over both.
     pub fn choose_tuned(&self, shape: &CallShape<'_>, table: Option<&TuneTable>) -> Result<Choice> {
         let forced = self.forced.of(shape.collective);
-        let tuned = if forced.is_none() && shape.world_size > 1 {
+        let port_forced = self.forced.iter().any(|f| !f.descriptor().maps_peers);
+        let across = shape.multi_node || port_forced;
+        let tuned = if forced.is_none() && shape.world_size > 1 && !across {
             table.and_then(|t| Self::from_table(shape, t))
         } else {
             None
@@ -135,11 +140,21 @@ impl Selector {
         let choice = if let Some(choice) = tuned {
             choice
         } else if let Some(algorithm) = forced {
+            if shape.multi_node && algorithm.descriptor().maps_peers {
+                return Err(Error::Unsupported(format!(
+                    "{}: {algorithm} (forced by {ALGO_VAR}) maps peer memory, which needs every \
+                     rank on one node; the ranks are on several nodes ({})",
+                    shape.collective,
+                    oxccl_channels::registered_memory::SEPARATE_HOSTS_VAR
+                )));
+            }
             Choice {
                 algorithm,
                 plan: algorithm.plan(shape)?,
                 reason: format!("forced by {ALGO_VAR}"),
             }
+        } else if across {
+            Self::across_nodes(shape, port_forced)?
         } else {
             match shape.collective {
                 Collective::AllReduce => self.all_reduce(shape)?,
@@ -178,6 +193,34 @@ impl Selector {
             "algorithm"
         );
         Ok(choice)
+    }
+
+    /// The policy across nodes: the collective's algorithm that maps no peer memory (its
+    /// PortChannel algorithm), or why there is none.
+    fn across_nodes(shape: &CallShape<'_>, port_forced: bool) -> Result<Choice> {
+        let why = if shape.multi_node {
+            format!(
+                "the ranks are on several nodes (or {}=1 made every process its own node)",
+                oxccl_channels::registered_memory::SEPARATE_HOSTS_VAR
+            )
+        } else if port_forced {
+            format!("a PortChannel algorithm is forced ({ALGO_VAR}), so the ranks may be on several nodes")
+        } else {
+            "the ranks are on one node".into()
+        };
+        let Some(algorithm) = Algorithm::of(shape.collective).find(|a| !a.descriptor().maps_peers)
+        else {
+            return Err(Error::Unsupported(format!(
+                "{}: {why}, and {} has no multi-node algorithm yet (every one of its \
+                 algorithms maps peer memory, which needs one node)",
+                shape.collective, shape.collective
+            )));
+        };
+        Ok(Choice {
+            algorithm,
+            plan: algorithm.plan(shape)?,
+            reason: format!("{why}: the PortChannel algorithm"),
+        })
     }
 
     /// The allreduce policy: one-shot up to its threshold (LL128 where it can), the
@@ -342,6 +385,7 @@ mod tests {
             packet_half_bytes: 1 << 24,
             ll128_half_bytes: 1 << 24,
             nvlink: true,
+            multi_node: false,
             host: false,
             zero_copy: false,
         }
@@ -417,5 +461,84 @@ mod tests {
             ..s
         };
         assert!(nvls.choose(&shape(1024, 4, &caps)).is_err());
+    }
+
+    #[test]
+    fn across_nodes_each_collective_takes_its_port_channel_algorithm() {
+        use crate::algorithms::all_gather::port_channel::ALLGATHER_PORT;
+        use crate::algorithms::all_reduce::port_channel::PORT_CHANNEL;
+        use crate::algorithms::reduce_scatter::port_channel::REDUCESCATTER_PORT;
+        let caps = Capabilities {
+            multiprocessors: 132,
+            ..Capabilities::default()
+        };
+        let s = Selector {
+            forced: Forced::NONE,
+            oneshot_max_bytes: 256 << 10,
+            zc_threshold_bytes: 64 << 10,
+        };
+        for bytes in [16, 1 << 20, 1 << 30] {
+            for zero_copy in [false, true] {
+                for (c, want) in [
+                    (Collective::AllReduce, Some(PORT_CHANNEL)),
+                    (Collective::AllGather, Some(ALLGATHER_PORT)),
+                    (Collective::ReduceScatter, Some(REDUCESCATTER_PORT)),
+                    (Collective::AllToAll, None),
+                    (Collective::Broadcast, None),
+                    (Collective::Reduce, None),
+                ] {
+                    let mut sh = shape(bytes, 4, &caps);
+                    sh.collective = c;
+                    sh.zero_copy = zero_copy;
+                    // One node: never a PortChannel algorithm unless forced.
+                    let local = s.choose(&sh).map(|x| x.algorithm);
+                    assert!(local.is_ok_and(|a| a.descriptor().maps_peers), "{c}");
+                    sh.multi_node = true;
+                    match (s.choose(&sh), want) {
+                        (Ok(choice), Some(a)) => {
+                            assert_eq!(choice.algorithm, a);
+                            assert!(choice.reason.contains("several nodes"), "{}", choice.reason);
+                        }
+                        (Err(e), None) => {
+                            let e = e.to_string();
+                            assert!(
+                                e.contains(&c.to_string())
+                                    && e.contains("no multi-node algorithm")
+                                    && e.contains("OXCCL_SEPARATE_HOSTS"),
+                                "{e}"
+                            );
+                        }
+                        (other, _) => panic!("{c}: {other:?}"),
+                    }
+                }
+            }
+        }
+        // A forced algorithm that maps peer memory cannot serve ranks on several nodes.
+        let forced = Selector {
+            forced: TWOSHOT_PUSH.into(),
+            ..s
+        };
+        let mut sh = shape(1 << 20, 2, &caps);
+        sh.multi_node = true;
+        let e = forced.choose(&sh).unwrap_err().to_string();
+        assert!(
+            e.contains("twoshot_push") && e.contains("several nodes"),
+            "{e}"
+        );
+        // Forcing a PortChannel algorithm on one node makes the other collectives take
+        // theirs (the ranks may be on several nodes), and refuses the ones without.
+        let port = Selector {
+            forced: PORT_CHANNEL.into(),
+            ..s
+        };
+        let mut sh = shape(1000, 2, &caps);
+        sh.collective = Collective::AllGather;
+        assert_eq!(port.choose(&sh).unwrap().algorithm, ALLGATHER_PORT);
+        sh.collective = Collective::AllToAll;
+        let e = port.choose(&sh).unwrap_err().to_string();
+        assert!(
+            e.contains("forced") && e.contains("no multi-node algorithm"),
+            "{e}"
+        );
     }
 }

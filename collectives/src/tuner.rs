@@ -673,6 +673,7 @@ mod tests {
             packet_half_bytes: 8 << 20,
             ll128_half_bytes: 8 << 20,
             nvlink: true,
+            multi_node: false,
             host: false,
             zero_copy,
         }

@@ -853,11 +853,17 @@ fn setup_makes_what_the_algorithms_need() {
         }
         assert!(r.comm.instance(PORT_CHANNEL).is_none());
         assert!(r.comm.instance(NVLS).is_none());
+        // One node, nothing forced: no PortChannel algorithm of any collective.
+        assert!(oxccl_collectives::ALGORITHMS
+            .iter()
+            .all(|a| a.descriptor().maps_peers || r.comm.instance(*a).is_none()));
+        assert!(!r.comm.multi_node());
     });
     // Forced: only that one.
     threads(2, Some(TWOSHOT), |r| {
         // Forced for allreduce: the other allreduce algorithms are not set up, the other
-        // collectives' are (nothing forces theirs).
+        // collectives' are (nothing forces theirs), but not their PortChannel ones (one
+        // node, none forced).
         let set_up: Vec<Algorithm> = oxccl_collectives::ALGORITHMS
             .iter()
             .copied()
@@ -866,7 +872,7 @@ fn setup_makes_what_the_algorithms_need() {
         let others: Vec<Algorithm> = oxccl_collectives::ALGORITHMS
             .iter()
             .copied()
-            .filter(|a| a.collective() != Collective::AllReduce)
+            .filter(|a| a.collective() != Collective::AllReduce && a.descriptor().maps_peers)
             .collect();
         assert_eq!(set_up, [&[TWOSHOT][..], &others].concat());
         assert_eq!(r.comm.peer_mappings(), 1);

@@ -1,6 +1,7 @@
 //! The PortChannel allreduce on the host backend, through a communicator that forces it
-//! (`OXCCL_ALGO=port_channel`), ranks as threads of this process, over
-//! the TCP and the IPC transports: every data type, ops and accumulations, odd counts, in
+//! (`OXCCL_ALGO=port_channel`, which also sets up the PortChannel all-gather and
+//! reduce-scatter: `port_channel_multinode.rs` checks those), ranks as threads of this
+//! process, over the TCP and the IPC transports: every data type, ops and accumulations, odd counts, in
 //! and out of place (unaligned), messages of many rounds, repeated calls, world sizes 1..=8,
 //! and a peer that never calls (a timeout, not a hang).
 //!
@@ -14,9 +15,11 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use oxccl_collectives::algorithms::all_gather::port_channel::ALLGATHER_PORT;
 use oxccl_collectives::algorithms::all_reduce::port_channel::{
     PortAllreduce, PortAllreduceConfig, PORT_CHANNEL,
 };
+use oxccl_collectives::algorithms::reduce_scatter::port_channel::REDUCESCATTER_PORT;
 use oxccl_collectives::backend::{AnyDevice, AnyStream};
 use oxccl_collectives::channels::bootstrap::{Bootstrap, BootstrapConfig, UniqueId};
 use oxccl_collectives::channels::connection::Transport;
@@ -149,23 +152,28 @@ fn every_type_op_and_accumulation_over_tcp_and_ipc() {
     for transport in [Transport::Tcp, Transport::Ipc] {
         // 1000-byte rounds: the larger counts take several rounds.
         threads(3, config(transport, 1000), move |r| {
-            // Only the forced algorithm is set up, and it maps no peer memory through
-            // IPC: ranks on different hosts can use it.
+            // Forcing a PortChannel algorithm says the ranks may be on several hosts: the
+            // PortChannel algorithms of every collective are set up (they map no peer
+            // memory through IPC), nothing else.
             assert_eq!(r.comm.peer_mappings(), 0);
             for a in oxccl_collectives::ALGORITHMS {
-                assert_eq!(r.comm.instance(*a).is_some(), *a == PORT_CHANNEL, "{a}");
+                let port = [PORT_CHANNEL, ALLGATHER_PORT, REDUCESCATTER_PORT].contains(a);
+                assert_eq!(r.comm.instance(*a).is_some(), port, "{a}");
             }
-            // No all-gather algorithm reaches peers on other hosts yet: refused, clearly.
+            // All-to-all has no algorithm that reaches peers on other hosts: refused, clearly.
             let buf = r.comm.device().alloc(3 * 64, MemoryKind::Plain).unwrap();
-            let own_slot = buf.ptr().offset(r.rank() as usize * 16).unwrap();
+            let half = buf.ptr().offset(3 * 32).unwrap();
             // SAFETY: refused before any launch.
             let e = unsafe {
                 r.comm
-                    .all_gather(own_slot, buf.ptr(), 4, DataType::F32, &r.stream)
+                    .all_to_all(buf.ptr(), half, 4, DataType::F32, &r.stream)
             }
             .unwrap_err()
             .to_string();
-            assert!(e.contains("not set up"), "{e}");
+            assert!(
+                e.contains("all_to_all") && e.contains("no multi-node algorithm"),
+                "{e}"
+            );
             assert!(r
                 .port()
                 .transports()
@@ -221,11 +229,12 @@ fn odd_counts_many_rounds_and_world_sizes_one_to_four() {
     }
 }
 
-/// 2^20 + 7 f32 (4 MiB) through 256 KiB rounds, both transports, in and out of place.
+/// 2^20 + 7 f32 (4 MiB) through 128 KiB rounds (a scratch of about 1 MiB: send and receive
+/// areas of 2 x 2 rounds), both transports, in and out of place.
 #[test]
 fn a_message_much_larger_than_the_scratch() {
     for transport in [Transport::Tcp, Transport::Ipc] {
-        threads(2, config(transport, 256 << 10), move |r| {
+        threads(2, config(transport, 128 << 10), move |r| {
             assert!(r.port().scratch_bytes() < 2 << 20);
             let n = (1 << 20) + 7;
             r.check(DataType::F32, ReduceOp::Sum, AccumType::Auto, n, true, 99)

@@ -183,13 +183,14 @@ impl Connection {
             .at_rank(rank));
         }
         let at_rank = |e: Error| e.at_rank(rank);
+        let local = HostIdentity::local().map_err(at_rank)?;
         // Agree on the transport before building anything, so a mismatch is one clear error
         // on both sides instead of two different hangs.
         let mut hello = Vec::new();
         hello.extend_from_slice(HANDSHAKE_MAGIC);
         hello.push(HANDSHAKE_VERSION);
         hello.push(transport.bit());
-        HostIdentity::local().encode(&mut hello);
+        local.encode(&mut hello);
         bootstrap.send(peer, tag, &hello)?;
         let reply = bootstrap.recv(peer, tag)?;
         let mut r = Reader::new(&reply, "connection handshake");
@@ -208,10 +209,9 @@ impl Connection {
         }
         let conn = match transport {
             Transport::Ipc => {
-                if !HostIdentity::local().same_node(&peer_host) {
+                if !local.same_node(&peer_host) {
                     return Err(at_rank(Error::InvalidArgument(format!(
-                        "IPC to rank {peer} on {peer_host}: it is not on this node ({})",
-                        HostIdentity::local()
+                        "IPC to rank {peer} on {peer_host}: it is not on this node ({local})"
                     ))));
                 }
                 IpcConnection::new(device, rank, peer).map(Connection::Ipc)
@@ -231,8 +231,9 @@ impl Connection {
         peer: u32,
         tag: u32,
     ) -> Result<Connection> {
+        let local = HostIdentity::local()?;
         let mut mine = Vec::new();
-        HostIdentity::local().encode(&mut mine);
+        local.encode(&mut mine);
         let ib_here = ib::available();
         mine.push(u8::from(ib_here));
         bootstrap.send(peer, tag, &mine)?;
@@ -241,7 +242,7 @@ impl Connection {
         let peer_host = HostIdentity::decode(&mut r)?;
         let ib_there = r.u8()? != 0;
         r.finish()?;
-        let transport = choose_transport(HostIdentity::local(), &peer_host, ib_here && ib_there);
+        let transport = choose_transport(local, &peer_host, ib_here && ib_there);
         tracing::debug!(peer, %transport, "transport chosen");
         Connection::connect(bootstrap, device, peer, transport, tag)
     }
@@ -397,7 +398,7 @@ mod tests {
 
     #[test]
     fn choice_prefers_ipc_then_ib_then_tcp() {
-        let here = HostIdentity::local().clone();
+        let here = HostIdentity::local().unwrap().clone();
         let there = HostIdentity {
             hostname: "elsewhere".into(),
             boot_id: "x".into(),

@@ -207,7 +207,7 @@ impl TcpConnection {
         let rank = bootstrap.rank();
         let timeout = bootstrap.timeout();
         let deadline = Instant::now() + timeout;
-        let ip = listen_ip(HostIdentity::local().same_node(peer_host), bootstrap);
+        let ip = listen_ip(HostIdentity::local()?.same_node(peer_host), bootstrap);
         let listener =
             TcpListener::bind(SocketAddr::new(ip, 0)).map_err(os("bind (TCP connection)"))?;
         let addr = listener.local_addr().map_err(os("getsockname"))?;

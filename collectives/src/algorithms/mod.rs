@@ -14,13 +14,15 @@
 //! | `twoshot_zc` | allreduce | `allreduce_twoshot_zc` | medium and large on registered buffers ([`crate::Communicator::register`]): reduce-scatter reads the peers' inputs, all-gather stores into the peers' outputs; no staging copy, one pass |
 //! | `twoshot_push` | allreduce | `allreduce_twoshot_push` | medium and large, registered or not: the two-shot with peer stores only (inputs pushed into the owner's staging, results pushed into the peers' outputs or staging) |
 //! | `nvls` | allreduce | (not built) | NVLink SHARP multicast reduce; gated by `OXCCL_NVLS` and never run on the lent machines |
-//! | `port_channel` | allreduce | `allreduce_port` | multi-node: every byte that leaves a rank is moved by its proxy (IPC copies, TCP, InfiniBand); set up only when forced |
+//! | `port_channel` | allreduce | `allreduce_port` | multi-node: every byte that leaves a rank is moved by its proxy (IPC copies, TCP, InfiniBand); set up where the ranks are on several nodes (or `OXCCL_SEPARATE_HOSTS=1`), or when forced |
 //! | `allgather_oneshot_ll` | all-gather | `allgather_oneshot_ll` | small messages: LL16 packets into every peer's packet half, no barrier |
 //! | `allgather_staged` | all-gather | `allgather_staged` | any size on unregistered buffers: pushed into the peers' staging, copied out locally |
 //! | `allgather_direct` | all-gather | `allgather_direct` | registered outputs: stored straight into every peer's output between two barriers |
+//! | `allgather_port` | all-gather | `allgather_port` | multi-node: the PortChannel machinery of `port_channel`, every input copied into its output slot |
 //! | `reducescatter_oneshot_ll` | reduce-scatter | `reducescatter_oneshot_ll` | small messages: every peer's chunk as LL16 packets, reduced locally, no barrier |
 //! | `reducescatter_staged` | reduce-scatter | `reducescatter_staged` | any size on unregistered buffers: chunks pushed into their owners' staging, reduced locally (the first half of the push two-shot) |
 //! | `reducescatter_direct` | reduce-scatter | `reducescatter_direct` | registered inputs: every rank's chunk read straight from the peers' inputs between two barriers |
+//! | `reducescatter_port` | reduce-scatter | `reducescatter_port` | multi-node: the PortChannel machinery of `port_channel`, chunk p to rank p, reduced there |
 //! | `alltoall_oneshot_ll` | all-to-all | `alltoall_oneshot_ll` | small messages: every chunk as LL16 packets into its owner's packet half, no barrier |
 //! | `alltoall_staged` | all-to-all | `alltoall_staged` | any size on unregistered buffers: chunks pushed into their owners' staging, copied out locally |
 //! | `alltoall_direct` | all-to-all | `alltoall_direct` | registered outputs: every chunk stored straight into its owner's output between two barriers |
@@ -31,12 +33,19 @@
 //!
 //! Each collective's algorithms live in their own module ([`all_reduce`], [`all_gather`],
 //! [`reduce_scatter`], [`all_to_all`], [`broadcast`], [`reduce`]);
-//! what several share (the scratch-protocol launch) lives here.
+//! what several share lives beside them: the scratch-protocol launch ([`scratch_kernel`]),
+//! the PortChannel machinery ([`port_channel`]).
+//!
+//! Ranks on several nodes (gathered at setup; `OXCCL_SEPARATE_HOSTS=1` makes every process
+//! its own node): no algorithm that maps peer memory ([`Descriptor::maps_peers`]) is set
+//! up, the selector takes each collective's PortChannel algorithm, and a collective
+//! without one (all-to-all, broadcast, reduce) is refused with [`Error::Unsupported`].
 
 pub mod all_gather;
 pub mod all_reduce;
 pub mod all_to_all;
 pub mod broadcast;
+pub mod port_channel;
 pub mod reduce;
 pub mod reduce_scatter;
 pub mod scratch_kernel;
@@ -49,6 +58,7 @@ use std::time::Duration;
 
 use oxccl_backend::{AnyDevice, AnyKernel, AnyModule, AnyStream};
 use oxccl_channels::bootstrap::Bootstrap;
+use oxccl_channels::hosts::Hosts;
 use oxccl_hal::{
     AccumType, BackendKind, Capabilities, DataType, Device, DevicePtr, Error, HostKernelTable,
     LaunchConfig, Module, ModuleImage, ReduceOp, Result,
@@ -56,16 +66,17 @@ use oxccl_hal::{
 use oxccl_kernels::abi::OXCCL_ALLREDUCE_MAX_RANKS;
 
 use all_gather::{
-    direct::ALLGATHER_DIRECT, one_shot::ALLGATHER_ONESHOT_LL, staged::ALLGATHER_STAGED,
+    direct::ALLGATHER_DIRECT, one_shot::ALLGATHER_ONESHOT_LL, port_channel::ALLGATHER_PORT,
+    staged::ALLGATHER_STAGED,
 };
-use all_reduce::{
-    nvls, one_shot, one_shot_ll128, port_channel, two_shot, two_shot_push, two_shot_zc,
-};
+use all_reduce::port_channel::PORT_CHANNEL;
+use all_reduce::{nvls, one_shot, one_shot_ll128, two_shot, two_shot_push, two_shot_zc};
 use all_to_all::{direct::ALLTOALL_DIRECT, one_shot::ALLTOALL_ONESHOT_LL, staged::ALLTOALL_STAGED};
 use broadcast::{direct::BROADCAST_DIRECT, staged::BROADCAST_STAGED};
 use reduce::{direct::REDUCE_DIRECT, staged::REDUCE_STAGED};
 use reduce_scatter::{
-    direct::REDUCESCATTER_DIRECT, one_shot::REDUCESCATTER_ONESHOT_LL, staged::REDUCESCATTER_STAGED,
+    direct::REDUCESCATTER_DIRECT, one_shot::REDUCESCATTER_ONESHOT_LL,
+    port_channel::REDUCESCATTER_PORT, staged::REDUCESCATTER_STAGED,
 };
 
 use crate::scratch::{ScratchLayout, SharedScratch};
@@ -79,13 +90,15 @@ pub const ALGORITHMS: &[Algorithm] = &[
     two_shot_zc::TWOSHOT_ZC,
     two_shot_push::TWOSHOT_PUSH,
     nvls::NVLS,
-    port_channel::PORT_CHANNEL,
+    PORT_CHANNEL,
     ALLGATHER_ONESHOT_LL,
     ALLGATHER_STAGED,
     ALLGATHER_DIRECT,
+    ALLGATHER_PORT,
     REDUCESCATTER_ONESHOT_LL,
     REDUCESCATTER_STAGED,
     REDUCESCATTER_DIRECT,
+    REDUCESCATTER_PORT,
     ALLTOALL_ONESHOT_LL,
     ALLTOALL_STAGED,
     ALLTOALL_DIRECT,
@@ -487,6 +500,9 @@ pub struct CallShape<'a> {
     pub ll128_half_bytes: usize,
     /// Every pair of ranks is connected by NVLink (agreed at setup; LL128 needs it).
     pub nvlink: bool,
+    /// The ranks are not all on one node (agreed at setup; `OXCCL_SEPARATE_HOSTS=1` says
+    /// so on one machine): only algorithms that map no peer memory can serve the call.
+    pub multi_node: bool,
     /// Whether the kernels run as host functions (host backend).
     pub host: bool,
     /// Whether the call's buffers are 16-byte aligned inside buffers registered on every
@@ -577,7 +593,11 @@ pub struct SetupContext<'a> {
     /// The shared scratch, once some setup asked for it.
     scratch: std::cell::RefCell<Option<Arc<SharedScratch>>>,
     /// Settings of the PortChannel algorithms.
-    pub port: &'a port_channel::PortAllreduceConfig,
+    pub port: &'a port_channel::PortConfig,
+    /// Every rank's node (gathered once at setup).
+    pub hosts: &'a Hosts,
+    /// The PortChannel machinery, once some setup asked for it.
+    port_state: std::cell::RefCell<Option<Arc<port_channel::PortState>>>,
     /// The device image, loaded once for every algorithm (GPU backends).
     image: &'a Option<AnyModule>,
     /// Host stand-in modules loaded so far (kept alive by the communicator).
@@ -595,7 +615,7 @@ impl<'a> SetupContext<'a> {
         timeout: Duration,
         early_launch: bool,
         layout: ScratchLayout,
-        port: &'a port_channel::PortAllreduceConfig,
+        (port, hosts): (&'a port_channel::PortConfig, &'a Hosts),
         image: &'a Option<AnyModule>,
     ) -> SetupContext<'a> {
         SetupContext {
@@ -607,6 +627,8 @@ impl<'a> SetupContext<'a> {
             layout,
             scratch: std::cell::RefCell::new(None),
             port,
+            hosts,
+            port_state: std::cell::RefCell::new(None),
             image,
             host_modules: std::cell::RefCell::new(Vec::new()),
         }
@@ -627,19 +649,49 @@ impl<'a> SetupContext<'a> {
         }
     }
 
-    /// Whether `algorithm` should be set up: it is the one forced for its collective, or
-    /// nothing is forced for its collective (a forced algorithm serves every call of its
-    /// collective, so the others would only take memory) and it can reach the peers.
-    /// Forcing an algorithm that maps no peer memory (`port_channel`) says the ranks may
-    /// be on different hosts: then no algorithm that maps peer memory is set up unless it
-    /// is forced too, and calls of a collective left without one are refused.
+    /// Whether the ranks are not all on one node ([`Hosts`]; `OXCCL_SEPARATE_HOSTS=1`
+    /// makes every process its own node).
+    pub fn multi_node(&self) -> bool {
+        !self.hosts.single_node()
+    }
+
+    /// Whether `algorithm` should be set up.
+    /// - Ranks on several nodes: exactly the algorithms that map no peer memory (the
+    ///   PortChannel ones), unless another algorithm of their collective is forced (a
+    ///   forced algorithm that maps peer memory is set up nowhere; the selector refuses it).
+    /// - One node: the algorithms that map peer memory, of those only the forced one where
+    ///   a collective has one (a forced algorithm serves every call of its collective, so
+    ///   the others would only take memory). Forcing one that maps none (`port_channel`)
+    ///   says the ranks may be on different hosts: then the PortChannel algorithms serve
+    ///   every collective that has no forced algorithm.
     pub fn wanted(&self, algorithm: Algorithm) -> bool {
-        if self.forced.is(algorithm) {
-            return true;
+        let maps_peers = algorithm.descriptor().maps_peers;
+        let unforced_port = !maps_peers && !self.forced.excludes(algorithm);
+        if self.multi_node() {
+            unforced_port
+        } else if self.forced.iter().any(|f| !f.descriptor().maps_peers) {
+            self.forced.is(algorithm) || unforced_port
+        } else {
+            self.forced.is(algorithm) || (maps_peers && !self.forced.excludes(algorithm))
         }
-        let across_hosts = self.forced.iter().any(|f| !f.descriptor().maps_peers);
-        let unreachable = across_hosts && algorithm.descriptor().maps_peers;
-        !self.forced.excludes(algorithm) && !unreachable
+    }
+
+    /// The PortChannel machinery, made on the first request (collective: every rank's
+    /// setups ask in the same order, as they run in [`ALGORITHMS`] order with the same
+    /// configuration).
+    pub fn port_state(&self) -> Result<Arc<port_channel::PortState>> {
+        if let Some(s) = self.port_state.borrow().as_ref() {
+            return Ok(Arc::clone(s));
+        }
+        let s = Arc::new(port_channel::PortState::new(
+            self.bootstrap,
+            self.device,
+            self.hosts,
+            self.port,
+            self.timeout,
+        )?);
+        *self.port_state.borrow_mut() = Some(Arc::clone(&s));
+        Ok(s)
     }
 
     /// The communicator's shared scratch, made on the first request (collective: every

@@ -5,7 +5,7 @@ use std::time::Duration;
 use oxccl_hal::{DataType, Error, Result};
 
 use super::auto_register::{AUTO_REGISTER_MAX_VAR, AUTO_REGISTER_VAR, DEFAULT_MAX_ENTRIES};
-use crate::algorithms::all_reduce::port_channel::PortAllreduceConfig;
+use crate::algorithms::port_channel::PortConfig;
 use crate::algorithms::Forced;
 use crate::selector::{ALGO_VAR, ONESHOT_MAX_VAR, ZC_THRESHOLD_VAR};
 use crate::tuner::{TuneMode, DEFAULT_TUNE_MAX, TUNE_DTYPES_VAR, TUNE_MAX_VAR, TUNE_VAR};
@@ -53,8 +53,9 @@ pub struct CommConfig {
     /// it on the stream finishes and waits for it on the GPU, which takes the launch
     /// latency off the time of small calls. The result is the same either way.
     pub early_launch: bool,
-    /// Settings of the PortChannel allreduce (used when it is set up: when forced).
-    pub port: PortAllreduceConfig,
+    /// Settings of the PortChannel algorithms (used where they are set up: ranks on several
+    /// nodes, or one of them forced).
+    pub port: PortConfig,
     /// Zero-copy on buffers nobody registered (`OXCCL_AUTO_REGISTER`, default on): calls
     /// that would take a zero-copy algorithm map the allocations holding the peers'
     /// buffers ([`super::auto_register`]).
@@ -76,7 +77,7 @@ impl Default for CommConfig {
             tune_max_bytes: DEFAULT_TUNE_MAX,
             tune_dir: None,
             early_launch: true,
-            port: PortAllreduceConfig::default(),
+            port: PortConfig::default(),
             auto_register: true,
             auto_register_max: DEFAULT_MAX_ENTRIES,
         }
@@ -109,7 +110,7 @@ impl CommConfig {
     /// PortChannel settings (`OXCCL_PORT_TRANSPORT`, `OXCCL_PORT_CHUNK_KB`).
     pub fn from_env() -> Result<Self> {
         let mut c = CommConfig {
-            port: PortAllreduceConfig::from_env()?,
+            port: PortConfig::from_env()?,
             ..CommConfig::default()
         };
         if let Ok(names) = std::env::var(ALGO_VAR) {

@@ -80,6 +80,10 @@ pub struct Communicator {
     selector: Selector,
     /// Every rank's device reaches its peers over NVLink (agreed at setup).
     nvlink: bool,
+    /// The ranks are not all on one node (agreed at setup; `OXCCL_SEPARATE_HOSTS=1` makes
+    /// every process its own node): no peer memory is mapped, the PortChannel algorithms
+    /// serve the collectives that have one.
+    multi_node: bool,
     /// The shared scratch's layout (plans size one-shots by it).
     layout: ScratchLayout,
     /// The algorithms set up here (in [`crate::algorithms::ALGORITHMS`] order).
@@ -120,6 +124,13 @@ impl Communicator {
     /// `oneshot_ll128` needs.
     pub fn nvlink(&self) -> bool {
         self.nvlink
+    }
+
+    /// Whether the ranks are not all on one node (agreed at setup; also with
+    /// `OXCCL_SEPARATE_HOSTS=1`): then no peer memory is mapped and only the PortChannel
+    /// algorithms run.
+    pub fn multi_node(&self) -> bool {
+        self.multi_node
     }
 
     /// Whether this rank's allreduce kernels are launched early (asked for by
@@ -298,6 +309,7 @@ impl Communicator {
             packet_half_bytes: self.layout.packet_half,
             ll128_half_bytes: self.layout.ll128_half,
             nvlink: self.nvlink,
+            multi_node: self.multi_node,
             host: Device::backend(&self.device) == BackendKind::Host,
             zero_copy,
         }

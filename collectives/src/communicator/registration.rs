@@ -51,9 +51,16 @@ impl Communicator {
     ///
     /// The buffer must stay allocated until [`Communicator::deregister`] or the
     /// communicator is dropped (peers map it).
+    ///
+    /// Ranks on several nodes ([`Communicator::multi_node`]) map nothing: the PortChannel
+    /// algorithms copy through their own registered scratch, so registering is a no-op.
     pub fn register(&self, memory: &AnyMemory) -> Result<()> {
         let at = |e: Error| e.at_rank(self.rank);
         let (base, len) = (memory.ptr(), memory.len());
+        if self.multi_node {
+            tracing::debug!(rank = self.rank, base = %base, len, "ranks on several nodes: nothing to register");
+            return Ok(());
+        }
         if self.registry.contains(base, len) {
             return Ok(());
         }
@@ -109,11 +116,16 @@ impl Communicator {
     /// every peer once; calls whose buffers lie inside windows at the same offset on every
     /// rank then take the zero-copy algorithms with no exchange per call. A window that
     /// cannot be shared on some rank (host memory, a range across two allocations), or
-    /// lengths that differ between ranks, are an error on every rank.
+    /// lengths that differ between ranks, are an error on every rank. Ranks on several
+    /// nodes map nothing (as [`Communicator::register`]).
     pub fn register_window(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
         let at = |e: Error| e.at_rank(self.rank);
         if bytes == 0 {
             return Err(at(Error::InvalidArgument("a window of zero bytes".into())));
+        }
+        if self.multi_node {
+            tracing::debug!(rank = self.rank, %ptr, bytes, "ranks on several nodes: nothing to register");
+            return Ok(());
         }
         let mine = self
             .device
@@ -181,6 +193,8 @@ impl Communicator {
         self.bootstrap.barrier().map_err(at)?;
         match known {
             Some(_) => Ok(()),
+            // Ranks on several nodes registered nothing (register_window).
+            None if self.multi_node => Ok(()),
             None => Err(at(Error::InvalidArgument(format!(
                 "{ptr} is not a registered window"
             )))),

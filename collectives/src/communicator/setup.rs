@@ -1,5 +1,5 @@
 //! Creating a communicator (collective: every rank calls it): load the device image, agree
-//! on the links, and set up every algorithm by iterating
+//! on the links and on which ranks share a node, and set up every algorithm by iterating
 //! [`crate::algorithms::ALGORITHMS`]; the shared scratch is made when the first setup asks
 //! for it.
 
@@ -8,6 +8,7 @@ use std::sync::Mutex;
 
 use oxccl_backend::AnyDevice;
 use oxccl_channels::bootstrap::{Bootstrap, BootstrapConfig, UniqueId};
+use oxccl_channels::hosts::Hosts;
 use oxccl_hal::{BackendKind, Device, DeviceId, Error, Module, Result};
 use oxccl_kernels::abi::OXCCL_ALLREDUCE_MAX_RANKS;
 
@@ -87,6 +88,10 @@ impl Communicator {
             .all_gather(&[u8::from(device.capabilities().peers_over_nvlink)])
             .map_err(at)?;
         let nvlink = links.iter().all(|l| l.as_slice() == [1]);
+        // Every rank's node: ranks on several nodes (or every process its own node with
+        // OXCCL_SEPARATE_HOSTS=1) map no peer memory; the PortChannel algorithms serve them.
+        let hosts = Hosts::gather(&bootstrap).map_err(at)?;
+        let multi_node = !hosts.single_node();
         // Each algorithm's setup takes what it needs: the scratch-protocol ones the shared
         // scratch (made on the first request), the PortChannel one its own channels.
         let ctx = SetupContext::new(
@@ -96,7 +101,7 @@ impl Communicator {
             config.timeout,
             config.early_launch,
             layout,
-            &config.port,
+            (&config.port, &hosts),
             &image,
         );
         let mut instances = Vec::new();
@@ -125,6 +130,7 @@ impl Communicator {
             backend = %backend,
             scratch_bytes = scratch.as_ref().map_or(0, |_| layout.total),
             nvlink,
+            multi_node,
             algorithms = ?instances.iter().map(|(a, _)| a.name()).collect::<Vec<_>>(),
             "communicator ready"
         );
@@ -140,7 +146,8 @@ impl Communicator {
                     .unwrap_or_else(|| default_zc_threshold(world)),
             },
             config,
-            nvlink,
+            nvlink: nvlink && !multi_node,
+            multi_node,
             layout,
             scratch,
             premul: PreMulState::new(scale),

@@ -17,6 +17,8 @@ impl Communicator {
     /// loads the cached table unless `force`, checks every rank loaded the same one, and
     /// otherwise measures every candidate up to `max_bytes` per rank ([`crate::tuner`])
     /// and caches the result. Returns the tables now in use and where each came from.
+    /// Ranks on several nodes have one algorithm per collective (the PortChannel one):
+    /// nothing to tune, no table.
     pub fn tune(
         &self,
         dtypes: &[DataType],
@@ -24,6 +26,10 @@ impl Communicator {
         force: bool,
     ) -> Result<Vec<(Arc<TuneTable>, TuneSource)>> {
         let at = |e: Error| e.at_rank(self.rank);
+        if self.multi_node {
+            tracing::info!(rank = self.rank, "ranks on several nodes: nothing to tune");
+            return Ok(Vec::new());
+        }
         let dir = self.config.tune_dir.clone().or_else(tuner::cache_dir);
         let mut out = Vec::with_capacity(dtypes.len());
         for &dtype in dtypes {

@@ -101,20 +101,24 @@ typedef struct OxcclAllreduceArgs {
 
 OXCCL_STATIC_ASSERT(sizeof(OxcclAllreduceArgs) == 280, "OxcclAllreduceArgs");
 
-/* ---- PortChannel allreduce (allreduce_port, kernels/src/device/allreduce_port.cu; host
- * stand-in in collectives/src/port_allreduce.rs) -------------------------------------------
+/* ---- PortChannel kernels (allreduce_port, reducescatter_port, allgather_port in
+ * kernels/src/device/allreduce_port.cu; host stand-ins in
+ * collectives/src/algorithms/port_channel/host.rs) -----------------------------------------
  * Every rank owns one scratch allocation registered for its transports, same layout:
  *   [0, PORT_SYNC_BYTES)                      sync area: ROUND (rounds completed, advanced by
- *                                             the kernel), ERROR (as SYNC_ERROR above)
- *   [send_offset, +2*chunk_bytes)             send[parity]: this rank's input chunk, the
- *                                             proxy's source
+ *                                             the kernels), ERROR (as SYNC_ERROR above)
+ *   [send_offset, +2*world*chunk_bytes)       send[parity][slot]: what leaves this rank, the
+ *                                             proxy's source (slot p: reduce-scatter's chunk
+ *                                             for peer p; slot 0: allreduce, all-gather)
  *   [recv_offset, +2*world*chunk_bytes)       recv[parity][rank r]: rank r's chunk, written
  *                                             by r's proxy
- * Per round k (global round g = ROUND + k, parity g & 1): copy the input chunk into
- * send[parity]; one thread per peer p pushes put_with_signal(send[parity] ->
- * p.recv[parity][rank]) and waits for p's signal; reduce every rank's chunk in rank order
- * into the output. A rank may only be one round ahead of a peer (it needs the peer's data
- * of every round), so parity double buffering protects both send and recv slots. */
+ * Per round k (global round g = ROUND + k, parity g & 1): stage the outgoing chunk(s) in
+ * send[parity]; one thread per peer p pushes put_with_signal(send[parity][slot] ->
+ * p.recv[parity][rank]) and waits for p's signal; then reduce (or copy, all-gather) every
+ * rank's chunk in rank order into the output. A rank may only be one round ahead of a peer
+ * (it needs the peer's data of every round), so parity double buffering protects both send
+ * and recv slots. For all-gather `count` is one rank's input, for reduce-scatter one rank's
+ * output. */
 #define OXCCL_PORT_ALLREDUCE_SYNC_BYTES 4096
 #define OXCCL_PORT_ALLREDUCE_SYNC_ROUND 0
 #define OXCCL_PORT_ALLREDUCE_SYNC_ERROR 8

@@ -1,17 +1,21 @@
-// PortChannel allreduce (allreduce_port): one-shot all-gather through the proxy, then a
-// local reduction in rank order. Usable across nodes (the proxy moves the bytes over IPC
-// copies, TCP or InfiniBand); within a node the NVLink kernels of allreduce.cu are faster.
-// Argument block and scratch layout: OxcclPortAllreduceArgs in include/oxccl/abi_allreduce.h.
-// Host stand-in with the same protocol: collectives/src/port_allreduce.rs.
+// PortChannel kernels (allreduce_port, reducescatter_port, allgather_port): a one-shot
+// exchange through the proxy, then local work: a reduction in rank order (allreduce, and
+// reduce-scatter on the chunk each rank owns) or copies into the output slots (all-gather).
+// Usable across nodes (the proxy moves the bytes over IPC copies, TCP or InfiniBand);
+// within a node the NVLink kernels are faster. Argument block and scratch layout:
+// OxcclPortAllreduceArgs in include/oxccl/abi_allreduce.h (one block for the three; for
+// all-gather `count` is one rank's input, for reduce-scatter one rank's output). Host
+// stand-ins with the same protocol: collectives/src/algorithms/port_channel/host.rs.
 //
 // The reducers and dispatch_all come from allreduce.cu, which the unity source of
 // kernels/build.rs includes before this file (sources are sorted: "allreduce.cu" <
-// "allreduce_port.cu"), so there is one copy of them.
+// "allreduce_port.cu"), so there is one copy of them. allreduce_port and
+// reducescatter_port share one instantiation per format and reducer (a run-time flag).
 //
 // One block: thread p (p < world_size, p != rank) drives the channel to peer p (pushes its
 // trigger and waits for its signal); every thread copies and reduces. Rounds of chunk_bytes;
-// the round counter lives in the scratch's sync area (nothing on the host advances per
-// call, so graph replays stay correct).
+// the round counter lives in the scratch's sync area, shared by the three kernels (nothing
+// on the host advances per call, so graph replays stay correct).
 
 #include "oxccl/abi.h"
 #include "oxccl/allreduce_device.hpp"
@@ -46,54 +50,109 @@ OXCCL_DEVICE_INLINE bool wait_signal(const OxcclHostDeviceSemaphore& s, const De
   return true;
 }
 
+/// Round k of a call whose per-rank chunk of the whole call is `total` bytes: its parity,
+/// first byte, 16-byte units, and this rank's recv[parity].
+struct PortRound {
+  uint64_t parity;
+  uint64_t base;
+  uint64_t units;
+  const char* recv;
+};
+
+OXCCL_DEVICE_INLINE PortRound port_round(const OxcclPortAllreduceArgs& a, uint64_t round0,
+                                         uint64_t k, uint64_t total) {
+  const uint64_t c = a.chunk_bytes;
+  PortRound r;
+  r.parity = (round0 + k) & 1;
+  r.base = k * c;
+  r.units = ((total - r.base < c ? total - r.base : c) + 15) / 16;
+  r.recv = static_cast<const char*>(a.scratch) + a.recv_offset + r.parity * a.world_size * c;
+  return r;
+}
+
+/// The end of a call: `rounds` more rounds completed (one thread; the next call reads it).
+OXCCL_DEVICE_INLINE void port_finish(const OxcclPortAllreduceArgs& a, uint64_t round0,
+                                     uint64_t rounds) {
+  if (threadIdx.x == 0) {
+    atomic_store_release(port_word(a.scratch, OXCCL_PORT_ALLREDUCE_SYNC_ROUND), round0 + rounds);
+  }
+}
+
+/// One round's exchange: stage what leaves this rank in its send slots (the proxy reads
+/// registered memory only), then thread p pushes put_with_signal into my slot of peer p's
+/// recv[parity] and waits for p's signal (p's chunk of this round has landed in my
+/// recv[parity][p]). `scatter` (reduce-scatter): peer p gets chunk p of my input from send
+/// slot p; otherwise every peer gets my input from slot 0. `total`: bytes of one rank's
+/// chunk of the whole call. Returns false when a wait failed (recorded in the scratch).
+__device__ __noinline__ bool port_exchange(const OxcclPortAllreduceArgs& a, uint64_t total,
+                                           const PortRound& round, bool scatter,
+                                           const Deadline& d, int* failed) {
+  const uint32_t w = a.world_size;
+  const uint32_t me = a.rank;
+  const uint64_t c = a.chunk_bytes;
+  const uint64_t base = round.base;
+  const uint64_t units = round.units;
+  const uint64_t group = a.send_offset + round.parity * w * c;  // send[parity][0]
+  char* send = static_cast<char*>(a.scratch) + group;
+  const char* input = static_cast<const char*>(a.input);
+  if (scatter) {
+    for (uint64_t i = threadIdx.x; i < w * units; i += blockDim.x) {
+      const uint64_t p = i / units;
+      const uint64_t u = i - p * units;
+      if (p != me) {
+        store16(send + p * c + u * 16, allreduce::load_unit(input + p * total, base + u * 16, total));
+      }
+    }
+  } else {
+    for (uint64_t u = threadIdx.x; u < units; u += blockDim.x) {
+      store16(send + u * 16, allreduce::load_unit(input, base + u * 16, total));
+    }
+  }
+  __syncthreads();
+  const uint32_t p = threadIdx.x;
+  if (p < w && p != me) {
+    fence_system();  // the block's stores into send[] before the trigger
+    const PortChannelDevice ch{a.channels[p]};
+    const uint64_t dst = a.recv_offset + (round.parity * w + me) * c;
+    const uint64_t src = group + (scatter ? p : 0) * c;
+    if (ch.put_with_signal(dst, src, units * 16) == ~uint64_t{0}) {
+      port_report(a.scratch, OXCCL_ALLREDUCE_ERR_TIMEOUT, p);
+      *failed = 1;
+    } else if (!wait_signal(ch.h.semaphore, d)) {
+      port_report(a.scratch, OXCCL_ALLREDUCE_ERR_TIMEOUT, p);
+      *failed = 1;
+    }
+  }
+  __syncthreads();
+  return *failed == 0;
+}
+
+/// Allreduce (`scatter` false: every rank's whole input) and reduce-scatter (`scatter`
+/// true: chunk r of every rank's input goes to rank r; `count` is one rank's output) share
+/// one body: exchange each round, then reduce every rank's chunk in rank order (mine
+/// straight from the input) into the output.
 template <typename Fmt, typename Reducer>
-__device__ __noinline__ void port_body(const Reducer reduce, const OxcclPortAllreduceArgs& a,
-                                       uint64_t round0, const Deadline& d, int* failed) {
+__device__ __noinline__ void port_reduce_body(const Reducer reduce, const OxcclPortAllreduceArgs& a,
+                                              uint64_t round0, bool scatter, const Deadline& d,
+                                              int* failed) {
   const uint64_t total = a.count * sizeof(typename Fmt::Storage);
   const uint32_t w = a.world_size;
   const uint32_t me = a.rank;
   const uint64_t c = a.chunk_bytes;
-  char* scratch = static_cast<char*>(a.scratch);
+  const char* mine = static_cast<const char*>(a.input) + (scatter ? me * total : 0);
   const uint64_t rounds = (total + c - 1) / c;
 
   for (uint64_t k = 0; k < rounds; ++k) {
-    const uint64_t parity = (round0 + k) & 1;
-    const uint64_t base = k * c;
-    const uint64_t len = total - base < c ? total - base : c;
-    const uint64_t units = (len + 15) / 16;
-    if (w > 1) {
-      // 1. My chunk into send[parity] (the proxy reads registered memory only).
-      char* send = scratch + a.send_offset + parity * c;
-      for (uint64_t u = threadIdx.x; u < units; u += blockDim.x) {
-        store16(send + u * 16, allreduce::load_unit(a.input, base + u * 16, total));
-      }
-      __syncthreads();
-      // 2. Thread p: put into my slot of peer p's recv[parity] with a signal, then wait
-      //    for p's signal (its chunk of this round has landed in my recv[parity][p]).
-      const uint32_t p = threadIdx.x;
-      if (p < w && p != me) {
-        fence_system();  // the block's stores into send[] before the trigger
-        const PortChannelDevice ch{a.channels[p]};
-        const uint64_t dst = a.recv_offset + (parity * w + me) * c;
-        if (ch.put_with_signal(dst, a.send_offset + parity * c, units * 16) == ~uint64_t{0}) {
-          port_report(a.scratch, OXCCL_ALLREDUCE_ERR_TIMEOUT, p);
-          *failed = 1;
-        } else if (!wait_signal(ch.h.semaphore, d)) {
-          port_report(a.scratch, OXCCL_ALLREDUCE_ERR_TIMEOUT, p);
-          *failed = 1;
-        }
-      }
-      __syncthreads();
-      if (*failed != 0) return;
-    }
-    // 3. Reduce every rank's chunk in rank order (mine straight from the input).
-    const char* recv = scratch + a.recv_offset + parity * w * c;
-    for (uint64_t u = threadIdx.x; u < units; u += blockDim.x) {
+    const PortRound round = port_round(a, round0, k, total);
+    const uint64_t base = round.base;
+    const char* recv = round.recv;
+    if (w > 1 && !port_exchange(a, total, round, scatter, d, failed)) return;
+    for (uint64_t u = threadIdx.x; u < round.units; u += blockDim.x) {
       Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
 #pragma unroll
       for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
         if (r < w) {
-          in[r] = r == me ? allreduce::load_unit(a.input, base + u * 16, total)
+          in[r] = r == me ? allreduce::load_unit(mine, base + u * 16, total)
                           : allreduce::load16_peer(recv + r * c + u * 16);
         }
       }
@@ -102,9 +161,38 @@ __device__ __noinline__ void port_body(const Reducer reduce, const OxcclPortAllr
     // Every read of recv[parity] is done before the next round's triggers are pushed.
     __syncthreads();
   }
-  if (threadIdx.x == 0) {
-    atomic_store_release(port_word(a.scratch, OXCCL_PORT_ALLREDUCE_SYNC_ROUND), round0 + rounds);
+  port_finish(a, round0, rounds);
+}
+
+/// All-gather: exchange each round, then copy every rank's chunk into its slot of the
+/// output (slot r at byte r * total). In place (input == my slot) my own copy is skipped.
+__device__ __noinline__ void port_gather_body(const OxcclPortAllreduceArgs& a, uint64_t round0,
+                                              const Deadline& d, int* failed) {
+  const uint64_t total = a.count * allreduce::dtype_bytes(a.dtype);
+  const uint32_t w = a.world_size;
+  const uint32_t me = a.rank;
+  const uint64_t c = a.chunk_bytes;
+  char* output = static_cast<char*>(a.output);
+  const bool in_place = a.input == output + me * total;
+  const uint64_t rounds = (total + c - 1) / c;
+
+  for (uint64_t k = 0; k < rounds; ++k) {
+    const PortRound round = port_round(a, round0, k, total);
+    const uint64_t base = round.base;
+    const uint64_t units = round.units;
+    const char* recv = round.recv;
+    if (w > 1 && !port_exchange(a, total, round, false, d, failed)) return;
+    for (uint64_t i = threadIdx.x; i < w * units; i += blockDim.x) {
+      const uint64_t r = i / units;
+      const uint64_t u = i - r * units;
+      if (r == me && in_place) continue;
+      const Vec16 v = r == me ? allreduce::load_unit(a.input, base + u * 16, total)
+                              : allreduce::load16_peer(recv + r * c + u * 16);
+      allreduce::store_unit(output + r * total, base + u * 16, v, total);
+    }
+    __syncthreads();
   }
+  port_finish(a, round0, rounds);
 }
 
 OXCCL_DEVICE_INLINE bool port_args_ok(const OxcclPortAllreduceArgs& a) {
@@ -115,13 +203,11 @@ OXCCL_DEVICE_INLINE bool port_args_ok(const OxcclPortAllreduceArgs& a) {
          a.op <= OXCCL_OP_AVG && a.accum <= OXCCL_ACCUM_F32;
 }
 
-}  // namespace port_allreduce
-}  // namespace oxccl
-
-OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_port(OxcclPortAllreduceArgs args) {
-  using namespace oxccl::port_allreduce;
+/// The common entry: checks the block, reads the round counter, runs `body`.
+template <typename Body>
+OXCCL_DEVICE_INLINE void port_entry(const OxcclPortAllreduceArgs& args, Body body) {
   if (!port_args_ok(args)) {
-    if (oxccl::thread_index() == 0 && args.scratch != nullptr) {
+    if (thread_index() == 0 && args.scratch != nullptr) {
       port_report(args.scratch, OXCCL_ALLREDUCE_ERR_ARGS, args.rank);
     }
     return;
@@ -129,15 +215,40 @@ OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_port(OxcclPortAllreduceArg
   __shared__ int failed;
   if (threadIdx.x == 0) failed = 0;
   const uint64_t round0 =
-      oxccl::atomic_load_relaxed(port_word(args.scratch, OXCCL_PORT_ALLREDUCE_SYNC_ROUND));
+      atomic_load_relaxed(port_word(args.scratch, OXCCL_PORT_ALLREDUCE_SYNC_ROUND));
   __syncthreads();
   const Deadline d{args.timeout_ns};
-  // dispatch_all reads only dtype, op and accum of its block.
-  OxcclAllreduceArgs types{};
-  types.dtype = args.dtype;
-  types.op = args.op;
-  types.accum = args.accum;
-  oxccl::allreduce::dispatch_all(types, [&]<typename Fmt>(auto reducer) {
-    port_body<Fmt>(reducer, args, round0, d, &failed);
+  body(round0, d, &failed);
+}
+
+/// Allreduce and reduce-scatter: one instantiation per format and reducer serves both.
+OXCCL_DEVICE_INLINE void port_reduce_entry(const OxcclPortAllreduceArgs& args, bool scatter) {
+  port_entry(args, [&](uint64_t round0, const Deadline& d, int* failed) {
+    // dispatch_all reads only dtype, op and accum of its block.
+    OxcclAllreduceArgs types{};
+    types.dtype = args.dtype;
+    types.op = args.op;
+    types.accum = args.accum;
+    allreduce::dispatch_all(types, [&]<typename Fmt>(auto reducer) {
+      port_reduce_body<Fmt>(reducer, args, round0, scatter, d, failed);
+    });
+  });
+}
+
+}  // namespace port_allreduce
+}  // namespace oxccl
+
+OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_port(OxcclPortAllreduceArgs args) {
+  oxccl::port_allreduce::port_reduce_entry(args, false);
+}
+
+OXCCL_GLOBAL __launch_bounds__(512, 1) void reducescatter_port(OxcclPortAllreduceArgs args) {
+  oxccl::port_allreduce::port_reduce_entry(args, true);
+}
+
+OXCCL_GLOBAL __launch_bounds__(512, 1) void allgather_port(OxcclPortAllreduceArgs args) {
+  using oxccl::port_allreduce::Deadline;
+  oxccl::port_allreduce::port_entry(args, [&](uint64_t round0, const Deadline& d, int* failed) {
+    oxccl::port_allreduce::port_gather_body(args, round0, d, failed);
   });
 }

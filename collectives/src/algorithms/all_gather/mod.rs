@@ -9,9 +9,11 @@
 //! | `allgather_oneshot_ll` | `allgather_oneshot_ll` | small messages: LL16 packets into every peer's packet half, no barrier |
 //! | `allgather_staged` | `allgather_staged` | any size, buffers nobody registered: pushed into the peers' staging, copied out locally, two barriers per round |
 //! | `allgather_direct` | `allgather_direct` | registered outputs: stored straight into every peer's output between two barriers |
+//! | `allgather_port` | `allgather_port` | multi-node (ranks on several nodes, or `OXCCL_SEPARATE_HOSTS=1`): every input to every peer through the PortChannel proxy (IPC, TCP, InfiniBand), copied out locally |
 
 pub mod direct;
 pub mod one_shot;
+pub mod port_channel;
 pub mod staged;
 
 use crate::host_kernels::Call;

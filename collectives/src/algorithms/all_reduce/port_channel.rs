@@ -1,67 +1,49 @@
-//! PortChannel allreduce: the multi-node algorithm. Every byte that leaves a rank is moved
-//! by its proxy thread (IPC copies within a node, TCP or InfiniBand across nodes), so it
-//! needs no load/store path between GPUs. Its state ([`PortAllreduce`]: its own scratch,
-//! channels and proxy) is made at communicator setup, only when it is forced
-//! (`OXCCL_ALGO=port_channel`): the proxy thread and the connections cost, and within a
-//! node the NVLink algorithms are faster. The protocol is in [`allreduce`]'s docs.
-//!
-//! Serves any count and world sizes 1..=8 (one GPU per rank, any number of nodes among
-//! them).
+//! PortChannel allreduce: the multi-node allreduce. Every rank's input goes to every peer
+//! through the proxy (IPC copies, TCP or InfiniBand), then every rank reduces all chunks in
+//! rank order. Set up where the ranks are not all on one node (several nodes, or
+//! `OXCCL_SEPARATE_HOSTS=1`) or when forced (`OXCCL_ALGO=port_channel`); the machinery,
+//! protocol and host stand-in are shared with the other PortChannel algorithms
+//! ([`crate::algorithms::port_channel`]).
 
-pub mod allreduce;
+use oxccl_hal::{HostKernelTable, LaunchConfig, Result};
 
-use oxccl_hal::{Error, HostKernelTable, LaunchConfig, Result};
-
-use crate::algorithms::{Algorithm, Buffers, CallShape, Collective, Descriptor, Plan, THREADS};
-pub use allreduce::{
-    parse_transport, PortAllreduce, PortAllreduceConfig, CHUNK_VAR, DEFAULT_CHUNK, TRANSPORT_VAR,
+use crate::algorithms::port_channel::{self as port, host};
+pub use crate::algorithms::port_channel::{
+    parse_transport, PortAlgorithm, PortAllreduce, PortAllreduceConfig, PortConfig, CHUNK_VAR,
+    DEFAULT_CHUNK, TRANSPORT_VAR,
 };
+use crate::algorithms::{Algorithm, CallShape, Collective, Descriptor, Plan};
 
 /// Kernel symbol (device image and host stand-in).
 pub(crate) const KERNEL: &str = "allreduce_port";
 
 /// The PortChannel allreduce.
-pub const PORT_CHANNEL: Algorithm = Algorithm::new(&Descriptor {
-    collective: Collective::AllReduce,
-    name: "port_channel",
-    aliases: &["port", "portchannel"],
-    code: 4,
-    serves: "multi-node (proxy: IPC copies, TCP or InfiniBand), any world size 1..=8; \
-             slower than the NVLink algorithms within a node, so only when forced \
-             (OXCCL_ALGO=port_channel)",
-    kernel: KERNEL,
-    host: HostKernelTable {
+pub const PORT_CHANNEL: Algorithm = Algorithm::new(&DESCRIPTOR);
+
+const DESCRIPTOR: Descriptor = port::descriptor(
+    Collective::AllReduce,
+    (
+        "port_channel",
+        &["port", "portchannel", "allreduce_port"],
+        4,
+    ),
+    "multi-node (proxy: IPC copies, TCP or InfiniBand), any world size 1..=8; chosen when \
+     the ranks are on several nodes (or OXCCL_SEPARATE_HOSTS=1), else only when forced \
+     (OXCCL_ALGO=port_channel): within a node the NVLink algorithms are faster",
+    KERNEL,
+    HostKernelTable {
         name: "port_channel (host)",
-        kernels: &[(KERNEL, allreduce::host_kernel)],
+        kernels: &[(KERNEL, host_kernel)],
     },
     plan,
-    buffers: Buffers::Own,
-    maps_peers: false,
-    tuning: None,
-    setup: |ctx, me| {
-        if !ctx.forced.is(me) {
-            return Ok(None);
-        }
-        Ok(Some(Box::new(PortAllreduce::new(ctx, me)?)))
-    },
-});
+);
 
-/// The launch for a call: one block (thread p drives the channel to peer p; every thread
-/// copies and reduces), one thread on the host backend.
+/// The launch for a call: see [`port::plan`].
 pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
-    if s.world_size == 0 || s.world_size > oxccl_kernels::abi::OXCCL_ALLREDUCE_MAX_RANKS {
-        return Err(Error::Unsupported(format!(
-            "port_channel: world size {}, it serves 1..=8",
-            s.world_size
-        )));
-    }
-    let config = if s.host {
-        LaunchConfig::linear(1, 32)
-    } else {
-        LaunchConfig::linear(1, THREADS)
-    };
-    Ok(Plan {
-        kernel: KERNEL,
-        config,
-    })
+    port::plan(KERNEL, s)
+}
+
+/// `allreduce_port` on the host backend.
+fn host_kernel(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
+    host::run(bytes, KERNEL, host::Kind::AllReduce)
 }

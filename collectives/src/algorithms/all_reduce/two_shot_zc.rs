@@ -153,6 +153,7 @@ mod tests {
             packet_half_bytes: 0,
             ll128_half_bytes: 0,
             nvlink: false,
+            multi_node: false,
             host: false,
             zero_copy: false,
         };
