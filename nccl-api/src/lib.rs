@@ -31,4 +31,5 @@ pub mod id;
 pub mod ops;
 pub mod real;
 pub mod register;
+pub mod serve;
 pub mod types;
