@@ -134,7 +134,12 @@ pub fn header(opts: &Options, comm: &Communicator) {
         },
         opts.warmup,
         opts.iters,
-        if opts.graph { ", graph replay" } else { "" }
+        match (opts.graph, Device::backend(comm.device())) {
+            (false, _) => "",
+            (true, BackendKind::Cuda) => ", graph replay",
+            // collectives::timing falls back to eager timing where the backend has no graphs.
+            (true, _) => ", timed eagerly (--graph: no graphs on this backend)",
+        }
     );
     if Device::backend(comm.device()) != BackendKind::Host && comm.world_size() > 1 {
         println!(
