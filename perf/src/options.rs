@@ -173,7 +173,9 @@ impl Options {
                 "--compare" => {
                     let v = value()?;
                     if !v.eq_ignore_ascii_case("nccl") && !v.eq_ignore_ascii_case("rccl") {
-                        return Err(Error::InvalidArgument(format!("--compare {v}: only nccl (or rccl)")));
+                        return Err(Error::InvalidArgument(format!(
+                            "--compare {v}: only nccl (or rccl)"
+                        )));
                     }
                     o.compare_nccl = true;
                 }

@@ -172,10 +172,15 @@ pub fn header(opts: &Options, comm: &Communicator) {
         w = algorithm_width()
     );
     if opts.compare_nccl {
+        // The vendor's library: NCCL, or RCCL on ROCm.
+        let lib = oxccl_collectives::backend::vendor::name(Device::backend(comm.device()));
         let _ = write!(
             h,
             " | {:>10} {:>9} {:>9} {:>8}",
-            "nccl(us)", "busbw", "maxerr", "speedup"
+            format!("{}(us)", lib.to_ascii_lowercase()),
+            "busbw",
+            "maxerr",
+            "speedup"
         );
     }
     println!("{h}");
