@@ -10,10 +10,15 @@
 //! backends cannot be mixed, and a mix is reported as an error, not a crash.
 
 pub mod select;
+pub mod vendor;
 
 /// The CUDA backend crate, for callers that use what only it has (graph capture).
 #[cfg(feature = "cuda")]
 pub use oxccl_hal_cuda as hal_cuda;
+/// The ROCm backend crate, for callers that use what only it has (wrapping a caller's
+/// `hipStream_t`, the runtime's current device).
+#[cfg(feature = "rocm")]
+pub use oxccl_hal_rocm as hal_rocm;
 
 use oxccl_hal::host::HostBackend;
 use oxccl_hal::{

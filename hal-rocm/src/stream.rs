@@ -3,20 +3,22 @@
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
-use oxccl_hal::{DevicePtr, Event, LaunchConfig, Result, Stream};
+use oxccl_hal::{Device, DevicePtr, Error, Event, LaunchConfig, Result, Stream};
 
-use crate::device::RocmBackend;
+use crate::device::{RocmBackend, RocmDevice};
 use crate::module::RocmKernel;
 use crate::result::Raw;
 use crate::runtime::Hip;
 use crate::sys;
 
-/// A non-blocking HIP stream; destroyed on drop.
+/// A HIP stream on one device: a non-blocking stream made here (destroyed on drop), or a
+/// stream another library made, wrapped by [`RocmStream::borrowed`] (never destroyed here).
 #[derive(Debug)]
 pub struct RocmStream {
     hip: Arc<Hip>,
     device: c_int,
     raw: Raw<sys::ihipStream_t>,
+    owned: bool,
 }
 
 impl RocmStream {
@@ -25,7 +27,35 @@ impl RocmStream {
             hip: Arc::clone(hip),
             device,
             raw: Raw(hip.stream_create()?),
+            owned: true,
         })
+    }
+
+    /// Wraps a stream another library made (a caller's `hipStream_t`; `NULL` is the
+    /// device's null stream) so oxccl work can be queued on it, on `device`, which it must
+    /// belong to. The wrapper never destroys the stream: the ROCm counterpart of
+    /// `CudaDevice::borrow_stream`, used where a C API hands oxccl its caller's stream
+    /// (RCCL's ABI, served by `liboxccl_nccl.so`).
+    ///
+    /// # Safety
+    /// `raw` must be a live stream of `device` (or `NULL`, or one of HIP's special
+    /// per-thread handles) for as long as the returned value is used; its owner destroys
+    /// it, after the last use.
+    pub unsafe fn borrowed(device: &RocmDevice, raw: sys::hipStream_t) -> Result<RocmStream> {
+        let id = device.id();
+        let ordinal = c_int::try_from(id.0)
+            .map_err(|_| Error::InvalidArgument(format!("{id} is out of range")))?;
+        Ok(RocmStream {
+            hip: Arc::clone(device.hip()),
+            device: ordinal,
+            raw: Raw(raw),
+            owned: false,
+        })
+    }
+
+    /// Whether this value destroys its stream on drop (made here, not borrowed).
+    pub fn is_owned(&self) -> bool {
+        self.owned
     }
 
     /// The raw `hipStream_t`, for code that calls HIP directly (valid while `self` lives).
@@ -42,6 +72,9 @@ impl RocmStream {
 
 impl Drop for RocmStream {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         // SAFETY: we own the stream; nothing can queue on it after drop.
         if let Err(e) = unsafe { self.hip.stream_destroy(self.raw.0) } {
             tracing::warn!(error = %e, "destroying a HIP stream failed");
@@ -51,17 +84,17 @@ impl Drop for RocmStream {
 
 impl Stream<RocmBackend> for RocmStream {
     fn synchronize(&self) -> Result<()> {
-        // SAFETY: `self` owns the live stream.
+        // SAFETY: `self`'s stream is live (owned, or borrowed under `borrowed`'s contract).
         unsafe { self.hip.stream_synchronize(self.raw.0) }
     }
 
     fn record(&self, event: &RocmEvent) -> Result<()> {
-        // SAFETY: both are live: owned by `event` and `self`.
+        // SAFETY: both are live: `event` owns its event, `self`'s stream is live.
         unsafe { self.hip.event_record(event.raw.0, self.raw.0) }
     }
 
     fn wait_event(&self, event: &RocmEvent) -> Result<()> {
-        // SAFETY: both are live: owned by `self` and `event`.
+        // SAFETY: both are live: `self`'s stream, `event`'s own event.
         unsafe { self.hip.stream_wait_event(self.raw.0, event.raw.0) }
     }
 
@@ -81,7 +114,7 @@ impl Stream<RocmBackend> for RocmStream {
                 self.raw.0,
             )
         }?;
-        // SAFETY: `self` owns the live stream.
+        // SAFETY: `self`'s stream is live (owned, or borrowed under `borrowed`'s contract).
         unsafe { self.hip.stream_synchronize(self.raw.0) }
     }
 
@@ -100,7 +133,7 @@ impl Stream<RocmBackend> for RocmStream {
                 self.raw.0,
             )
         }?;
-        // SAFETY: `self` owns the live stream.
+        // SAFETY: `self`'s stream is live (owned, or borrowed under `borrowed`'s contract).
         unsafe { self.hip.stream_synchronize(self.raw.0) }
     }
 
@@ -151,7 +184,7 @@ impl Stream<RocmBackend> for RocmStream {
     }
 
     fn is_capturing(&self) -> Result<bool> {
-        // SAFETY: `self` owns the live stream.
+        // SAFETY: `self`'s stream is live (owned, or borrowed under `borrowed`'s contract).
         unsafe { self.hip.stream_is_capturing(self.raw.0) }
     }
 }

@@ -410,19 +410,25 @@ pub(crate) fn check_real(
     })
 }
 
-/// The device ordinal the calling thread's CUDA context belongs to (NCCL's rule: the
-/// communicator lives on the current device); 0 when no context is current.
-#[cfg(feature = "cuda")]
-fn current_cuda_device() -> u32 {
-    oxccl_collectives::backend::hal_cuda::current_device()
-        .ok()
-        .flatten()
-        .unwrap_or(0)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn current_cuda_device() -> u32 {
-    0
+/// The calling thread's current device on a GPU backend (NCCL's and RCCL's rule: the
+/// communicator lives on the current device): CUDA's context's device (0 when no context
+/// is current), HIP's `hipGetDevice` (0 by default).
+fn current_gpu_device(kind: BackendKind) -> ApiResult<u32> {
+    match kind {
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => Ok(oxccl_collectives::backend::hal_cuda::current_device()
+            .ok()
+            .flatten()
+            .unwrap_or(0)),
+        #[cfg(feature = "rocm")]
+        BackendKind::Rocm => {
+            let hip = oxccl_collectives::backend::hal_rocm::Hip::global()?;
+            u32::try_from(hip.current_device()?).map_err(|_| {
+                ApiError::internal("hipGetDevice returned a negative device".to_string())
+            })
+        }
+        _ => Ok(0),
+    }
 }
 
 /// Runs `f` with `device` current on the calling thread, as `cudaSetDevice` would make it
@@ -442,6 +448,19 @@ pub fn with_device_current<T>(
         // operations, which neither destroy it nor leave another one current that the
         // caller needs.
         unsafe { hal_cuda::restore_current(previous) }?;
+        return result;
+    }
+    #[cfg(feature = "rocm")]
+    if kind == BackendKind::Rocm {
+        // HIP keeps one current device per thread (`hipSetDevice`), which RCCL reads at
+        // its init and split calls.
+        let hip = oxccl_collectives::backend::hal_rocm::Hip::global()?;
+        let previous = hip.current_device()?;
+        let ordinal = c_int::try_from(device)
+            .map_err(|_| ApiError::invalid_argument(format!("device {device} is out of range")))?;
+        hip.set_device(ordinal)?;
+        let result = f();
+        hip.set_device(previous)?;
         return result;
     }
     let _ = (kind, device);
@@ -613,7 +632,7 @@ impl InitSpec {
             (None, BackendKind::Host) => {
                 rank % oxccl_collectives::backend::device_count_of(BackendKind::Host)?
             }
-            (None, _) => current_cuda_device(),
+            (None, kind) => current_gpu_device(kind)?,
         };
         Ok(InitSpec {
             rank,
@@ -633,10 +652,10 @@ impl InitSpec {
     }
 
     /// Creates both sides on a thread of this library's (a non-blocking init): the real
-    /// NCCL takes the thread's current CUDA context as its device, so the rank's device is
-    /// made current first.
+    /// library takes the thread's current device (CUDA context, HIP device) as its device,
+    /// so the rank's device is made current first.
     pub fn run_background(self, mut config: Option<OwnedConfig>) -> ApiResult<Box<Ready>> {
-        let _current = if self.kind == BackendKind::Cuda && self.packed.real.is_some() {
+        let _current = if self.kind != BackendKind::Host && self.packed.real.is_some() {
             Some(AnyDevice::open_with(self.kind, DeviceId(self.device))?)
         } else {
             None
@@ -808,12 +827,12 @@ pub struct SplitPlan {
 
 impl Ready {
     /// The oxccl communicator, when oxccl serves this communicator's calls: at most 8
-    /// ranks, and a backend whose streams this library can take from the caller (CUDA), or
-    /// the host backend. (ROCm streams are not wrapped yet: those calls are forwarded.)
+    /// ranks, and a backend whose streams this build can take from the caller (CUDA's
+    /// `cudaStream_t`, ROCm's `hipStream_t`), or the host backend ([`crate::serve`] says
+    /// why not otherwise).
     pub fn serving(&self) -> Option<&Communicator> {
-        match (&self.oxccl, self.kind) {
-            (Oxccl::Serving(c), BackendKind::Host) => Some(c),
-            (Oxccl::Serving(c), BackendKind::Cuda) if cfg!(feature = "cuda") => Some(c),
+        match &self.oxccl {
+            Oxccl::Serving(c) if crate::serve::backend_refusal(self.kind).is_none() => Some(c),
             _ => None,
         }
     }
@@ -1013,23 +1032,28 @@ impl Ready {
         Ok(algo)
     }
 
-    #[cfg(feature = "cuda")]
+    /// The caller's stream (`cudaStream_t` or `hipStream_t`: both are the runtime's opaque
+    /// pointer) wrapped without ownership on the communicator's device.
     fn borrow_stream(&self, comm: &Communicator, stream: CudaStreamT) -> ApiResult<AnyStream> {
         match comm.device() {
             // SAFETY: NCCL's contract: the caller's stream is live on this device for the
             // call; the borrowed wrapper is dropped before returning and destroys nothing.
+            #[cfg(feature = "cuda")]
             AnyDevice::Cuda(d) => Ok(AnyStream::Cuda(unsafe { d.borrow_stream(stream.cast()) })),
-            _ => Err(ApiError::internal(
-                "a GPU call on a communicator without a CUDA device",
-            )),
+            // SAFETY: RCCL's contract (NCCL's): as above, for the caller's hipStream_t.
+            #[cfg(feature = "rocm")]
+            AnyDevice::Rocm(d) => Ok(AnyStream::Rocm(unsafe {
+                oxccl_collectives::backend::hal_rocm::RocmStream::borrowed(d, stream.cast())
+            }?)),
+            other => {
+                let _ = stream;
+                Err(ApiError::internal(format!(
+                    "a call on the caller's stream on a {} device, whose streams this build \
+                     cannot wrap",
+                    other.backend()
+                )))
+            }
         }
-    }
-
-    #[cfg(not(feature = "cuda"))]
-    fn borrow_stream(&self, _comm: &Communicator, _stream: CudaStreamT) -> ApiResult<AnyStream> {
-        Err(ApiError::internal(
-            "this build has no GPU backend to run on the caller's stream",
-        ))
     }
 
     /// The host backend's allreduce: see [`Ready::host_call`].

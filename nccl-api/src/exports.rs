@@ -27,6 +27,7 @@ use crate::error::{
 use crate::group;
 use crate::ops::{self, Reduction};
 use crate::real::RealNccl;
+use crate::serve;
 use crate::types::*;
 
 /// Found by [`crate::real`] in a library it loads: that library is this one.
@@ -550,8 +551,8 @@ query!(
 // ---- Memory and registration ------------------------------------------------------------
 
 export! {
-    /// Forwarded to the real NCCL when loaded; else `cuMemAlloc` (CUDA backend) or zeroed
-    /// host memory (host backend).
+    /// Forwarded to the real NCCL (RCCL on ROCm) when loaded; else `cuMemAlloc` (CUDA
+    /// backend), `hipMalloc` (ROCm backend) or zeroed host memory (host backend).
     fn ncclMemAlloc / pncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> NcclResult {
         guard("ncclMemAlloc", || {
             let slot = out(ptr, "ptr")?;
@@ -595,7 +596,8 @@ fn own_alloc(size: usize) -> ApiResult<*mut c_void> {
             }
             Ok(p)
         }
-        _ => cuda_alloc(size),
+        BackendKind::Cuda => cuda_alloc(size),
+        BackendKind::Rocm => hip_alloc(size),
     }
 }
 
@@ -609,8 +611,43 @@ fn own_free(ptr: *mut c_void) -> ApiResult<()> {
             unsafe { libc::free(ptr) };
             Ok(())
         }
-        _ => cuda_free(ptr),
+        BackendKind::Cuda => cuda_free(ptr),
+        BackendKind::Rocm => hip_free(ptr),
     }
+}
+
+#[cfg(feature = "rocm")]
+fn hip_alloc(size: usize) -> ApiResult<*mut c_void> {
+    let hip = oxccl_collectives::backend::hal_rocm::Hip::global()?;
+    hip.malloc(size.max(1)).map_err(|e| ApiError {
+        code: NCCL_UNHANDLED_CUDA_ERROR,
+        message: format!("ncclMemAlloc of {size} bytes: {e}"),
+    })
+}
+
+#[cfg(feature = "rocm")]
+fn hip_free(ptr: *mut c_void) -> ApiResult<()> {
+    let hip = oxccl_collectives::backend::hal_rocm::Hip::global()?;
+    // SAFETY: NCCL's contract: `ptr` came from ncclMemAlloc (hipMalloc here), is freed
+    // once, and no queued work uses it any more.
+    unsafe { hip.free(ptr) }.map_err(|e| ApiError {
+        code: NCCL_UNHANDLED_CUDA_ERROR,
+        message: format!("ncclMemFree: {e}"),
+    })
+}
+
+#[cfg(not(feature = "rocm"))]
+fn hip_alloc(_size: usize) -> ApiResult<*mut c_void> {
+    Err(ApiError::invalid_usage(
+        "no ROCm backend in this build and no real RCCL",
+    ))
+}
+
+#[cfg(not(feature = "rocm"))]
+fn hip_free(_ptr: *mut c_void) -> ApiResult<()> {
+    Err(ApiError::invalid_usage(
+        "no ROCm backend in this build and no real RCCL",
+    ))
 }
 
 #[cfg(feature = "cuda")]
@@ -983,6 +1020,9 @@ fn served_reduction(
 ) -> Result<(&Communicator, DataType, Reduction), String> {
     let dtype = served_dtype(datatype)
         .ok_or_else(|| format!("dtype {} is not served by oxccl", type_name(datatype)))?;
+    if let Some(why) = serve::dtype_refusal(c.kind, datatype) {
+        return Err(why);
+    }
     let rop = reduction.ok_or_else(|| "the operator is not served by oxccl".to_string())?;
     let ox = c.serving().ok_or_else(|| not_serving(c))?;
     Ok((ox, dtype, rop))
@@ -990,11 +1030,7 @@ fn served_reduction(
 
 /// Why oxccl does not serve a communicator of ours.
 fn not_serving(c: &Ready) -> String {
-    format!(
-        "oxccl does not serve this communicator ({} ranks, {} backend; it serves up to 8 \
-         ranks on CUDA or the host backend)",
-        c.nranks, c.kind
-    )
+    serve::refusal(c).unwrap_or_else(|| "oxccl does not serve this communicator".into())
 }
 
 export! {

@@ -18,6 +18,10 @@
 //!   functions, which then land here) is recognised by its missing magic and passed
 //!   through unchanged.
 //!
+//! On the ROCm backend the same library stands in for RCCL (whose C ABI is NCCL's): the
+//! caller's `hipStream_t` is wrapped as the `cudaStream_t` is on CUDA, RCCL is the real
+//! library, and fp8 reductions stay with it ([`serve`] has each decision and its reason).
+//!
 //! The unique id carries both ids ([`id`]). `OXCCL_NCCL_LOG=info` logs which side served
 //! each call. On the host backend (`OXCCL_BACKEND=host`, or a build without GPU backends)
 //! allreduce runs on host memory across processes, synchronously: that is what CI tests.
@@ -31,4 +35,5 @@ pub mod id;
 pub mod ops;
 pub mod real;
 pub mod register;
+pub mod serve;
 pub mod types;

@@ -1,18 +1,20 @@
-//! The real NCCL, loaded at run time: `OXCCL_NCCL_LIB_PATH`, else the system's
-//! `libnccl.so.2`. Every symbol is resolved from that library's own handle (never through
-//! the global scope, which would find this library's exports first).
+//! The real library, loaded at run time: `OXCCL_NCCL_LIB_PATH`, else NCCL
+//! (`libnccl.so.2`), or on the ROCm backend RCCL (`librccl.so.1`), whose C ABI is NCCL's:
+//! the same function names, enums and unique id (the names tried are
+//! `oxccl_backend::vendor`'s). Every symbol is resolved from that library's own handle
+//! (never through the global scope, which would find this library's exports first).
 
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::OnceLock;
 
 use libloading::Library;
+use oxccl_collectives::backend::vendor;
+use oxccl_collectives::hal::BackendKind;
 
 use crate::types::*;
 
-/// Environment variable: path of the real NCCL library.
-pub const LIB_PATH_VAR: &str = "OXCCL_NCCL_LIB_PATH";
-/// Library loaded when [`LIB_PATH_VAR`] is not set.
-pub const DEFAULT_LIB: &str = "libnccl.so.2";
+/// Environment variable: path of the real NCCL (or RCCL) library.
+pub const LIB_PATH_VAR: &str = vendor::LIBRARY_VAR;
 /// A symbol only this library exports: finding it in the loaded library means the path
 /// leads back to us.
 pub const MARKER_SYMBOL: &str = "oxccl_nccl_api_marker";
@@ -103,11 +105,15 @@ pub struct RealNccl {
     _lib: Library,
 }
 
-/// Loads the real NCCL once per process. `Err` says why there is none.
+/// Loads the real NCCL (RCCL on the ROCm backend) once per process. `Err` says why there
+/// is none.
 pub fn real() -> Result<&'static RealNccl, String> {
     static REAL: OnceLock<Result<RealNccl, String>> = OnceLock::new();
     REAL.get_or_init(|| {
-        let r = load();
+        // Without a backend (none found) the real library is never called; NCCL's name
+        // keeps the message familiar.
+        let kind = crate::comm::backend().unwrap_or(BackendKind::Cuda);
+        let r = load(&vendor::library_candidates_from_env(kind));
         if let Err(e) = &r {
             crate::error::log_info!("{e}");
         }
@@ -117,19 +123,29 @@ pub fn real() -> Result<&'static RealNccl, String> {
     .map_err(Clone::clone)
 }
 
-fn load() -> Result<RealNccl, String> {
-    let path = std::env::var(LIB_PATH_VAR)
-        .ok()
-        .filter(|p| !p.trim().is_empty())
-        .unwrap_or_else(|| DEFAULT_LIB.to_string());
-    // SAFETY: loading NCCL runs its initializers, which only set up its own state.
-    let lib = unsafe { Library::new(path.as_str()) }
-        .map_err(|e| format!("no real NCCL: loading '{path}' failed ({e}); set {LIB_PATH_VAR}"))?;
+/// Opens the first of `names` that loads; the error names every one tried.
+fn open_first(names: &[String]) -> Result<(Library, String), String> {
+    let mut failures = Vec::new();
+    for name in names {
+        // SAFETY: loading NCCL/RCCL runs its initializers, which only set up its own state.
+        match unsafe { Library::new(name.as_str()) } {
+            Ok(lib) => return Ok((lib, name.clone())),
+            Err(e) => failures.push(format!("'{name}' ({e})")),
+        }
+    }
+    Err(format!(
+        "no real NCCL: loading {} failed; set {LIB_PATH_VAR}",
+        failures.join(", ")
+    ))
+}
+
+fn load(names: &[String]) -> Result<RealNccl, String> {
+    let (lib, path) = open_first(names)?;
     // SAFETY: only looks the symbol up; it is never called or read.
     if unsafe { lib.get::<*const u8>(MARKER_SYMBOL) }.is_ok() {
         return Err(format!(
             "no real NCCL: '{path}' is liboxccl_nccl itself; set {LIB_PATH_VAR} to the real \
-             libnccl.so.2"
+             libnccl.so.2 (librccl.so.1 on ROCm)"
         ));
     }
     let fns = RealFns::resolve(&lib);
@@ -151,4 +167,23 @@ fn load() -> Result<RealNccl, String> {
         path,
         _lib: lib,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_library_names_every_path_tried() {
+        let names = [
+            "/nonexistent/librccl.so.1".to_string(),
+            "/nonexistent/b.so".into(),
+        ];
+        let err = load(&names).unwrap_err();
+        assert!(
+            err.contains("/nonexistent/librccl.so.1") && err.contains("/nonexistent/b.so"),
+            "{err}"
+        );
+        assert!(err.contains(LIB_PATH_VAR), "{err}");
+    }
 }

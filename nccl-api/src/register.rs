@@ -18,11 +18,12 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use oxccl_collectives::hal::{BackendKind, DevicePtr, ForeignAllocation};
+use oxccl_collectives::hal::{DevicePtr, ForeignAllocation};
 use oxccl_collectives::Communicator;
 
 use crate::comm::{check_real, real_nccl, Comm, Ready};
 use crate::error::{ApiError, ApiResult};
+use crate::serve;
 use crate::types::Opaque;
 
 /// What a handle stands for.
@@ -58,9 +59,11 @@ fn new_handle() -> usize {
 }
 
 /// The oxccl communicator that maps callers' GPU memory (none on the host backend,
-/// whose calls stage the caller's host memory).
+/// whose calls stage the caller's host memory, nor on ROCm: [`serve::maps_callers_memory`]).
 fn mapping_side(ready: &Ready) -> Option<&Communicator> {
-    ready.serving().filter(|_| ready.kind != BackendKind::Host)
+    ready
+        .serving()
+        .filter(|_| serve::maps_callers_memory(ready.kind))
 }
 
 /// Registers `[buff, buff + size)` on `comm` (ours); returns the handle.

@@ -1,7 +1,7 @@
 //! The collectives oxccl-perf measures, one [`Collective`] entry each in [`COLLECTIVES`]:
 //! everything the run loop, the checks and the report need to know about one of them.
 //! Adding a collective is one entry here, its reference check in [`crate::check`] and its
-//! NCCL call in `crate::cuda`.
+//! NCCL/RCCL call in `crate::vendor`.
 //!
 //! Sizes and bandwidths follow nccl-tests exactly (its `src/<collective>.cu`:
 //! `GetCollByteCount` and `GetBw`; `doc/PERFORMANCE.md`), so a row of ours reads like a
@@ -95,11 +95,9 @@ pub struct Collective {
     /// communicator's device and outlive the stream's work.
     pub oxccl: unsafe fn(&Communicator, &Call<'_>) -> Result<()>,
     /// Whether NCCL can run it for this type and accumulation.
-    #[cfg(feature = "cuda")]
-    pub nccl_supports: fn(DataType, AccumType) -> bool,
+    pub nccl_supports: fn(&crate::vendor::Nccl, DataType, AccumType) -> bool,
     /// Queues one NCCL call (buffers as for `oxccl`).
-    #[cfg(feature = "cuda")]
-    pub nccl: fn(&crate::cuda::Nccl, &Call<'_>) -> Result<()>,
+    pub nccl: fn(&crate::vendor::Nccl, &Call<'_>) -> Result<()>,
 }
 
 /// Allreduce: send and receive `count` elements; nothing moves in place.
@@ -120,10 +118,8 @@ pub const ALL_REDUCE: Collective = Collective {
     repeat_in_place: true,
     has_in_place: true,
     oxccl: all_reduce,
-    #[cfg(feature = "cuda")]
-    nccl_supports: crate::cuda::Nccl::supports_reduction,
-    #[cfg(feature = "cuda")]
-    nccl: crate::cuda::Nccl::all_reduce,
+    nccl_supports: crate::vendor::Nccl::supports_reduction,
+    nccl: crate::vendor::Nccl::all_reduce,
 };
 
 /// Allgather: send `count` elements, receive `world * count` (every rank's input in rank
@@ -145,10 +141,8 @@ pub const ALL_GATHER: Collective = Collective {
     repeat_in_place: true,
     has_in_place: true,
     oxccl: all_gather,
-    #[cfg(feature = "cuda")]
-    nccl_supports: crate::cuda::Nccl::supports_move,
-    #[cfg(feature = "cuda")]
-    nccl: crate::cuda::Nccl::all_gather,
+    nccl_supports: crate::vendor::Nccl::supports_move,
+    nccl: crate::vendor::Nccl::all_gather,
 };
 
 /// Reduce-scatter: send `world * count` elements, receive `count` (the reduction of chunk
@@ -171,10 +165,8 @@ pub const REDUCE_SCATTER: Collective = Collective {
     repeat_in_place: false,
     has_in_place: true,
     oxccl: reduce_scatter,
-    #[cfg(feature = "cuda")]
-    nccl_supports: crate::cuda::Nccl::supports_reduction,
-    #[cfg(feature = "cuda")]
-    nccl: crate::cuda::Nccl::reduce_scatter,
+    nccl_supports: crate::vendor::Nccl::supports_reduction,
+    nccl: crate::vendor::Nccl::reduce_scatter,
 };
 
 /// All-to-all: send and receive `world * count` elements (chunk p goes to rank p, slot r
@@ -196,10 +188,8 @@ pub const ALL_TO_ALL: Collective = Collective {
     repeat_in_place: false,
     has_in_place: false,
     oxccl: all_to_all,
-    #[cfg(feature = "cuda")]
-    nccl_supports: crate::cuda::Nccl::supports_move,
-    #[cfg(feature = "cuda")]
-    nccl: crate::cuda::Nccl::all_to_all,
+    nccl_supports: crate::vendor::Nccl::supports_move,
+    nccl: crate::vendor::Nccl::all_to_all,
 };
 
 /// Broadcast from `--root`: send and receive `count` elements; busbw = algbw (nccl-tests:
@@ -218,10 +208,8 @@ pub const BROADCAST: Collective = Collective {
     repeat_in_place: false,
     has_in_place: true,
     oxccl: broadcast,
-    #[cfg(feature = "cuda")]
-    nccl_supports: crate::cuda::Nccl::supports_move,
-    #[cfg(feature = "cuda")]
-    nccl: crate::cuda::Nccl::broadcast,
+    nccl_supports: crate::vendor::Nccl::supports_move,
+    nccl: crate::vendor::Nccl::broadcast,
 };
 
 /// Reduce to `--root`: send and receive `count` elements (the receive buffer matters at the
@@ -241,10 +229,8 @@ pub const REDUCE: Collective = Collective {
     repeat_in_place: false,
     has_in_place: true,
     oxccl: reduce,
-    #[cfg(feature = "cuda")]
-    nccl_supports: crate::cuda::Nccl::supports_reduction,
-    #[cfg(feature = "cuda")]
-    nccl: crate::cuda::Nccl::reduce,
+    nccl_supports: crate::vendor::Nccl::supports_reduction,
+    nccl: crate::vendor::Nccl::reduce,
 };
 
 /// Every collective `-c` takes; the first is the default.

@@ -1,6 +1,6 @@
 //! oxccl-perf: collective timing and correctness, like nccl-tests' `*_perf`
-//! (`-c allreduce`, the default, or `-c allgather`), with NCCL measured on the same buffers
-//! in the same run (`--compare nccl`, CUDA builds).
+//! (`-c allreduce`, the default, or `-c allgather`), with the vendor's library measured on
+//! the same buffers in the same run (`--compare nccl`: NCCL on CUDA, RCCL on ROCm).
 //!
 //! ```text
 //! oxccl-perf -N 4 -b 1K -e 1G -f 2 -d bf16 -o sum --graph --compare nccl --json out.json --plot out.png
@@ -18,18 +18,19 @@
 
 mod check;
 mod collective;
-#[cfg(feature = "cuda")]
-mod cuda;
 mod json;
 mod options;
 mod plot;
 mod report;
 mod spawn;
+mod vendor;
 
 use std::process::ExitCode;
 
 use oxccl_collectives::backend::{AnyMemory, AnyStream};
-use oxccl_collectives::hal::{Device, DevicePtr, Error, Memory, MemoryKind, Result, Stream};
+use oxccl_collectives::hal::{
+    BackendKind, Device, DevicePtr, Error, Memory, MemoryKind, Result, Stream,
+};
 use oxccl_collectives::timing::{run_back_to_back, time_calls, TimingMode};
 use oxccl_collectives::Communicator;
 
@@ -138,16 +139,17 @@ fn run(opts: &Options) -> Result<bool> {
         comm.register(&bufs.send)?;
         comm.register(&bufs.recv)?;
     }
-    #[cfg(feature = "cuda")]
-    let nccl = if opts.compare_nccl {
-        Some(cuda::Nccl::new(&comm, &stream)?)
+    let nccl = if opts.compare_nccl && Device::backend(comm.device()) != BackendKind::Host {
+        Some(vendor::Nccl::new(&comm)?)
     } else {
+        if opts.compare_nccl {
+            eprintln!(
+                "oxccl-perf: --compare nccl needs a GPU backend (a build with --features cuda \
+                 or rocm, on a GPU); skipped"
+            );
+        }
         None
     };
-    #[cfg(not(feature = "cuda"))]
-    if opts.compare_nccl {
-        eprintln!("oxccl-perf: --compare nccl needs a build with --features cuda; skipped");
-    }
     if let Some(force) = opts.tune {
         let tables = comm.tune(&[opts.dtype], max_send, force)?;
         if rank == 0 {
@@ -214,9 +216,8 @@ fn run(opts: &Options) -> Result<bool> {
             },
             true,
         )?;
-        #[cfg(feature = "cuda")]
         let theirs = match &nccl {
-            Some(n) if (c.nccl_supports)(opts.dtype, opts.accum) => Some(measure_side(
+            Some(n) if (c.nccl_supports)(n, opts.dtype, opts.accum) => Some(measure_side(
                 opts,
                 &comm,
                 &stream,
@@ -228,8 +229,6 @@ fn run(opts: &Options) -> Result<bool> {
             )?),
             _ => None,
         };
-        #[cfg(not(feature = "cuda"))]
-        let theirs: Option<Side> = None;
         // Every rank's verdict and the slowest rank's time.
         let ours = report::agree(&comm, ours)?;
         let theirs = match theirs {
@@ -281,7 +280,6 @@ fn run(opts: &Options) -> Result<bool> {
         comm.deregister(&bufs.recv)?;
     }
     drop(bufs);
-    #[cfg(feature = "cuda")]
     drop(nccl);
     comm.destroy()?;
     Ok(all_ok && plot_ok)

@@ -30,11 +30,13 @@ usage: oxccl-perf [options]
   -w, --warmup N          warm-up calls per size, default 5
       --iters N           timed calls per size, default 20
   -N, --nprocs N          start N ranks of this program on this machine
-      --graph             time CUDA graph replays of the calls (CUDA only)
+      --graph             time CUDA graph replays of the calls (CUDA only; ROCm times eagerly)
       --tune MODE         before the sweep, tune the selector for the data type up to the
                           largest size: cache (load the cached table, measure if none) or
                           force (measure again); tables live in OXCCL_TUNE_DIR (allreduce)
-      --compare nccl      measure NCCL (libnccl.so.2, loaded at run time) on the same buffers
+      --compare nccl      measure the vendor's library on the same buffers, loaded at run time:
+                          NCCL (libnccl.so.2) on CUDA, RCCL (librccl.so.1) on ROCm; `rccl` is
+                          accepted too; OXCCL_NCCL_LIB_PATH names another file
       --json FILE         write every row as JSON
       --plot FILE.png     draw latency and busbw against the size (oxccl, and NCCL when
                           compared) into a PNG
@@ -171,7 +173,9 @@ impl Options {
                 "--compare" => {
                     let v = value()?;
                     if !v.eq_ignore_ascii_case("nccl") && !v.eq_ignore_ascii_case("rccl") {
-                        return Err(Error::InvalidArgument(format!("--compare {v}: only nccl")));
+                        return Err(Error::InvalidArgument(format!(
+                            "--compare {v}: only nccl (or rccl)"
+                        )));
                     }
                     o.compare_nccl = true;
                 }

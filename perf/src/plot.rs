@@ -48,6 +48,8 @@ pub struct Point {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Figure {
     pub title: String,
+    /// The compared library's name for the legend: NCCL, or RCCL on ROCm.
+    pub vendor: &'static str,
     pub points: Vec<Point>,
 }
 
@@ -124,6 +126,7 @@ impl Figure {
                 opts.graph,
                 opts.in_place,
             ),
+            vendor: oxccl_collectives::backend::vendor::name(Device::backend(comm.device())),
             points: rows
                 .iter()
                 .map(|r| Point {
@@ -184,6 +187,11 @@ impl Figure {
                 doc.graph,
                 doc.in_place,
             ),
+            vendor: if doc.backend.eq_ignore_ascii_case("rocm") {
+                "RCCL"
+            } else {
+                "NCCL"
+            },
             points,
         })
     }
@@ -328,7 +336,7 @@ fn draw(path: &Path, fig: &Figure) -> std::result::Result<(), Box<dyn std::error
             .light_line_style(WHITE)
             .bold_line_style(BLACK.mix(0.12))
             .draw()?;
-        lines(&mut chart, &lat_ours, &lat_nccl)?;
+        lines(&mut chart, &lat_ours, &lat_nccl, fig.vendor)?;
     }
 
     // (b) bus bandwidth, linear y from 0.
@@ -355,7 +363,7 @@ fn draw(path: &Path, fig: &Figure) -> std::result::Result<(), Box<dyn std::error
             .light_line_style(WHITE)
             .bold_line_style(BLACK.mix(0.12))
             .draw()?;
-        lines(&mut chart, &bw_ours, &bw_nccl)?;
+        lines(&mut chart, &bw_ours, &bw_nccl, fig.vendor)?;
     }
     root.present()?;
     Ok(())
@@ -377,13 +385,14 @@ fn lines<'a, DB, X, Y>(
     chart: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>,
     ours: &Series,
     nccl: &Series,
+    vendor: &'static str,
 ) -> std::result::Result<(), String>
 where
     DB: DrawingBackend + 'a,
     X: Ranged<ValueType = f64>,
     Y: Ranged<ValueType = f64>,
 {
-    for (name, color, pts) in [("oxccl", OXCCL_COLOR, ours), ("NCCL", NCCL_COLOR, nccl)] {
+    for (name, color, pts) in [("oxccl", OXCCL_COLOR, ours), (vendor, NCCL_COLOR, nccl)] {
         if pts.is_empty() {
             continue;
         }
@@ -460,6 +469,7 @@ mod tests {
                 false,
                 false,
             ),
+            vendor: "NCCL",
             points: (10..=20)
                 .step_by(2)
                 .map(|e| {
@@ -507,6 +517,7 @@ mod tests {
         assert!(write_png(&dir.join("x.svg"), &synthetic(true)).is_err());
         let empty = Figure {
             title: String::new(),
+            vendor: "NCCL",
             points: Vec::new(),
         };
         assert!(write_png(&dir.join("oxccl-plot-empty.png"), &empty).is_err());

@@ -134,7 +134,12 @@ pub fn header(opts: &Options, comm: &Communicator) {
         },
         opts.warmup,
         opts.iters,
-        if opts.graph { ", graph replay" } else { "" }
+        match (opts.graph, Device::backend(comm.device())) {
+            (false, _) => "",
+            (true, BackendKind::Cuda) => ", graph replay",
+            // collectives::timing falls back to eager timing where the backend has no graphs.
+            (true, _) => ", timed eagerly (--graph: no graphs on this backend)",
+        }
     );
     if Device::backend(comm.device()) != BackendKind::Host && comm.world_size() > 1 {
         println!(
@@ -167,10 +172,15 @@ pub fn header(opts: &Options, comm: &Communicator) {
         w = algorithm_width()
     );
     if opts.compare_nccl {
+        // The vendor's library: NCCL, or RCCL on ROCm.
+        let lib = oxccl_collectives::backend::vendor::name(Device::backend(comm.device()));
         let _ = write!(
             h,
             " | {:>10} {:>9} {:>9} {:>8}",
-            "nccl(us)", "busbw", "maxerr", "speedup"
+            format!("{}(us)", lib.to_ascii_lowercase()),
+            "busbw",
+            "maxerr",
+            "speedup"
         );
     }
     println!("{h}");
