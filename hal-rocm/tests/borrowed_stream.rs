@@ -12,7 +12,14 @@ use oxccl_hal_rocm::{RocmDevice, RocmStream};
 
 #[test]
 fn borrowed_stream_moves_bytes_and_is_never_destroyed() {
-    let fake = Fake::new();
+    for g in common::generations() {
+        eprintln!("HIP ABI generation {g}");
+        borrowed_stream_moves_bytes(g);
+    }
+}
+
+fn borrowed_stream_moves_bytes(g: u32) {
+    let fake = Fake::new(g);
     let dev = RocmDevice::open_on(&fake.hip, DeviceId(1)).unwrap();
     // The caller's stream, made outside oxccl's safe types (as a program would with
     // hipStreamCreate).
@@ -59,7 +66,14 @@ fn borrowed_stream_moves_bytes_and_is_never_destroyed() {
 
 #[test]
 fn null_stream_can_be_borrowed() {
-    let fake = Fake::new();
+    for g in common::generations() {
+        eprintln!("HIP ABI generation {g}");
+        null_stream(g);
+    }
+}
+
+fn null_stream(g: u32) {
+    let fake = Fake::new(g);
     let dev = RocmDevice::open_on(&fake.hip, DeviceId(0)).unwrap();
     // SAFETY: NULL is HIP's null stream of the current device, always valid.
     let s = unsafe { RocmStream::borrowed(&dev, std::ptr::null_mut()) }.unwrap();

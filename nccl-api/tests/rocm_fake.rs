@@ -210,8 +210,9 @@ fn dispatch_on_the_fake() {
     }
     .unwrap();
     let mut stream: *mut c_void = std::ptr::null_mut();
+    // hipStreamNonBlocking (1 in every HIP generation): the only flag the fake accepts.
     // SAFETY: a valid out-pointer.
-    assert_eq!(unsafe { stream_create(&mut stream, 0) }, 0);
+    assert_eq!(unsafe { stream_create(&mut stream, 1) }, 0);
     let destroys = calls("hipStreamDestroy");
 
     // Served: bf16 and f32 sums run on the caller's stream.
