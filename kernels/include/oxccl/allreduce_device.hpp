@@ -241,36 +241,44 @@ OXCCL_DEVICE_INLINE uint32_t ll16_peer_bits(uint32_t w, uint32_t me) {
 }
 
 /// Unit `u` of every peer in `all_peers` (`ll16_peer_bits`) from this rank's packet half
-/// `mine` (one slot of `slot_bytes` per rank) into `in[peer]`. All pending packets of the
-/// unit are read before any is checked, so the reads of the peers' packets overlap instead
-/// of waiting for one another (one L2 round trip per poll, not 2(w-1)). Returns false,
-/// after reporting the first missing peer, when the wait timed out.
+/// `mine` (one slot of `slot_bytes` per rank) into `in[peer]`. All pending packets of a
+/// group of `kLl16PollRanks` ranks are read before any is checked, so the reads of the
+/// peers' packets overlap instead of waiting for one another (one L2 round trip per poll,
+/// not 2(w-1)); the groups are polled one after the other (one group of every rank on
+/// CUDA; two groups of 4 on HIP, whose 64-lane waves have 128 VGPRs per lane for the whole
+/// kernel: 16 packets in flight took 64 of them, see platform.hpp). Returns false, after
+/// reporting the first missing peer, when the wait timed out.
 OXCCL_DEVICE_INLINE bool ll16_read_peers(const char* mine, uint64_t u, uint64_t slot_bytes, uint32_t flag,
                                          uint32_t all_peers, Vec16 (&in)[OXCCL_ALLREDUCE_MAX_RANKS],
                                          const CallState call) {
-  constexpr uint32_t kPackets = 2 * OXCCL_ALLREDUCE_MAX_RANKS;
+  constexpr uint32_t kGroup = kLl16PollRanks;
+  constexpr uint32_t kPackets = 2 * kGroup;
+  static_assert(OXCCL_ALLREDUCE_MAX_RANKS % kGroup == 0, "rank groups must tile the ranks");
   const OxcclLL16Packet* base = reinterpret_cast<const OxcclLL16Packet*>(mine) + 2 * u;
-  uint32_t pending = all_peers;
-  uint64_t since = 0;
-  for (uint64_t polls = 0; pending != 0; ++polls) {
-    Vec16 raw[kPackets];
 #pragma unroll
-    for (uint32_t i = 0; i < kPackets; ++i) {
-      if (pending >> i & 1) {
-        raw[i] = load16_volatile(reinterpret_cast<const char*>(base + (i & 1)) + (i >> 1) * slot_bytes);
-      }
-    }
+  for (uint32_t g = 0; g < OXCCL_ALLREDUCE_MAX_RANKS; g += kGroup) {
+    uint32_t pending = (all_peers >> (2 * g)) & ((1u << kPackets) - 1u);
+    uint64_t since = 0;
+    for (uint64_t polls = 0; pending != 0; ++polls) {
+      Vec16 raw[kPackets];
 #pragma unroll
-    for (uint32_t i = 0; i < kPackets; ++i) {
-      if ((pending >> i & 1) && raw[i].w[1] == flag && raw[i].w[3] == flag) {
-        in[i >> 1].w[2 * (i & 1)] = raw[i].w[0];
-        in[i >> 1].w[2 * (i & 1) + 1] = raw[i].w[2];
-        pending &= ~(1u << i);
+      for (uint32_t i = 0; i < kPackets; ++i) {
+        if (pending >> i & 1) {
+          raw[i] = load16_volatile(reinterpret_cast<const char*>(base + (i & 1)) + (g + (i >> 1)) * slot_bytes);
+        }
       }
-    }
-    if (pending != 0 && call.deadline.expired(polls, since)) {
-      report(call.own, OXCCL_ALLREDUCE_ERR_TIMEOUT, static_cast<uint32_t>(__ffs(pending) - 1) / 2);
-      return false;
+#pragma unroll
+      for (uint32_t i = 0; i < kPackets; ++i) {
+        if ((pending >> i & 1) && raw[i].w[1] == flag && raw[i].w[3] == flag) {
+          in[g + (i >> 1)].w[2 * (i & 1)] = raw[i].w[0];
+          in[g + (i >> 1)].w[2 * (i & 1) + 1] = raw[i].w[2];
+          pending &= ~(1u << i);
+        }
+      }
+      if (pending != 0 && call.deadline.expired(polls, since)) {
+        report(call.own, OXCCL_ALLREDUCE_ERR_TIMEOUT, g + static_cast<uint32_t>(__ffs(pending) - 1) / 2);
+        return false;
+      }
     }
   }
   return true;

@@ -43,7 +43,37 @@
 #define OXCCL_GRID_CONSTANT
 #endif
 
+// A lambda that must be inlined into its caller, written after its parameter list:
+// `[&](...) OXCCL_INLINE_LAMBDA { ... }`. The kernels pass their bodies to the prologue
+// (`run_call`) and the type dispatchers as lambdas; clang (HIP) left some of those calls
+// in place, and on gfx942 a call needs a stack in scratch memory and pins the caller's
+// registers around it (ci/toolchains/check-artifacts.sh fails on any scratch).
+#define OXCCL_INLINE_LAMBDA __attribute__((always_inline))
+
+// Launch bounds of a kernel of at most `threads` threads per block. CUDA: that maximum and
+// at least one block per SM (the register budget is then the whole 255 per thread). HIP:
+// that maximum and at least 4 waves per SIMD: gfx942 gives a SIMD 512 VGPRs per lane
+// (ArchVGPRs and AGPRs from one file), so a wave may use at most 128 of them; without
+// the bound a 512-thread block (2 waves per SIMD) let clang take up to 256, and the
+// budget in ci/toolchains/check-artifacts.sh is 128 with no scratch.
+#define OXCCL_HIP_MIN_WAVES_PER_EU 4
+#if defined(OXCCL_DEVICE_CUDA)
+#define OXCCL_LAUNCH_BOUNDS(threads) __launch_bounds__(threads, 1)
+#else
+#define OXCCL_LAUNCH_BOUNDS(threads) \
+  __launch_bounds__(threads) __attribute__((amdgpu_waves_per_eu(OXCCL_HIP_MIN_WAVES_PER_EU)))
+#endif
+
 namespace oxccl {
+
+/// LL16 readers poll the packets of this many ranks at once (all of them in flight before
+/// any is checked; see `allreduce::ll16_read_peers`). CUDA: every rank (8: 16 packets,
+/// 64 registers). HIP: 4, so the packets in flight take 32 of a gfx942 wave's 128 VGPRs.
+#if defined(OXCCL_DEVICE_CUDA)
+constexpr uint32_t kLl16PollRanks = 8;
+#else
+constexpr uint32_t kLl16PollRanks = 4;
+#endif
 
 /// Index of this thread in the whole (one-dimensional) grid.
 OXCCL_DEVICE_INLINE uint64_t thread_index() {
@@ -53,6 +83,24 @@ OXCCL_DEVICE_INLINE uint64_t thread_index() {
 /// Number of threads in the whole (one-dimensional) grid: the grid-stride step.
 OXCCL_DEVICE_INLINE uint64_t thread_count() {
   return static_cast<uint64_t>(gridDim.x) * blockDim.x;
+}
+
+/// The kernel's argument block, read where the launch put it. A kernel takes exactly one
+/// by-value parameter (kernels/build.rs checks it) and reads it only through this. CUDA:
+/// the parameter itself (`OXCCL_GRID_CONSTANT`: in the constant bank, no copy). HIP: clang
+/// copies a by-value struct parameter into private memory when it is indexed at run time
+/// (`a.scratch[peer]`), and the copy went to scratch or to VGPRs (70 of them for the 280
+/// bytes of an allreduce block) on gfx942; the kernarg segment it comes from starts with
+/// the parameter, so the reads go there instead (scalar loads for uniform indices).
+template <typename T>
+OXCCL_DEVICE_INLINE const T& kernel_args(const T& param) {
+#if defined(OXCCL_DEVICE_HIP) && defined(__HIP_DEVICE_COMPILE__)
+  (void)param;
+  // A C-style cast: the segment pointer is in the constant address space.
+  return *(const T*)__builtin_amdgcn_kernarg_segment_ptr();
+#else
+  return param;
+#endif
 }
 
 /// Programmatic dependent launch (the HAL's `LaunchConfig::early_launch`): a kernel so

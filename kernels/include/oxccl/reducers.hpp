@@ -203,19 +203,32 @@ OXCCL_DEVICE_INLINE bool dispatch_own_type(uint32_t dtype, uint32_t op, Body&& b
   }
 }
 
-/// Reduces `n` ranks' vectors in rank order. Every index is a constant once the loop is
-/// unrolled, so the array stays in registers: a per-rank array indexed at run time lives
-/// in local memory, which cost 0.4 us per call at 1 KB and 1.2 us at 64 KB in 512-thread
-/// blocks on H200s (ci/gpu/probe). Fill it the same way (`r < n`, `r == rank` tests in an
-/// unrolled loop).
+/// Folds ranks R, R + 1, ... (below `n`) of `in` into `s`: one forced-inline instance per
+/// rank, so every index is a constant whatever the size of the reducer's body.
+template <uint32_t R, typename Reducer>
+OXCCL_DEVICE_INLINE void add_ranks_from(const Reducer& reduce, typename Reducer::State& s,
+                                        const Vec16 (&in)[OXCCL_ALLREDUCE_MAX_RANKS], uint32_t n) {
+  if constexpr (R < OXCCL_ALLREDUCE_MAX_RANKS) {
+    if (R < n) {
+      reduce.add(s, in[R]);
+      add_ranks_from<R + 1>(reduce, s, in, n);
+    }
+  }
+}
+
+/// Reduces `n` ranks' vectors in rank order. Every index is a constant, so the array stays
+/// in registers: a per-rank array indexed at run time lives in local memory (CUDA) or
+/// scratch (HIP), which cost 0.4 us per call at 1 KB and 1.2 us at 64 KB in 512-thread
+/// blocks on H200s (ci/gpu/probe). The ranks are unrolled by templates (`add_ranks_from`),
+/// not by `#pragma unroll`: clang gives up a pragma's full unroll when the unrolled loop is
+/// too large (the run-time-op reducers of fp8 types), and the array then went to scratch
+/// on gfx942. Fill it with constant indices too (`r < n`, `r == rank` tests in an
+/// unrolled loop whose body is small).
 template <typename Reducer>
 OXCCL_DEVICE_INLINE Vec16 reduce_ranks(const Reducer& reduce, const Vec16 (&in)[OXCCL_ALLREDUCE_MAX_RANKS],
                                        uint32_t n) {
   typename Reducer::State s = reduce.first(in[0]);
-#pragma unroll
-  for (uint32_t r = 1; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
-    if (r < n) reduce.add(s, in[r]);
-  }
+  add_ranks_from<1>(reduce, s, in, n);
   return reduce.finish(s, n);
 }
 
@@ -223,7 +236,7 @@ OXCCL_DEVICE_INLINE Vec16 reduce_ranks(const Reducer& reduce, const Vec16 (&in)[
 template <typename Body>
 __device__ void dispatch_all(const OxcclAllreduceArgs& a, Body&& body) {
   if (dispatch_own_type(a.dtype, a.op, body)) return;
-  dispatch_dtype(a.dtype, [&]<typename Fmt>() {
+  dispatch_dtype(a.dtype, [&]<typename Fmt>() OXCCL_INLINE_LAMBDA {
     const Acc acc = resolve_accum<Fmt>(a.accum);
     if (a.op == OXCCL_OP_SUM) {
       if constexpr (Fmt::kCode == OXCCL_DTYPE_F32) {
@@ -247,8 +260,8 @@ __device__ void dispatch_all(const OxcclAllreduceArgs& a, Body&& body) {
 /// the call's element format and reducer: `body.template operator()<Fmt>(reducer, call)`.
 template <bool kReadsEpoch, typename Body>
 __device__ __forceinline__ void run_reducing(const OxcclAllreduceArgs& a, bool kernel_ok, Body&& body) {
-  run_call<kReadsEpoch>(a, kernel_ok, [&](const CallState call) {
-    dispatch_all(a, [&]<typename Fmt>(auto reducer) { body.template operator()<Fmt>(reducer, call); });
+  run_call<kReadsEpoch>(a, kernel_ok, [&](const CallState call) OXCCL_INLINE_LAMBDA {
+    dispatch_all(a, [&]<typename Fmt>(auto reducer) OXCCL_INLINE_LAMBDA { body.template operator()<Fmt>(reducer, call); });
   });
 }
 

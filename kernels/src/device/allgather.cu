@@ -144,18 +144,21 @@ OXCCL_DEVICE_INLINE void direct_body(const OxcclAllreduceArgs& a, const CallStat
 }  // namespace allgather
 }  // namespace oxccl
 
-OXCCL_GLOBAL __launch_bounds__(512, 1) void allgather_oneshot_ll(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void allgather_oneshot_ll(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {
+  const OxcclAllreduceArgs& args = oxccl::kernel_args(param);
   using namespace oxccl::allreduce;
-  run_call<true>(args, true, [&](const CallState call) { oxccl::allgather::oneshot_body(args, call); });
+  run_call<true>(args, true, [&](const CallState call) OXCCL_INLINE_LAMBDA { oxccl::allgather::oneshot_body(args, call); });
 }
 
-OXCCL_GLOBAL __launch_bounds__(512, 1) void allgather_staged(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void allgather_staged(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {
+  const OxcclAllreduceArgs& args = oxccl::kernel_args(param);
   using namespace oxccl::allreduce;
-  run_call<false>(args, true, [&](const CallState call) { oxccl::allgather::staged_body(args, call); });
+  run_call<false>(args, true, [&](const CallState call) OXCCL_INLINE_LAMBDA { oxccl::allgather::staged_body(args, call); });
 }
 
-OXCCL_GLOBAL __launch_bounds__(512, 1) void allgather_direct(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void allgather_direct(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {
+  const OxcclAllreduceArgs& args = oxccl::kernel_args(param);
   using namespace oxccl::allreduce;
   const bool registered = args.rank < OXCCL_ALLREDUCE_MAX_RANKS && args.peer_output[args.rank] == args.output;
-  run_call<false>(args, registered, [&](const CallState call) { oxccl::allgather::direct_body(args, call); });
+  run_call<false>(args, registered, [&](const CallState call) OXCCL_INLINE_LAMBDA { oxccl::allgather::direct_body(args, call); });
 }

@@ -83,7 +83,7 @@ OXCCL_DEVICE_INLINE void oneshot_ll128_body(const Reducer reduce, const OxcclAll
   const uint64_t warp = thread_index() / 32;
   const uint64_t warps = thread_count() / 32;
   // This lane's unit of the line at `first + lane / 8` (zeros past the end; none for lane 7).
-  const auto unit_of = [&](uint64_t first) {
+  const auto unit_of = [&](uint64_t first) OXCCL_INLINE_LAMBDA {
     const uint64_t line = first + lane / 8;
     return line < lines && t < kLl128Units ? load_unit(a.input, (line * kLl128Units + t) * 16, total)
                                            : Vec16{{0, 0, 0, 0}};
@@ -353,33 +353,31 @@ OXCCL_DEVICE_INLINE void twoshot_zc_body(const Reducer reduce, const OxcclAllred
 
   const uint64_t step = static_cast<uint64_t>(blockDim.x) * kZcUnits;
   for (uint64_t j0 = lo + threadIdx.x; j0 < hi; j0 += step) {
-    Vec16 v[OXCCL_ALLREDUCE_MAX_RANKS][kZcUnits];
+    Vec16 v[kZcUnits][OXCCL_ALLREDUCE_MAX_RANKS];
 #pragma unroll
     for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
       if (r < w) {
 #pragma unroll
         for (int k = 0; k < kZcUnits; ++k) {
           const uint64_t j = j0 + static_cast<uint64_t>(k) * blockDim.x;
-          v[r][k] = j < hi ? zc_load(a.peer_input[r], j, total) : Vec16{{0, 0, 0, 0}};
+          v[k][r] = j < hi ? zc_load(a.peer_input[r], j, total) : Vec16{{0, 0, 0, 0}};
         }
       }
     }
+    // No `break` in this loop (j only grows with k): clang does not unroll a loop that
+    // leaves early, and v then went to scratch on gfx942.
 #pragma unroll
     for (int k = 0; k < kZcUnits; ++k) {
       const uint64_t j = j0 + static_cast<uint64_t>(k) * blockDim.x;
-      if (j >= hi) break;
-      typename Reducer::State s = reduce.first(v[0][k]);
-#pragma unroll
-      for (uint32_t r = 1; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
-        if (r < w) reduce.add(s, v[r][k]);
+      if (j < hi) {
+        const Vec16 out = reduce_ranks(reduce, v[k], w);
+        // Peers first (remote stores take longest), my own output last.
+        for (uint32_t q = 1; q < w; ++q) {
+          const uint32_t p = me + q < w ? me + q : me + q - w;
+          store_unit(a.peer_output[p], j * 16, out, total);
+        }
+        store_unit(a.output, j * 16, out, total);
       }
-      const Vec16 out = reduce.finish(s, w);
-      // Peers first (remote stores take longest), my own output last.
-      for (uint32_t q = 1; q < w; ++q) {
-        const uint32_t p = me + q < w ? me + q : me + q - w;
-        store_unit(a.peer_output[p], j * 16, out, total);
-      }
-      store_unit(a.output, j * 16, out, total);
     }
   }
 
@@ -390,17 +388,19 @@ OXCCL_DEVICE_INLINE void twoshot_zc_body(const Reducer reduce, const OxcclAllred
 }  // namespace allreduce
 }  // namespace oxccl
 
-OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_oneshot_ll(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void allreduce_oneshot_ll(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {
+  const OxcclAllreduceArgs& args = oxccl::kernel_args(param);
   using namespace oxccl::allreduce;
-  run_reducing<true>(args, true, [&]<typename Fmt>(auto reducer, const CallState call) {
+  run_reducing<true>(args, true, [&]<typename Fmt>(auto reducer, const CallState call) OXCCL_INLINE_LAMBDA {
     oneshot_body<Fmt>(reducer, args, call);
   });
 }
 
-OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_oneshot_ll128(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void allreduce_oneshot_ll128(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {
+  const OxcclAllreduceArgs& args = oxccl::kernel_args(param);
   using namespace oxccl::allreduce;
 #if defined(OXCCL_DEVICE_CUDA)
-  run_reducing<true>(args, blockDim.x % 32 == 0, [&]<typename Fmt>(auto reducer, const CallState call) {
+  run_reducing<true>(args, blockDim.x % 32 == 0, [&]<typename Fmt>(auto reducer, const CallState call) OXCCL_INLINE_LAMBDA {
     oneshot_ll128_body<Fmt>(reducer, args, call);
   });
 #else
@@ -410,25 +410,28 @@ OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_oneshot_ll128(const OXCCL_
 #endif
 }
 
-OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_twoshot(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void allreduce_twoshot(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {
+  const OxcclAllreduceArgs& args = oxccl::kernel_args(param);
   using namespace oxccl::allreduce;
-  run_reducing<false>(args, true, [&]<typename Fmt>(auto reducer, const CallState call) {
+  run_reducing<false>(args, true, [&]<typename Fmt>(auto reducer, const CallState call) OXCCL_INLINE_LAMBDA {
     twoshot_body<Fmt>(reducer, args, call);
   });
 }
 
-OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_twoshot_zc(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void allreduce_twoshot_zc(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {
+  const OxcclAllreduceArgs& args = oxccl::kernel_args(param);
   using namespace oxccl::allreduce;
   const bool registered = args.rank < OXCCL_ALLREDUCE_MAX_RANKS && args.peer_input[args.rank] == args.input &&
                           args.peer_output[args.rank] == args.output;
-  run_reducing<false>(args, registered, [&]<typename Fmt>(auto reducer, const CallState call) {
+  run_reducing<false>(args, registered, [&]<typename Fmt>(auto reducer, const CallState call) OXCCL_INLINE_LAMBDA {
     twoshot_zc_body<Fmt>(reducer, args, call);
   });
 }
 
-OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_twoshot_push(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void allreduce_twoshot_push(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {
+  const OxcclAllreduceArgs& args = oxccl::kernel_args(param);
   using namespace oxccl::allreduce;
-  run_reducing<false>(args, true, [&]<typename Fmt>(auto reducer, const CallState call) {
+  run_reducing<false>(args, true, [&]<typename Fmt>(auto reducer, const CallState call) OXCCL_INLINE_LAMBDA {
     twoshot_push_body<Fmt>(reducer, args, call);
   });
 }

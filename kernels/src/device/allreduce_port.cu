@@ -223,13 +223,13 @@ OXCCL_DEVICE_INLINE void port_entry(const OxcclPortAllreduceArgs& args, Body bod
 
 /// Allreduce and reduce-scatter: one instantiation per format and reducer serves both.
 OXCCL_DEVICE_INLINE void port_reduce_entry(const OxcclPortAllreduceArgs& args, bool scatter) {
-  port_entry(args, [&](uint64_t round0, const Deadline& d, int* failed) {
+  port_entry(args, [&](uint64_t round0, const Deadline& d, int* failed) OXCCL_INLINE_LAMBDA {
     // dispatch_all reads only dtype, op and accum of its block.
     OxcclAllreduceArgs types{};
     types.dtype = args.dtype;
     types.op = args.op;
     types.accum = args.accum;
-    allreduce::dispatch_all(types, [&]<typename Fmt>(auto reducer) {
+    allreduce::dispatch_all(types, [&]<typename Fmt>(auto reducer) OXCCL_INLINE_LAMBDA {
       port_reduce_body<Fmt>(reducer, args, round0, scatter, d, failed);
     });
   });
@@ -238,17 +238,18 @@ OXCCL_DEVICE_INLINE void port_reduce_entry(const OxcclPortAllreduceArgs& args, b
 }  // namespace port_allreduce
 }  // namespace oxccl
 
-OXCCL_GLOBAL __launch_bounds__(512, 1) void allreduce_port(OxcclPortAllreduceArgs args) {
-  oxccl::port_allreduce::port_reduce_entry(args, false);
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void allreduce_port(OxcclPortAllreduceArgs param) {
+  oxccl::port_allreduce::port_reduce_entry(oxccl::kernel_args(param), false);
 }
 
-OXCCL_GLOBAL __launch_bounds__(512, 1) void reducescatter_port(OxcclPortAllreduceArgs args) {
-  oxccl::port_allreduce::port_reduce_entry(args, true);
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void reducescatter_port(OxcclPortAllreduceArgs param) {
+  oxccl::port_allreduce::port_reduce_entry(oxccl::kernel_args(param), true);
 }
 
-OXCCL_GLOBAL __launch_bounds__(512, 1) void allgather_port(OxcclPortAllreduceArgs args) {
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void allgather_port(OxcclPortAllreduceArgs param) {
+  const OxcclPortAllreduceArgs& args = oxccl::kernel_args(param);
   using oxccl::port_allreduce::Deadline;
-  oxccl::port_allreduce::port_entry(args, [&](uint64_t round0, const Deadline& d, int* failed) {
+  oxccl::port_allreduce::port_entry(args, [&](uint64_t round0, const Deadline& d, int* failed) OXCCL_INLINE_LAMBDA {
     oxccl::port_allreduce::port_gather_body(args, round0, d, failed);
   });
 }

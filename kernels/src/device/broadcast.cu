@@ -88,15 +88,17 @@ OXCCL_DEVICE_INLINE void direct_body(const OxcclAllreduceArgs& a, const CallStat
 }  // namespace broadcast
 }  // namespace oxccl
 
-OXCCL_GLOBAL __launch_bounds__(512, 1) void broadcast_staged(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void broadcast_staged(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {
+  const OxcclAllreduceArgs& args = oxccl::kernel_args(param);
   using namespace oxccl::allreduce;
   run_call<false>(args, args.root < args.world_size,
-                  [&](const CallState call) { oxccl::broadcast::staged_body(args, call); });
+                  [&](const CallState call) OXCCL_INLINE_LAMBDA { oxccl::broadcast::staged_body(args, call); });
 }
 
-OXCCL_GLOBAL __launch_bounds__(512, 1) void broadcast_direct(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void broadcast_direct(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {
+  const OxcclAllreduceArgs& args = oxccl::kernel_args(param);
   using namespace oxccl::allreduce;
   const bool registered = args.rank < OXCCL_ALLREDUCE_MAX_RANKS && args.peer_output[args.rank] == args.output;
   run_call<false>(args, registered && args.root < args.world_size,
-                  [&](const CallState call) { oxccl::broadcast::direct_body(args, call); });
+                  [&](const CallState call) OXCCL_INLINE_LAMBDA { oxccl::broadcast::direct_body(args, call); });
 }

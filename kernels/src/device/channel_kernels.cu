@@ -108,7 +108,7 @@ OXCCL_GLOBAL __launch_bounds__(1024) void channel_port_op(OxcclPortChannelArgs a
   if (thread_index() != 0) return;
   const PortChannelDevice ch{a.channel};
   WaitResult r = WaitResult::Ok;
-  const auto pushed = [](uint64_t slot) { return slot == ~uint64_t{0} ? WaitResult::Timeout : WaitResult::Ok; };
+  const auto pushed = [](uint64_t slot) OXCCL_INLINE_LAMBDA { return slot == ~uint64_t{0} ? WaitResult::Timeout : WaitResult::Ok; };
   switch (a.op) {
     case OXCCL_PORT_OP_PUT:
       r = pushed(ch.put(a.dst_offset, a.src_offset, a.bytes, a.chunk));

@@ -98,18 +98,20 @@ OXCCL_DEVICE_INLINE void direct_body(const Reducer reduce, const OxcclAllreduceA
 }  // namespace reduce_to_root
 }  // namespace oxccl
 
-OXCCL_GLOBAL __launch_bounds__(512, 1) void reduce_staged(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void reduce_staged(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {
+  const OxcclAllreduceArgs& args = oxccl::kernel_args(param);
   using namespace oxccl::allreduce;
-  run_reducing<false>(args, args.root < args.world_size, [&]<typename Fmt>(auto reducer, const CallState call) {
+  run_reducing<false>(args, args.root < args.world_size, [&]<typename Fmt>(auto reducer, const CallState call) OXCCL_INLINE_LAMBDA {
     oxccl::reduce_to_root::staged_body<Fmt>(reducer, args, call);
   });
 }
 
-OXCCL_GLOBAL __launch_bounds__(512, 1) void reduce_direct(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void reduce_direct(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {
+  const OxcclAllreduceArgs& args = oxccl::kernel_args(param);
   using namespace oxccl::allreduce;
   const bool registered = args.rank < OXCCL_ALLREDUCE_MAX_RANKS && args.peer_input[args.rank] == args.input;
   run_reducing<false>(args, registered && args.root < args.world_size,
-                      [&]<typename Fmt>(auto reducer, const CallState call) {
+                      [&]<typename Fmt>(auto reducer, const CallState call) OXCCL_INLINE_LAMBDA {
                         oxccl::reduce_to_root::direct_body<Fmt>(reducer, args, call);
                       });
 }

@@ -138,24 +138,27 @@ OXCCL_DEVICE_INLINE void direct_body(const Reducer reduce, const OxcclAllreduceA
 }  // namespace reducescatter
 }  // namespace oxccl
 
-OXCCL_GLOBAL __launch_bounds__(512, 1) void reducescatter_oneshot_ll(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void reducescatter_oneshot_ll(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {
+  const OxcclAllreduceArgs& args = oxccl::kernel_args(param);
   using namespace oxccl::allreduce;
-  run_reducing<true>(args, true, [&]<typename Fmt>(auto reducer, const CallState call) {
+  run_reducing<true>(args, true, [&]<typename Fmt>(auto reducer, const CallState call) OXCCL_INLINE_LAMBDA {
     oxccl::reducescatter::oneshot_body<Fmt>(reducer, args, call);
   });
 }
 
-OXCCL_GLOBAL __launch_bounds__(512, 1) void reducescatter_staged(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void reducescatter_staged(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {
+  const OxcclAllreduceArgs& args = oxccl::kernel_args(param);
   using namespace oxccl::allreduce;
-  run_reducing<false>(args, true, [&]<typename Fmt>(auto reducer, const CallState call) {
+  run_reducing<false>(args, true, [&]<typename Fmt>(auto reducer, const CallState call) OXCCL_INLINE_LAMBDA {
     oxccl::reducescatter::staged_body<Fmt>(reducer, args, call);
   });
 }
 
-OXCCL_GLOBAL __launch_bounds__(512, 1) void reducescatter_direct(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void reducescatter_direct(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {
+  const OxcclAllreduceArgs& args = oxccl::kernel_args(param);
   using namespace oxccl::allreduce;
   const bool registered = args.rank < OXCCL_ALLREDUCE_MAX_RANKS && args.peer_input[args.rank] == args.input;
-  run_reducing<false>(args, registered, [&]<typename Fmt>(auto reducer, const CallState call) {
+  run_reducing<false>(args, registered, [&]<typename Fmt>(auto reducer, const CallState call) OXCCL_INLINE_LAMBDA {
     oxccl::reducescatter::direct_body<Fmt>(reducer, args, call);
   });
 }

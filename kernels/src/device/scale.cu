@@ -60,7 +60,8 @@ OXCCL_DEVICE_INLINE void f64_body(const OxcclScaleArgs& a) {
 }  // namespace scale
 }  // namespace oxccl
 
-OXCCL_GLOBAL void oxccl_scale(const OXCCL_GRID_CONSTANT OxcclScaleArgs args) {
+OXCCL_GLOBAL void oxccl_scale(const OXCCL_GRID_CONSTANT OxcclScaleArgs param) {
+  const OxcclScaleArgs& args = oxccl::kernel_args(param);
   using namespace oxccl::scale;
   switch (args.dtype) {
     case OXCCL_DTYPE_I8:
@@ -70,6 +71,6 @@ OXCCL_GLOBAL void oxccl_scale(const OXCCL_GRID_CONSTANT OxcclScaleArgs args) {
     case OXCCL_DTYPE_I64:
     case OXCCL_DTYPE_U64: integer_body<uint64_t>(args); return;
     case OXCCL_DTYPE_F64: f64_body(args); return;
-    default: oxccl::dispatch_dtype(args.dtype, [&]<typename Fmt>() { float_body<Fmt>(args); }); return;
+    default: oxccl::dispatch_dtype(args.dtype, [&]<typename Fmt>() OXCCL_INLINE_LAMBDA { float_body<Fmt>(args); }); return;
   }
 }

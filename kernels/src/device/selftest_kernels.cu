@@ -11,7 +11,7 @@
 OXCCL_GLOBAL void oxccl_selftest_decode(OxcclSelftestDecodeArgs args) {
   const uint64_t stride = oxccl::thread_count();
   const uint64_t first = oxccl::thread_index();
-  oxccl::dispatch_dtype(args.dtype, [&]<typename Fmt>() {
+  oxccl::dispatch_dtype(args.dtype, [&]<typename Fmt>() OXCCL_INLINE_LAMBDA {
     const auto* in = static_cast<const typename Fmt::Storage*>(args.input);
     for (uint64_t i = first; i < args.count; i += stride) args.output[i] = Fmt::decode(in[i]);
   });
@@ -20,7 +20,7 @@ OXCCL_GLOBAL void oxccl_selftest_decode(OxcclSelftestDecodeArgs args) {
 OXCCL_GLOBAL void oxccl_selftest_encode(OxcclSelftestEncodeArgs args) {
   const uint64_t stride = oxccl::thread_count();
   const uint64_t first = oxccl::thread_index();
-  oxccl::dispatch_dtype(args.dtype, [&]<typename Fmt>() {
+  oxccl::dispatch_dtype(args.dtype, [&]<typename Fmt>() OXCCL_INLINE_LAMBDA {
     auto* out = static_cast<typename Fmt::Storage*>(args.output);
     for (uint64_t i = first; i < args.count; i += stride) out[i] = Fmt::encode(args.input[i]);
   });
@@ -69,15 +69,16 @@ __device__ __noinline__ void own_type_body(const OxcclSelftestReduceArgs& args, 
 
 }  // namespace
 
-OXCCL_GLOBAL void oxccl_selftest_reduce(OxcclSelftestReduceArgs args) {
+OXCCL_GLOBAL void oxccl_selftest_reduce(OxcclSelftestReduceArgs param) {
+  const OxcclSelftestReduceArgs& args = oxccl::kernel_args(param);
   if (args.num_inputs == 0 || args.num_inputs > OXCCL_SELFTEST_MAX_INPUTS) return;
-  const bool own_type = oxccl::allreduce::dispatch_own_type(args.dtype, args.op, [&]<typename W>(auto reducer) {
+  const bool own_type = oxccl::allreduce::dispatch_own_type(args.dtype, args.op, [&]<typename W>(auto reducer) OXCCL_INLINE_LAMBDA {
     own_type_body(args, reducer, args.count * sizeof(typename W::Storage));
   });
   if (own_type) return;
-  oxccl::dispatch_dtype(args.dtype, [&]<typename Fmt>() {
-    oxccl::dispatch_op(args.op, [&]<uint32_t Op>() {
-      oxccl::dispatch_acc(oxccl::resolve_accum<Fmt>(args.accum), [&]<oxccl::Acc A>() {
+  oxccl::dispatch_dtype(args.dtype, [&]<typename Fmt>() OXCCL_INLINE_LAMBDA {
+    oxccl::dispatch_op(args.op, [&]<uint32_t Op>() OXCCL_INLINE_LAMBDA {
+      oxccl::dispatch_acc(oxccl::resolve_accum<Fmt>(args.accum), [&]<oxccl::Acc A>() OXCCL_INLINE_LAMBDA {
         // f32 and f16 never resolve to Acc::Element (it is Acc::F32 / Acc::F16 for them).
         if constexpr (A != oxccl::Acc::Element || sizeof(typename Fmt::Storage) == 1 ||
                       Fmt::kCode == OXCCL_DTYPE_BF16) {
