@@ -33,6 +33,15 @@
 #define OXCCL_HOST_DEVICE_INLINE __host__ __device__ __forceinline__
 #define OXCCL_GLOBAL extern "C" __global__
 
+// A device function that the CUDA build keeps out of line (one per instantiation, called
+// from a type dispatch) and the HIP build inlines: on gfx942 a call needs a stack in
+// scratch memory (ci/toolchains/check-artifacts.sh allows none).
+#if defined(OXCCL_DEVICE_CUDA)
+#define OXCCL_DEVICE_OUTLINED __device__ __noinline__
+#else
+#define OXCCL_DEVICE_OUTLINED __device__ __forceinline__
+#endif
+
 // A kernel parameter that device functions may take by reference without a copy. CUDA
 // otherwise copies a by-value struct into every thread's local memory as soon as its
 // address is taken (280 bytes of stores at the start of an allreduce kernel); HIP's

@@ -84,9 +84,9 @@ OXCCL_DEVICE_INLINE void port_finish(const OxcclPortAllreduceArgs& a, uint64_t r
 /// recv[parity][p]). `scatter` (reduce-scatter): peer p gets chunk p of my input from send
 /// slot p; otherwise every peer gets my input from slot 0. `total`: bytes of one rank's
 /// chunk of the whole call. Returns false when a wait failed (recorded in the scratch).
-__device__ __noinline__ bool port_exchange(const OxcclPortAllreduceArgs& a, uint64_t total,
-                                           const PortRound& round, bool scatter,
-                                           const Deadline& d, int* failed) {
+OXCCL_DEVICE_OUTLINED bool port_exchange(const OxcclPortAllreduceArgs& a, uint64_t total,
+                                         const PortRound& round, bool scatter, const Deadline& d,
+                                         int* failed) {
   const uint32_t w = a.world_size;
   const uint32_t me = a.rank;
   const uint64_t c = a.chunk_bytes;
@@ -132,9 +132,9 @@ __device__ __noinline__ bool port_exchange(const OxcclPortAllreduceArgs& a, uint
 /// one body: exchange each round, then reduce every rank's chunk in rank order (mine
 /// straight from the input) into the output.
 template <typename Fmt, typename Reducer>
-__device__ __noinline__ void port_reduce_body(const Reducer reduce, const OxcclPortAllreduceArgs& a,
-                                              uint64_t round0, bool scatter, const Deadline& d,
-                                              int* failed) {
+OXCCL_DEVICE_OUTLINED void port_reduce_body(const Reducer reduce, const OxcclPortAllreduceArgs& a,
+                                            uint64_t round0, bool scatter, const Deadline& d,
+                                            int* failed) {
   const uint64_t total = a.count * sizeof(typename Fmt::Storage);
   const uint32_t w = a.world_size;
   const uint32_t me = a.rank;
@@ -166,8 +166,8 @@ __device__ __noinline__ void port_reduce_body(const Reducer reduce, const OxcclP
 
 /// All-gather: exchange each round, then copy every rank's chunk into its slot of the
 /// output (slot r at byte r * total). In place (input == my slot) my own copy is skipped.
-__device__ __noinline__ void port_gather_body(const OxcclPortAllreduceArgs& a, uint64_t round0,
-                                              const Deadline& d, int* failed) {
+OXCCL_DEVICE_OUTLINED void port_gather_body(const OxcclPortAllreduceArgs& a, uint64_t round0,
+                                            const Deadline& d, int* failed) {
   const uint64_t total = a.count * allreduce::dtype_bytes(a.dtype);
   const uint32_t w = a.world_size;
   const uint32_t me = a.rank;
