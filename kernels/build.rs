@@ -110,7 +110,7 @@ fn device_sources(dir: &Path) -> BuildResult<Vec<PathBuf>> {
     Ok(v)
 }
 
-/// Kernel names: every `OXCCL_GLOBAL [__launch_bounds__(...)] void <name>(` in the device
+/// Kernel names: every `OXCCL_GLOBAL [launch bounds] void <name>(` in the device
 /// sources (the declaration starts a line).
 ///
 /// Each declaration must take exactly one parameter (the by-value argument struct): the
