@@ -42,6 +42,14 @@
 #define OXCCL_DEVICE_OUTLINED __device__ __forceinline__
 #endif
 
+// A device function that the HIP build must inline and the CUDA build leaves to nvcc (as
+// before: its sm_90 code is unchanged). On gfx942 a call needs a stack in scratch memory.
+#if defined(OXCCL_DEVICE_CUDA)
+#define OXCCL_DEVICE_INLINE_ON_HIP __device__
+#else
+#define OXCCL_DEVICE_INLINE_ON_HIP __device__ __forceinline__
+#endif
+
 // A kernel parameter that device functions may take by reference without a copy. CUDA
 // otherwise copies a by-value struct into every thread's local memory as soon as its
 // address is taken (280 bytes of stores at the start of an allreduce kernel); HIP's

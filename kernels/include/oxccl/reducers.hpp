@@ -233,8 +233,9 @@ OXCCL_DEVICE_INLINE Vec16 reduce_ranks(const Reducer& reduce, const Vec16 (&in)[
 }
 
 /// Calls `body.template operator()<Fmt>(reducer)` with the reducer for the call's types.
+/// Inlined on HIP (a call needs a stack in scratch on gfx942); nvcc decides on CUDA.
 template <typename Body>
-__device__ void dispatch_all(const OxcclAllreduceArgs& a, Body&& body) {
+OXCCL_DEVICE_INLINE_ON_HIP void dispatch_all(const OxcclAllreduceArgs& a, Body&& body) {
   if (dispatch_own_type(a.dtype, a.op, body)) return;
   dispatch_dtype(a.dtype, [&]<typename Fmt>() OXCCL_INLINE_LAMBDA {
     const Acc acc = resolve_accum<Fmt>(a.accum);
