@@ -63,13 +63,32 @@ OXCCL_DEVICE_INLINE void report(void* own_scratch, uint32_t code, uint32_t peer)
 OXCCL_DEVICE_INLINE Vec16 load_unit(const void* base, uint64_t off, uint64_t total) {
   const unsigned char* p = static_cast<const unsigned char*>(base) + off;
   if (off + 16 <= total && (reinterpret_cast<uintptr_t>(p) & 15) == 0) return load16(p);
-  Vec16 v{{0, 0, 0, 0}};
   const uint64_t n = total > off ? (total - off < 16 ? total - off : 16) : 0;
+#if defined(OXCCL_DEVICE_HIP)
+  // HIP: a loop that stays a loop, into two 64-bit halves (no array, so nothing indexed
+  // at run time). Unrolled, the 16 guarded byte loads of each of the many copies of this
+  // tail path (one per rank and per type body) made the kernels too large for the gfx942
+  // backend's superlinear passes (see reducers.hpp, `reduce_ranks`).
+  uint64_t lo = 0, hi = 0;
+#pragma nounroll
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint64_t b = p[i];
+    if (i < 8) {
+      lo |= b << (8 * i);
+    } else {
+      hi |= b << (8 * (i - 8));
+    }
+  }
+  return Vec16{{static_cast<uint32_t>(lo), static_cast<uint32_t>(lo >> 32), static_cast<uint32_t>(hi),
+                static_cast<uint32_t>(hi >> 32)}};
+#else
+  Vec16 v{{0, 0, 0, 0}};
 #pragma unroll
   for (uint32_t i = 0; i < 16; ++i) {
     if (i < n) v.w[i / 4] |= static_cast<uint32_t>(p[i]) << (8 * (i % 4));
   }
   return v;
+#endif
 }
 
 /// Stores the bytes of `v` that fall inside a buffer of `total` bytes at [off, off + 16).
@@ -80,10 +99,20 @@ OXCCL_DEVICE_INLINE void store_unit(void* base, uint64_t off, const Vec16& v, ui
     return;
   }
   const uint64_t n = total > off ? (total - off < 16 ? total - off : 16) : 0;
+#if defined(OXCCL_DEVICE_HIP)
+  // HIP: a loop that stays a loop (see `load_unit`).
+  const uint64_t lo = v.w[0] | static_cast<uint64_t>(v.w[1]) << 32;
+  const uint64_t hi = v.w[2] | static_cast<uint64_t>(v.w[3]) << 32;
+#pragma nounroll
+  for (uint32_t i = 0; i < n; ++i) {
+    p[i] = static_cast<unsigned char>((i < 8 ? lo : hi) >> (8 * (i & 7)));
+  }
+#else
 #pragma unroll
   for (uint32_t i = 0; i < 16; ++i) {
     if (i < n) p[i] = static_cast<unsigned char>(v.w[i / 4] >> (8 * (i % 4)));
   }
+#endif
 }
 
 /// 16-byte load of data another GPU wrote (cached in L2 only, never a stale L1 line).

@@ -216,19 +216,42 @@ OXCCL_DEVICE_INLINE void add_ranks_from(const Reducer& reduce, typename Reducer:
   }
 }
 
+/// `in[r]` for a run-time `r` (below OXCCL_ALLREDUCE_MAX_RANKS) as a chain of selects
+/// between constant-index elements: the array stays in registers (a run-time index would
+/// put it in scratch on gfx942, local memory on CUDA).
+OXCCL_DEVICE_INLINE Vec16 rank_unit(const Vec16 (&in)[OXCCL_ALLREDUCE_MAX_RANKS], uint32_t r) {
+  Vec16 v = in[0];
+#pragma unroll
+  for (uint32_t i = 1; i < OXCCL_ALLREDUCE_MAX_RANKS; ++i) {
+    if (r == i) v = in[i];
+  }
+  return v;
+}
+
 /// Reduces `n` ranks' vectors in rank order. Every index is a constant, so the array stays
 /// in registers: a per-rank array indexed at run time lives in local memory (CUDA) or
 /// scratch (HIP), which cost 0.4 us per call at 1 KB and 1.2 us at 64 KB in 512-thread
-/// blocks on H200s (ci/gpu/probe). The ranks are unrolled by templates (`add_ranks_from`),
-/// not by `#pragma unroll`: clang gives up a pragma's full unroll when the unrolled loop is
-/// too large (the run-time-op reducers of fp8 types), and the array then went to scratch
-/// on gfx942. Fill it with constant indices too (`r < n`, `r == rank` tests in an
-/// unrolled loop whose body is small).
+/// blocks on H200s (ci/gpu/probe). CUDA: the ranks are unrolled by templates
+/// (`add_ranks_from`), as `#pragma unroll` did before. Fill the array with constant indices
+/// too (`r < n`, `r == rank` tests in an unrolled loop whose body is small).
+///
+/// HIP: the ranks are folded in a loop that is not unrolled, each rank's vector picked by
+/// `rank_unit`. Every kernel is one function on gfx942 (a call needs a scratch stack), with
+/// the bodies of all 18 reducers of `dispatch_all` inlined; with the ranks unrolled, the
+/// reducers' `add` (per lane a switch on the op and the accumulator, and the software fp8
+/// codec on AMD) made each reducing kernel about 120,000 lines of LLVM IR, and the gfx942
+/// backend's superlinear passes (SDWA peephole, structurizer, memory clauses, register
+/// coalescer) took 20 minutes for the image. Same order of ranks, same bits.
 template <typename Reducer>
 OXCCL_DEVICE_INLINE Vec16 reduce_ranks(const Reducer& reduce, const Vec16 (&in)[OXCCL_ALLREDUCE_MAX_RANKS],
                                        uint32_t n) {
   typename Reducer::State s = reduce.first(in[0]);
+#if defined(OXCCL_DEVICE_HIP)
+#pragma nounroll
+  for (uint32_t r = 1; r < n; ++r) reduce.add(s, rank_unit(in, r));
+#else
   add_ranks_from<1>(reduce, s, in, n);
+#endif
   return reduce.finish(s, n);
 }
 
