@@ -324,8 +324,14 @@ OXCCL_DEVICE_INLINE void twoshot_push_body(const Reducer reduce, const OxcclAllr
 // ---- zero-copy two-shot -----------------------------------------------------------------
 
 /// 16-byte units each thread loads per rank per pass; every rank's loads of a pass are
-/// issued before the first is used (world_size x kZcUnits peer loads in flight).
+/// issued before the first is used (world_size x kZcUnits peer loads in flight). CUDA: 2
+/// (16 loads, 64 registers). HIP: 1, so the loads in flight take 32 of a gfx942 wave's 128
+/// VGPRs; with 2 the fp8 bodies spilled (1088 bytes of scratch, see platform.hpp).
+#if defined(OXCCL_DEVICE_CUDA)
 constexpr int kZcUnits = 2;
+#else
+constexpr int kZcUnits = 1;
+#endif
 
 /// Unit `j` of a rank's input: one L2-only 16-byte load when whole (the input is 16-byte
 /// aligned, checked by the host), else the bytes inside the buffer and zeros.
