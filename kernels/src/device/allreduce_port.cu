@@ -238,15 +238,15 @@ OXCCL_DEVICE_INLINE void port_reduce_entry(const OxcclPortAllreduceArgs& args, b
 }  // namespace port_allreduce
 }  // namespace oxccl
 
-OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void allreduce_port(OxcclPortAllreduceArgs param) {
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void allreduce_port(const OXCCL_GRID_CONSTANT OxcclPortAllreduceArgs param) {
   oxccl::port_allreduce::port_reduce_entry(oxccl::kernel_args(param), false);
 }
 
-OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void reducescatter_port(OxcclPortAllreduceArgs param) {
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void reducescatter_port(const OXCCL_GRID_CONSTANT OxcclPortAllreduceArgs param) {
   oxccl::port_allreduce::port_reduce_entry(oxccl::kernel_args(param), true);
 }
 
-OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void allgather_port(OxcclPortAllreduceArgs param) {
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void allgather_port(const OXCCL_GRID_CONSTANT OxcclPortAllreduceArgs param) {
   const OxcclPortAllreduceArgs& args = oxccl::kernel_args(param);
   using oxccl::port_allreduce::Deadline;
   oxccl::port_allreduce::port_entry(args, [&](uint64_t round0, const Deadline& d, int* failed) OXCCL_INLINE_LAMBDA {

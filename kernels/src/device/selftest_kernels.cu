@@ -69,7 +69,7 @@ __device__ __noinline__ void own_type_body(const OxcclSelftestReduceArgs& args, 
 
 }  // namespace
 
-OXCCL_GLOBAL void oxccl_selftest_reduce(OxcclSelftestReduceArgs param) {
+OXCCL_GLOBAL void oxccl_selftest_reduce(const OXCCL_GRID_CONSTANT OxcclSelftestReduceArgs param) {
   const OxcclSelftestReduceArgs& args = oxccl::kernel_args(param);
   if (args.num_inputs == 0 || args.num_inputs > OXCCL_SELFTEST_MAX_INPUTS) return;
   const bool own_type = oxccl::allreduce::dispatch_own_type(args.dtype, args.op, [&]<typename W>(auto reducer) OXCCL_INLINE_LAMBDA {
