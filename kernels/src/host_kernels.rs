@@ -17,7 +17,24 @@ pub static TABLE: HostKernelTable = HostKernelTable {
         ("oxccl_scale", scale),
         ("oxccl_selftest_decode", selftest_decode),
         ("oxccl_selftest_encode", selftest_encode),
-        ("oxccl_selftest_reduce", selftest_reduce),
+        ("oxccl_selftest_reduce_own_type", selftest_reduce_own_type),
+        ("oxccl_selftest_reduce_f32", selftest_reduce_f32),
+        ("oxccl_selftest_reduce_f16", selftest_reduce_f16),
+        ("oxccl_selftest_reduce_bf16", selftest_reduce_bf16),
+        ("oxccl_selftest_reduce_fp8_e4m3", selftest_reduce_fp8_e4m3),
+        ("oxccl_selftest_reduce_fp8_e5m2", selftest_reduce_fp8_e5m2),
+        (
+            "oxccl_selftest_reduce_fp8_e4m3_fnuz",
+            selftest_reduce_fp8_e4m3_fnuz,
+        ),
+        (
+            "oxccl_selftest_reduce_fp8_e5m2_fnuz",
+            selftest_reduce_fp8_e5m2_fnuz,
+        ),
+        (
+            "oxccl_selftest_reduce_fp8_e4m3b15",
+            selftest_reduce_fp8_e4m3b15,
+        ),
         ("oxccl_test_check_pattern", test_check_pattern),
         ("oxccl_test_fill_pattern", test_fill_pattern),
         ("oxccl_test_signal", test_signal),
@@ -207,23 +224,48 @@ fn selftest_encode(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
-fn selftest_reduce(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
-    let a: abi::OxcclSelftestReduceArgs = abi::parse_args(bytes, "oxccl_selftest_reduce")?;
+/// The reduce self-test kernels (one per element format, one for the types reduced in their
+/// own type; `selftest::reduce_kernel`), each refusing a block of another type.
+macro_rules! selftest_reduce_kernels {
+    ($($f:ident: $name:literal),* $(,)?) => {$(
+        fn $f(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
+            selftest_reduce($name, bytes)
+        }
+    )*};
+}
+
+selftest_reduce_kernels! {
+    selftest_reduce_own_type: "oxccl_selftest_reduce_own_type",
+    selftest_reduce_f32: "oxccl_selftest_reduce_f32",
+    selftest_reduce_f16: "oxccl_selftest_reduce_f16",
+    selftest_reduce_bf16: "oxccl_selftest_reduce_bf16",
+    selftest_reduce_fp8_e4m3: "oxccl_selftest_reduce_fp8_e4m3",
+    selftest_reduce_fp8_e5m2: "oxccl_selftest_reduce_fp8_e5m2",
+    selftest_reduce_fp8_e4m3_fnuz: "oxccl_selftest_reduce_fp8_e4m3_fnuz",
+    selftest_reduce_fp8_e5m2_fnuz: "oxccl_selftest_reduce_fp8_e5m2_fnuz",
+    selftest_reduce_fp8_e4m3b15: "oxccl_selftest_reduce_fp8_e4m3b15",
+}
+
+fn selftest_reduce(kernel: &'static str, bytes: &[u8]) -> Result<()> {
+    let a: abi::OxcclSelftestReduceArgs = abi::parse_args(bytes, kernel)?;
     let dtype = DataType::from_code(a.dtype)?;
+    if crate::selftest::reduce_kernel(dtype) != kernel {
+        return Err(Error::InvalidArgument(format!(
+            "{kernel}: not the reduce kernel of {dtype}"
+        )));
+    }
     let op = ReduceOp::from_code(a.op)?;
     let accum = AccumType::from_code(a.accum)?;
     let k = a.num_inputs as usize;
     if k == 0 || k > a.inputs.len() {
-        return Err(Error::InvalidArgument(format!(
-            "oxccl_selftest_reduce: {k} inputs"
-        )));
+        return Err(Error::InvalidArgument(format!("{kernel}: {k} inputs")));
     }
-    let n = to_usize(a.count, "oxccl_selftest_reduce")?;
+    let n = to_usize(a.count, kernel)?;
     let len = dtype.bytes(n)?;
-    non_null(a.output, "oxccl_selftest_reduce", "output")?;
+    non_null(a.output, kernel, "output")?;
     let mut inputs = Vec::with_capacity(k);
     for (i, &p) in a.inputs.iter().take(k).enumerate() {
-        non_null(p, "oxccl_selftest_reduce", &format!("inputs[{i}]"))?;
+        non_null(p, kernel, &format!("inputs[{i}]"))?;
         // SAFETY: launch contract: each input holds `count` elements of dtype.
         inputs.push(unsafe { bytes_at(p, len) });
     }
@@ -254,7 +296,44 @@ mod tests {
                 assert!(host.contains(name), "{name} has no host version");
             }
         }
-        assert_eq!(host.len(), 9);
+        assert_eq!(host.len(), 17);
+    }
+
+    #[test]
+    fn every_type_has_a_reduce_kernel_that_refuses_other_types() {
+        let cfg = LaunchConfig::linear(1, 1);
+        let mut out = [0u8; 8];
+        let input = [0u8; 8];
+        for dtype in DataType::ALL {
+            let kernel = crate::selftest::reduce_kernel(dtype);
+            let (_, f) = TABLE
+                .kernels
+                .iter()
+                .find(|(n, _)| *n == kernel)
+                .unwrap_or_else(|| panic!("{kernel} ({dtype}) is not in the host table"));
+            let mut inputs =
+                [std::ptr::null::<std::ffi::c_void>(); abi::OXCCL_SELFTEST_MAX_INPUTS as usize];
+            inputs[0] = input.as_ptr().cast();
+            let args = abi::OxcclSelftestReduceArgs {
+                inputs,
+                output: out.as_mut_ptr().cast(),
+                count: 1,
+                num_inputs: 1,
+                dtype: dtype.code(),
+                op: ReduceOp::Sum.code(),
+                accum: AccumType::Auto.code(),
+            };
+            f(&cfg, args.as_bytes()).unwrap();
+            for other in DataType::ALL {
+                if crate::selftest::reduce_kernel(other) != kernel {
+                    let args = abi::OxcclSelftestReduceArgs {
+                        dtype: other.code(),
+                        ..args
+                    };
+                    assert!(f(&cfg, args.as_bytes()).is_err(), "{kernel} took {other}");
+                }
+            }
+        }
     }
 
     #[test]

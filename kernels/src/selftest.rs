@@ -33,6 +33,32 @@ const POISON: u8 = 0xa5;
 const KEEP_MISMATCHES: usize = 10;
 /// Largest buffer any case uses: 65,536 decoded f32.
 const BUFFER_BYTES: usize = 65536 * 4;
+/// Every reduce kernel's name starts with this.
+const REDUCE_KERNEL_PREFIX: &str = "oxccl_selftest_reduce_";
+
+/// The reduce kernel of a data type: one per element format, one for the types reduced in
+/// their own type (integers, f64). A kernel given a block of another type writes nothing.
+/// One kernel per format keeps every gfx942 kernel one scratch-free function of a size the
+/// backend compiles quickly (`src/device/selftest_kernels.cu`).
+pub(crate) fn reduce_kernel(dtype: DataType) -> &'static str {
+    match dtype {
+        DataType::F32 => "oxccl_selftest_reduce_f32",
+        DataType::F16 => "oxccl_selftest_reduce_f16",
+        DataType::Bf16 => "oxccl_selftest_reduce_bf16",
+        DataType::Fp8E4m3 => "oxccl_selftest_reduce_fp8_e4m3",
+        DataType::Fp8E5m2 => "oxccl_selftest_reduce_fp8_e5m2",
+        DataType::Fp8E4m3Fnuz => "oxccl_selftest_reduce_fp8_e4m3_fnuz",
+        DataType::Fp8E5m2Fnuz => "oxccl_selftest_reduce_fp8_e5m2_fnuz",
+        DataType::Fp8E4m3b15 => "oxccl_selftest_reduce_fp8_e4m3b15",
+        DataType::I8
+        | DataType::U8
+        | DataType::I32
+        | DataType::U32
+        | DataType::I64
+        | DataType::U64
+        | DataType::F64 => "oxccl_selftest_reduce_own_type",
+    }
+}
 
 /// One line of the report: a kernel run and how many elements disagreed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,16 +133,16 @@ impl fmt::Display for SelfTestReport {
             "kernel", "dtype", "case", "elements", "mismatches"
         )?;
         // Decode and encode cases one line each; reduce cases summarised per data type.
-        let mut reduce_rows: Vec<(DataType, usize, usize, usize)> = Vec::new();
+        let mut reduce_rows: Vec<(&str, DataType, usize, usize, usize)> = Vec::new();
         for c in &self.cases {
-            if c.kernel == "oxccl_selftest_reduce" {
-                match reduce_rows.iter_mut().find(|r| r.0 == c.dtype) {
+            if c.kernel.starts_with(REDUCE_KERNEL_PREFIX) {
+                match reduce_rows.iter_mut().find(|r| r.1 == c.dtype) {
                     Some(r) => {
-                        r.1 += 1;
-                        r.2 += c.elements;
-                        r.3 += c.mismatches;
+                        r.2 += 1;
+                        r.3 += c.elements;
+                        r.4 += c.mismatches;
                     }
-                    None => reduce_rows.push((c.dtype, 1, c.elements, c.mismatches)),
+                    None => reduce_rows.push((c.kernel, c.dtype, 1, c.elements, c.mismatches)),
                 }
             } else {
                 writeln!(
@@ -130,7 +156,7 @@ impl fmt::Display for SelfTestReport {
                 )?;
             }
         }
-        for (dtype, cases, elements, mismatches) in reduce_rows {
+        for (kernel, dtype, cases, elements, mismatches) in reduce_rows {
             let detail = if dtype.reduces_in_own_type() {
                 format!("{cases} cases: 5 ops, own type")
             } else {
@@ -139,7 +165,7 @@ impl fmt::Display for SelfTestReport {
             writeln!(
                 f,
                 "{:<22} {:<13} {:<34} {:>9} {:>10}",
-                "oxccl_selftest_reduce",
+                kernel,
                 dtype.to_string(),
                 detail,
                 elements,
@@ -501,13 +527,14 @@ fn reduce_case<B: Backend>(
         op: op.code(),
         accum: accum.code(),
     };
-    h.launch("oxccl_selftest_reduce", count, &args)?;
+    let kernel = reduce_kernel(dtype);
+    h.launch(kernel, count, &args)?;
     let got = h.read_output(len)?;
     let refs: Vec<&[u8]> = host_inputs.iter().map(Vec::as_slice).collect();
     let mut want = vec![0u8; len];
     reduce::reduce(dtype, op, accum, &refs, &mut want, count)?;
     let detail = format!("{op} accum={accum} x{num_inputs} n={count}");
-    out.case("oxccl_selftest_reduce", dtype, detail, count, |i| {
+    out.case(kernel, dtype, detail, count, |i| {
         let g = formats::read_element(dtype, &got, i).unwrap_or_default();
         let w = formats::read_element(dtype, &want, i).unwrap_or_default();
         (!formats::same_bits(dtype, g, w)).then(|| {

@@ -106,22 +106,23 @@ OXCCL_DEVICE_INLINE Vec16 narrow16(AccLanes<Fmt> acc, uint32_t n) {
   return bit_cast<Vec16>(out);
 }
 
-/// Reduces `n` 16-byte vectors (n >= 1).
-template <typename Fmt, Acc A, uint32_t Op>
-OXCCL_DEVICE_INLINE Vec16 reduce16(const Vec16* in, uint32_t n) {
-  AccLanes<Fmt> acc = widen16<Fmt, A>(in[0]);
-  for (uint32_t k = 1; k < n; ++k) combine<Fmt, A, Op>(acc, widen16<Fmt, A>(in[k]));
+/// Reduces `n` 16-byte vectors (n >= 1): `input(k)` returns vector k, and is called once
+/// per k in order (k = 0, 1, ..., n - 1). Streaming, so no array of the inputs is kept:
+/// an array indexed by a run-time k lives in local memory (CUDA) or scratch (HIP). One
+/// loop takes every input, the first as the start value, so widen16 and combine appear
+/// once each in the code (each is 16 lanes of the software fp8 codec on AMD).
+template <typename Fmt, Acc A, uint32_t Op, typename Input>
+OXCCL_DEVICE_INLINE Vec16 reduce16(Input&& input, uint32_t n) {
+  AccLanes<Fmt> acc{};
+  for (uint32_t k = 0; k < n; ++k) {
+    const AccLanes<Fmt> x = widen16<Fmt, A>(input(k));
+    if (k == 0) {
+      acc = x;
+    } else {
+      combine<Fmt, A, Op>(acc, x);
+    }
+  }
   return narrow16<Fmt, A, Op>(acc, n);
-}
-
-/// Reduces one element from each of `n` inputs (for tails that are not a whole vector).
-template <typename Fmt, Acc A, uint32_t Op>
-OXCCL_DEVICE_INLINE typename Fmt::Storage reduce1(const typename Fmt::Storage* in, uint32_t n) {
-  float acc = acc_round<Fmt, A>(Fmt::decode(in[0]));
-  for (uint32_t k = 1; k < n; ++k)
-    acc = acc_round<Fmt, A>(apply_op<Op>(acc, acc_round<Fmt, A>(Fmt::decode(in[k]))));
-  if constexpr (Op == OXCCL_OP_AVG) acc = acc_round<Fmt, A>(acc / static_cast<float>(n));
-  return Fmt::encode(acc);
 }
 
 /// Calls `f.template operator()<Op>()` for an op code; false for an unknown code.
