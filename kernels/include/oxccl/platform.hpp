@@ -60,12 +60,19 @@
 #define OXCCL_GRID_CONSTANT
 #endif
 
-// A lambda that must be inlined into its caller, written after its parameter list:
+// A lambda that must be inlined into its caller on HIP, written after its parameter list:
 // `[&](...) OXCCL_INLINE_LAMBDA { ... }`. The kernels pass their bodies to the prologue
 // (`run_call`) and the type dispatchers as lambdas; clang (HIP) left some of those calls
 // in place, and on gfx942 a call needs a stack in scratch memory and pins the caller's
-// registers around it (ci/toolchains/check-artifacts.sh fails on any scratch).
+// registers around it (ci/toolchains/check-artifacts.sh fails on any scratch). Nothing on
+// CUDA: forced there, the inlined lambdas made nvcc keep dispatch_all out of line, and
+// the reducing kernels went from STACK 0 to 48 bytes (and the LL16 one-shot from 192 to
+// 360) on sm_90.
+#if defined(OXCCL_DEVICE_HIP)
 #define OXCCL_INLINE_LAMBDA __attribute__((always_inline))
+#else
+#define OXCCL_INLINE_LAMBDA
+#endif
 
 // Launch bounds of a kernel of at most `threads` threads per block. CUDA: that maximum and
 // at least one block per SM (the register budget is then the whole 255 per thread). HIP:

@@ -203,19 +203,6 @@ OXCCL_DEVICE_INLINE bool dispatch_own_type(uint32_t dtype, uint32_t op, Body&& b
   }
 }
 
-/// Folds ranks R, R + 1, ... (below `n`) of `in` into `s`: one forced-inline instance per
-/// rank, so every index is a constant whatever the size of the reducer's body.
-template <uint32_t R, typename Reducer>
-OXCCL_DEVICE_INLINE void add_ranks_from(const Reducer& reduce, typename Reducer::State& s,
-                                        const Vec16 (&in)[OXCCL_ALLREDUCE_MAX_RANKS], uint32_t n) {
-  if constexpr (R < OXCCL_ALLREDUCE_MAX_RANKS) {
-    if (R < n) {
-      reduce.add(s, in[R]);
-      add_ranks_from<R + 1>(reduce, s, in, n);
-    }
-  }
-}
-
 /// `in[r]` for a run-time `r` (below OXCCL_ALLREDUCE_MAX_RANKS) as a chain of selects
 /// between constant-index elements: the array stays in registers (a run-time index would
 /// put it in scratch on gfx942, local memory on CUDA).
@@ -228,20 +215,21 @@ OXCCL_DEVICE_INLINE Vec16 rank_unit(const Vec16 (&in)[OXCCL_ALLREDUCE_MAX_RANKS]
   return v;
 }
 
-/// Reduces `n` ranks' vectors in rank order. Every index is a constant, so the array stays
-/// in registers: a per-rank array indexed at run time lives in local memory (CUDA) or
-/// scratch (HIP), which cost 0.4 us per call at 1 KB and 1.2 us at 64 KB in 512-thread
-/// blocks on H200s (ci/gpu/probe). CUDA: the ranks are unrolled by templates
-/// (`add_ranks_from`), as `#pragma unroll` did before. Fill the array with constant indices
-/// too (`r < n`, `r == rank` tests in an unrolled loop whose body is small).
+/// Reduces `n` ranks' vectors in rank order.
+///
+/// CUDA: every index is a constant once the loop is unrolled, so the array stays in
+/// registers: a per-rank array indexed at run time lives in local memory, which cost 0.4 us
+/// per call at 1 KB and 1.2 us at 64 KB in 512-thread blocks on H200s (ci/gpu/probe). Fill
+/// it the same way (`r < n`, `r == rank` tests in an unrolled loop).
 ///
 /// HIP: the ranks are folded in a loop that is not unrolled, each rank's vector picked by
-/// `rank_unit`. Every kernel is one function on gfx942 (a call needs a scratch stack), with
-/// the bodies of all 18 reducers of `dispatch_all` inlined; with the ranks unrolled, the
-/// reducers' `add` (per lane a switch on the op and the accumulator, and the software fp8
-/// codec on AMD) made each reducing kernel about 120,000 lines of LLVM IR, and the gfx942
-/// backend's superlinear passes (SDWA peephole, structurizer, memory clauses, register
-/// coalescer) took 20 minutes for the image. Same order of ranks, same bits.
+/// `rank_unit`, so the array stays in VGPRs there too. clang gives up `#pragma unroll` when
+/// the unrolled loop is too large (the run-time-op reducers of fp8 types; the array then
+/// went to scratch on gfx942), and every gfx942 kernel is one function (a call needs a
+/// scratch stack) holding the bodies of all 18 reducers of `dispatch_all`: with the ranks
+/// unrolled (by templates) a reducing kernel was 120,000-250,000 lines of LLVM IR and the
+/// gfx942 backend's superlinear passes (SDWA peephole, structurizer, memory clauses,
+/// register coalescer) did not finish the image in 84 minutes. Same order, same bits.
 template <typename Reducer>
 OXCCL_DEVICE_INLINE Vec16 reduce_ranks(const Reducer& reduce, const Vec16 (&in)[OXCCL_ALLREDUCE_MAX_RANKS],
                                        uint32_t n) {
@@ -250,7 +238,10 @@ OXCCL_DEVICE_INLINE Vec16 reduce_ranks(const Reducer& reduce, const Vec16 (&in)[
 #pragma nounroll
   for (uint32_t r = 1; r < n; ++r) reduce.add(s, rank_unit(in, r));
 #else
-  add_ranks_from<1>(reduce, s, in, n);
+#pragma unroll
+  for (uint32_t r = 1; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
+    if (r < n) reduce.add(s, in[r]);
+  }
 #endif
   return reduce.finish(s, n);
 }
