@@ -416,3 +416,42 @@ fn integer_and_f64_reductions_on_two_ranks_pass() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("own type"), "{err}");
 }
+
+#[test]
+fn soak_on_two_host_ranks_checks_every_call_and_stays_flat() {
+    let json = std::env::temp_dir().join(format!("oxccl-soak-{}.json", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_oxccl-perf"))
+        .args(["-N", "2", "--soak", "4", "-b", "1", "-e", "256K", "--json"])
+        .arg(&json)
+        .env("OXCCL_BACKEND", "host")
+        .env("OXCCL_TIMEOUT_MS", "60000")
+        .env("OXCCL_SOAK_SAMPLE_SECS", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "soak failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("# PASS: soak"), "{stdout}");
+    // Samples from both ranks, each second.
+    for rank in 0..2 {
+        let samples = stdout
+            .lines()
+            .filter(|l| l.starts_with(&format!("# soak rank {rank} at")))
+            .count();
+        assert!(samples >= 2, "rank {rank}: {stdout}");
+    }
+    let text = std::fs::read_to_string(&json).unwrap();
+    let _ = std::fs::remove_file(&json);
+    assert!(text.contains("\"mode\": \"soak\""), "{text}");
+    assert!(text.contains("\"wrong\": 0"), "{text}");
+    assert!(text.contains("\"flat_on_every_rank\": true"), "{text}");
+    let calls: u64 = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("\"calls\": "))
+        .and_then(|v| v.trim_end_matches(',').parse().ok())
+        .unwrap();
+    assert!(calls > 20, "{text}");
+}
