@@ -45,7 +45,7 @@ want suite && put "${target_dir}/release/oxccl-gpu-suite" oxccl-gpu-suite
 { want nccl || want group; } && put "${target_dir}/release/liboxccl_nccl.so" liboxccl_nccl.so
 if want hal; then
     # The test binary's path is printed by cargo as JSON; take the hal-cuda lib tests'.
-    exe="$(cargo test --release -p oxccl-hal-cuda --features cuda --no-run --message-format=json 2>/dev/null |
+    exe="$(cargo test --release -p oxccl-hal-cuda --no-run --message-format=json 2>/dev/null |
         python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)

@@ -351,8 +351,17 @@ soak)
     # every call checked; the per-minute figures are in the log.
     export CUDA_VISIBLE_DEVICES="$(devices 2)" OXCCL_TIMEOUT_MS=20000
     secs=${OXCCL_SOAK_SECONDS:-600}
+    # Device memory per process, from outside (the HAL has no query for it), each minute.
+    (
+        while sleep 60; do
+            echo "# $(date +%T)"
+            nvidia-smi --query-compute-apps=pid,gpu_bus_id,used_memory --format=csv,noheader
+        done
+    ) >"${out}/soak-device-memory.txt" 2>&1 &
+    sampler=$!
     step "soak 2gpu ${secs}s" $((secs + 90)) "${BIN}/oxccl-perf" -N 2 --soak "${secs}" -b 1 -e 64M \
         --json "${out}/soak-2gpu.json"
+    kill "${sampler}" 2>/dev/null
     ;;
 *)
     echo "unknown phase ${phase}" >&2

@@ -517,11 +517,6 @@ impl Drop for SymmetricBuffers<'_> {
 }
 
 impl Nccl {
-    /// Whether the loaded library has symmetric windows (NCCL 2.27+).
-    pub fn has_windows(&self) -> bool {
-        self.fns.windows.is_some()
-    }
-
     /// A send buffer of `send_bytes` and a receive buffer of `recv_bytes` in symmetric
     /// windows (collective: every rank calls it with the same sizes). `None` where the
     /// library has no windows.
