@@ -25,7 +25,8 @@
 #     ci/gpu/session.sh soak       # oxccl-perf --soak: random collectives, checked, with
 #                                  # memory / fd / mapping figures per minute
 #
-# OXCCL_SESSION_GPUS picks the world sizes (default "2 4"); OXCCL_SESSION_DEVICES picks the
+# OXCCL_SESSION_MATCH (a regex) runs only the steps whose names match it, e.g. the ones an
+# earlier call skipped. OXCCL_SESSION_GPUS picks the world sizes (default "2 4"); OXCCL_SESSION_DEVICES picks the
 # GPUs (a comma list, default all in order), so two sessions can run side by side on one
 # 4-GPU machine, e.g. OXCCL_SESSION_DEVICES=2,3.
 #
@@ -60,6 +61,10 @@ summary=()
 step() { # step NAME TIMEOUT CMD...
     local name="$1" limit="$2"
     shift 2
+    # OXCCL_SESSION_MATCH (an extended regex) runs only the steps whose names match it.
+    if [[ -n ${OXCCL_SESSION_MATCH:-} ]] && ! grep -qE "${OXCCL_SESSION_MATCH}" <<<"${name}"; then
+        return
+    fi
     if ((SECONDS - start + limit > budget)); then
         summary+=("SKIP  ${name} (no time left in this phase)")
         return
@@ -287,7 +292,7 @@ faults)
     for n in ${OXCCL_SESSION_GPUS:-2}; do
         ((ngpus >= n)) || continue
         export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
-        step "faults ${n}gpu" 420 env FAULT_WORLD="${n}" FAULT_GPUS="${n}" BIN="${BIN}" \
+        step "faults ${n}gpu" 300 env FAULT_WORLD="${n}" FAULT_GPUS="${n}" BIN="${BIN}" \
             OUT="${logs}/faults-${n}gpu" bash ci/gpu/faults.sh
     done
     ;;
@@ -299,7 +304,7 @@ multinode)
     ;;
 python)
     export CUDA_VISIBLE_DEVICES="$(devices 2)"
-    ((ngpus >= 2)) && step "python 2gpu" 420 env RANKS=2 STEP_TIMEOUT=400 OUT="${logs}/python" \
+    ((ngpus >= 2)) && step "python 2gpu" 240 env RANKS=2 STEP_TIMEOUT=220 OUT="${logs}/python" \
         bash ci/gpu/python.sh
     ;;
 group)
