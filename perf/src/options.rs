@@ -266,7 +266,6 @@ impl Options {
         if o.factor < 2 {
             return Err(Error::InvalidArgument("-f must be at least 2".into()));
         }
-        o.check_collective()?;
         if o.soak.is_some() && !not_for_soak.is_empty() {
             return Err(Error::InvalidArgument(format!(
                 "--soak draws the collective, type, op, placement and root of every call and \
@@ -274,6 +273,7 @@ impl Options {
                 not_for_soak.join(", ")
             )));
         }
+        o.check_collective()?;
         Ok(o)
     }
 
