@@ -10,6 +10,7 @@
 #                                  # x type x placement checked (no timing: see collperf)
 #     ci/gpu/session.sh collperf   # each of those five vs NCCL (graph replay; NCCL's default
 #                                  # and symmetric modes where it has them)
+#     ci/gpu/session.sh collsweep  # each of their algorithms forced over 1K..4M (thresholds)
 #     ci/gpu/session.sh latency    # 1K..4M vs NCCL: early launch on/off, and an earlier
 #                                  # build in .gpu/base/ when there is one
 #     ci/gpu/session.sh probe      # where a small call's time goes (ci/gpu/probe/), 2 GPUs
@@ -198,6 +199,28 @@ collperf)
         for c in ${OXCCL_SESSION_COLLECTIVES:-allgather reducescatter alltoall broadcast reduce}; do
             step "perf ${n}gpu ${c} bf16 vs NCCL graph" 150 "${BIN}/oxccl-perf" -c "${c}" -N "${n}" -b 1K -e 1G -f 2 \
                 -d bf16 -w 5 --iters 20 --graph --compare nccl --json "${out}/${c}-bf16-${n}gpu.json"
+        done
+    done
+    ;;
+collsweep)
+    # Where the one-shot should hand over to the direct kernels: every algorithm of
+    # all-gather, reduce-scatter and all-to-all forced over 64K..4M (no NCCL), graph replay;
+    # broadcast and reduce have no one-shot (their staged and direct kernels are swept).
+    for n in ${OXCCL_SESSION_GPUS:-2 4}; do
+        ((ngpus >= n)) || continue
+        export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
+        for c in allgather reducescatter alltoall broadcast reduce; do
+            kinds="oneshot_ll staged direct"
+            [[ ${c} == broadcast || ${c} == reduce ]] && kinds="staged direct"
+            for kind in ${kinds}; do
+                max=4M
+                [[ ${kind} == oneshot_ll ]] && max=1M
+                reg=()
+                [[ ${kind} == staged ]] && reg=(--no-register)
+                step "sweep ${n}gpu ${c}_${kind} 1K..${max}" 60 env OXCCL_ALGO="${c}_${kind}" \
+                    "${BIN}/oxccl-perf" -c "${c}" -N "${n}" -b 1K -e "${max}" -f 2 -d bf16 -w 5 --iters 20 \
+                    --graph "${reg[@]}" --json "${out}/sweep-${c}_${kind}-${n}gpu.json"
+            done
         done
     done
     ;;
