@@ -85,6 +85,14 @@ step() { # step NAME TIMEOUT CMD...
 }
 
 suite_dir() { mktemp -d /tmp/oxccl-suite.XXXXXX; }
+# kinds_of COLLECTIVE: its algorithms' suffixes (COLLECTIVE_KIND); broadcast and reduce have
+# no LL one-shot (broadcast.cu, reduce.cu).
+kinds_of() {
+    case $1 in
+    broadcast | reduce) echo "staged direct" ;;
+    *) echo "oneshot_ll staged direct" ;;
+    esac
+}
 torchrun_n() { # torchrun_n N CMD...
     local n="$1"
     shift
@@ -160,10 +168,7 @@ collectives)
         ((ngpus >= n)) || continue
         export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
         for c in allgather reducescatter alltoall broadcast reduce; do
-            kinds="oneshot_ll staged direct"
-            # No LL one-shot (broadcast.cu, reduce.cu).
-            [[ ${c} == broadcast || ${c} == reduce ]] && kinds="staged direct"
-            for kind in ${kinds}; do
+            for kind in $(kinds_of "${c}"); do
                 algo="${c}_${kind}"
                 if [[ ${kind} == oneshot_ll ]]; then max=1M; else max=256M; fi
                 # oxccl-perf registers its buffers (direct needs that); staged gets them
@@ -210,9 +215,7 @@ collsweep)
         ((ngpus >= n)) || continue
         export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
         for c in allgather reducescatter alltoall broadcast reduce; do
-            kinds="oneshot_ll staged direct"
-            [[ ${c} == broadcast || ${c} == reduce ]] && kinds="staged direct"
-            for kind in ${kinds}; do
+            for kind in $(kinds_of "${c}"); do
                 max=4M
                 [[ ${kind} == oneshot_ll ]] && max=1M
                 reg=()

@@ -59,17 +59,15 @@ pub fn buffer_bytes(max_bytes: usize, world: u32) -> Result<(usize, usize)> {
     Ok((send, recv))
 }
 
-/// splitmix64: a small generator every rank runs from the same seed.
+/// splitmix64 (the input generator's mix): a small generator every rank runs from the same
+/// seed.
 #[derive(Debug, Clone)]
 struct Draw(u64);
 
 impl Draw {
     fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        crate::check::mix(self.0)
     }
 
     /// Uniform in `0..n` (n > 0).
@@ -143,6 +141,27 @@ fn process_figures() -> Result<(u64, u64, u64)> {
         .count() as u64;
     let maps = std::fs::read_to_string("/proc/self/maps").map_err(os("read /proc/self/maps"))?;
     Ok((rss_kib * 1024, fds, maps.lines().count() as u64))
+}
+
+/// This process's figures now, after `calls` calls.
+fn sample(
+    comm: &Communicator,
+    at_seconds: u64,
+    calls: u64,
+    wrong: u64,
+    checksum: u64,
+) -> Result<Sample> {
+    let (rss_bytes, fds, host_mappings) = process_figures()?;
+    Ok(Sample {
+        at_seconds,
+        calls,
+        wrong,
+        checksum,
+        rss_bytes,
+        fds,
+        host_mappings,
+        peer_mappings: comm.peer_mappings() as u64,
+    })
 }
 
 /// FNV-1a over the bytes, folded into `sum`.
@@ -311,17 +330,7 @@ pub fn run(
         wrong += verdict.wrong as u64;
         checksum = fold(checksum, &host.output);
         if start.elapsed() >= next_sample {
-            let (rss_bytes, fds, host_mappings) = process_figures()?;
-            let s = Sample {
-                at_seconds: next_sample.as_secs(),
-                calls,
-                wrong,
-                checksum,
-                rss_bytes,
-                fds,
-                host_mappings,
-                peer_mappings: comm.peer_mappings() as u64,
-            };
+            let s = sample(comm, next_sample.as_secs(), calls, wrong, checksum)?;
             println!(
                 "# soak rank {rank} at {:>4} s: calls {:>8} wrong {} checksum {:016x} rss {} MiB \
                  fds {} host mappings {} peer mappings {}",
@@ -339,17 +348,7 @@ pub fn run(
         }
     }
     // One last sample at the end, so even a short run compares a start and an end.
-    let (rss_bytes, fds, host_mappings) = process_figures()?;
-    let end = Sample {
-        at_seconds: start.elapsed().as_secs(),
-        calls,
-        wrong,
-        checksum,
-        rss_bytes,
-        fds,
-        host_mappings,
-        peer_mappings: comm.peer_mappings() as u64,
-    };
+    let end = sample(comm, start.elapsed().as_secs(), calls, wrong, checksum)?;
     let first = samples.first().copied().unwrap_or(end);
     let verdict = flat(&first, &end);
     if let Err(why) = &verdict {
