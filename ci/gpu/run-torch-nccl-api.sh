@@ -66,7 +66,7 @@ for n in "${worlds[@]}"; do
     grep -c -- '-> oxccl' "${dir}/oxccl.log" | sed 's/^/calls served by oxccl: /'
     echo "served by oxccl, per function:"
     grep -o -- 'rank [0-9]* nccl[A-Za-z]* [^>]*-> oxccl' "${dir}/oxccl.log" | awk '{print $3}' | sort | uniq -c
-    grep -o -- 'nccl[A-Za-z]* count=[0-9]* dtype=[a-z0-9]* op=[a-z0-9]* -> oxccl ([a-z_]*)' "${dir}/oxccl.log" \
+    grep -o -- 'nccl[A-Za-z]* count=[0-9]* dtype=[a-z0-9]* op=[a-z0-9]* -> oxccl ([^)]*)' "${dir}/oxccl.log" \
         | sed 's/count=[0-9]* //' | sort | uniq -c | sort -rn | head -20
     echo "forwarded to the real NCCL:"
     grep -o -- 'rank [0-9]* nccl[A-Za-z]*.*-> nccl (forwarded: .*)' "${dir}/oxccl.log" \

@@ -26,7 +26,7 @@ use oxccl_collectives::hal::{
     Stream,
 };
 use oxccl_collectives::tuner::{TuneSource, TuneTable};
-use oxccl_collectives::{Algorithm, Collective, CommConfig, Communicator};
+use oxccl_collectives::{Algorithm, BufferPath, Collective, CommConfig, Communicator};
 
 mod common;
 use common::{accums, check_buffers, expected, same_bits, stage, threads_with, Rank};
@@ -217,6 +217,16 @@ fn zero_copy_on_registered_buffers() {
                                 salt,
                             )
                             .unwrap();
+                            let last = r.comm.last_call().unwrap();
+                            let want = if last.algorithm.uses_registered() {
+                                BufferPath::Registered
+                            } else {
+                                BufferPath::Scratch
+                            };
+                            assert_eq!(last.path, want, "{last}");
+                            if algo.is_some() && world > 1 {
+                                assert_eq!(last.path, BufferPath::Registered, "{last}");
+                            }
                         }
                     }
                 }
@@ -293,8 +303,31 @@ fn zero_copy_on_unregistered_buffers() {
                     salt += 1;
                     r.check_at(i, o, dtype, ReduceOp::Sum, AccumType::Auto, count, salt)
                         .unwrap();
+                    // In place the buffer is 16-byte aligned and the call reaches the
+                    // peers' buffers through the mapped allocation; the out-of-place outputs
+                    // here are only element-aligned, which zero-copy does not take (staged).
+                    let last = r.comm.last_call().unwrap();
+                    if o.is_aligned(16) && i.is_aligned(16) {
+                        assert_eq!(last.path, BufferPath::Mapped, "{last}");
+                        assert!(last.algorithm.uses_registered(), "{last}");
+                    } else {
+                        assert_eq!(last.path, BufferPath::Scratch, "{last}");
+                    }
                 }
             }
+            // A one-shot size goes through the scratch.
+            salt += 1;
+            r.check_at(
+                pool.ptr(),
+                pool.ptr(),
+                DataType::F32,
+                ReduceOp::Sum,
+                AccumType::Auto,
+                100,
+                salt,
+            )
+            .unwrap();
+            assert_eq!(r.comm.last_call().unwrap().path, BufferPath::Scratch);
             assert_eq!(r.comm.registered_buffers(), 0);
             assert_eq!(
                 r.comm.auto_registered(),
@@ -494,6 +527,12 @@ fn auto_registration_can_be_turned_off() {
         )
         .unwrap();
         assert_eq!(r.comm.auto_registered(), 0);
+        let last = r.comm.last_call().unwrap();
+        assert_eq!(last.path, BufferPath::Scratch, "{last}");
+        assert!(
+            last.to_string().contains("through oxccl's scratch"),
+            "{last}"
+        );
     });
 }
 

@@ -998,8 +998,8 @@ impl Ready {
         })
     }
 
-    /// Allreduce served by oxccl (a built-in operator or PreMulSum). Returns the algorithm's
-    /// name for the log.
+    /// Allreduce served by oxccl (a built-in operator or PreMulSum). Returns what ran (algorithm
+    /// and buffer path) for the log.
     ///
     /// # Safety
     /// NCCL's contract for ncclAllReduce: `send` and `recv` hold `count` elements on this
@@ -1016,20 +1016,13 @@ impl Ready {
         op: Reduction,
         stream: CudaStreamT,
     ) -> ApiResult<String> {
-        let algo = if crate::error::log_enabled() && self.host.is_none() {
-            comm.choose_for(send, recv, count, dtype)
-                .map(|c| c.algorithm.to_string())
-                .unwrap_or_else(|e| format!("? ({e})"))
-        } else {
-            String::new()
-        };
         if let Some(host) = &self.host {
             return self.host_all_reduce(host, comm, send, recv, count, dtype, op);
         }
         let s = self.borrow_stream(comm, stream)?;
         // SAFETY: this function's contract is all_reduce's (buffers and stream).
         unsafe { all_reduce_with(comm, send, recv, count, dtype, op, &s) }?;
-        Ok(algo)
+        Ok(served_by(comm))
     }
 
     /// The caller's stream (`cudaStream_t` or `hipStream_t`: both are the runtime's opaque
@@ -1096,13 +1089,6 @@ impl Ready {
         dtype: DataType,
         stream: CudaStreamT,
     ) -> ApiResult<String> {
-        let algo = if crate::error::log_enabled() && self.host.is_none() {
-            comm.choose_collective(Collective::AllGather, count, dtype)
-                .map(|c| c.algorithm.to_string())
-                .unwrap_or_else(|e| format!("? ({e})"))
-        } else {
-            String::new()
-        };
         if let Some(host) = &self.host {
             // The caller's buffers are checked here: the call itself runs on staging.
             comm.check_buffers(Collective::AllGather, send, recv, count, dtype)?;
@@ -1122,7 +1108,7 @@ impl Ready {
         let s = self.borrow_stream(comm, stream)?;
         // SAFETY: this function's contract is all_gather's (buffers and stream).
         unsafe { comm.all_gather(send, recv, count, dtype, &s) }?;
-        Ok(algo)
+        Ok(served_by(comm))
     }
 
     /// Reduce-scatter of `count` output elements per rank on the caller's stream (the host
@@ -1145,13 +1131,6 @@ impl Ready {
         stream: CudaStreamT,
     ) -> ApiResult<String> {
         let collective = Collective::ReduceScatter;
-        let algo = if crate::error::log_enabled() && self.host.is_none() {
-            comm.choose_collective(collective, count, dtype)
-                .map(|c| c.algorithm.to_string())
-                .unwrap_or_else(|e| format!("? ({e})"))
-        } else {
-            String::new()
-        };
         if let Some(host) = &self.host {
             // The caller's buffers are checked here: the call itself runs on staging.
             comm.check_buffers(collective, send, recv, count, dtype)?;
@@ -1171,7 +1150,7 @@ impl Ready {
         let s = self.borrow_stream(comm, stream)?;
         // SAFETY: this function's contract is reduce_scatter's (buffers and stream).
         unsafe { reduce_scatter_with(comm, send, recv, count, dtype, op, &s) }?;
-        Ok(algo)
+        Ok(served_by(comm))
     }
 
     /// All-to-all of `count` elements per peer on the caller's stream (the host backend:
@@ -1192,13 +1171,6 @@ impl Ready {
         stream: CudaStreamT,
     ) -> ApiResult<String> {
         let collective = Collective::AllToAll;
-        let algo = if crate::error::log_enabled() && self.host.is_none() {
-            comm.choose_collective(collective, count, dtype)
-                .map(|c| c.algorithm.to_string())
-                .unwrap_or_else(|e| format!("? ({e})"))
-        } else {
-            String::new()
-        };
         if let Some(host) = &self.host {
             // The caller's buffers are checked here: the call itself runs on staging.
             comm.check_buffers(collective, send, recv, count, dtype)?;
@@ -1217,7 +1189,7 @@ impl Ready {
         let s = self.borrow_stream(comm, stream)?;
         // SAFETY: this function's contract is all_to_all's (buffers and stream).
         unsafe { comm.all_to_all(send, recv, count, dtype, &s) }?;
-        Ok(algo)
+        Ok(served_by(comm))
     }
 
     /// Broadcast of `count` elements from `root` on the caller's stream (the host backend:
@@ -1239,13 +1211,6 @@ impl Ready {
         root: u32,
         stream: CudaStreamT,
     ) -> ApiResult<String> {
-        let algo = if crate::error::log_enabled() && self.host.is_none() {
-            comm.choose_collective(Collective::Broadcast, count, dtype)
-                .map(|c| c.algorithm.to_string())
-                .unwrap_or_else(|e| format!("? ({e})"))
-        } else {
-            String::new()
-        };
         if let Some(host) = &self.host {
             let bytes = dtype.bytes(count)?;
             // Only the root's input is read (and checked: the call checks recv alone
@@ -1272,7 +1237,7 @@ impl Ready {
         let s = self.borrow_stream(comm, stream)?;
         // SAFETY: this function's contract is broadcast's (buffers and stream).
         unsafe { comm.broadcast(send, recv, count, dtype, root, &s) }?;
-        Ok(algo)
+        Ok(served_by(comm))
     }
 
     /// Reduce of `count` elements to `root` on the caller's stream (the host backend:
@@ -1296,13 +1261,6 @@ impl Ready {
         stream: CudaStreamT,
     ) -> ApiResult<String> {
         let collective = Collective::Reduce;
-        let algo = if crate::error::log_enabled() && self.host.is_none() {
-            comm.choose_collective(collective, count, dtype)
-                .map(|c| c.algorithm.to_string())
-                .unwrap_or_else(|e| format!("? ({e})"))
-        } else {
-            String::new()
-        };
         if let Some(host) = &self.host {
             let bytes = dtype.bytes(count)?;
             // Only the root's output is written (and checked: the library ignores the other
@@ -1328,7 +1286,7 @@ impl Ready {
         let s = self.borrow_stream(comm, stream)?;
         // SAFETY: this function's contract is reduce's (buffers and stream).
         unsafe { reduce_with(comm, (send, recv), count, dtype, op, root, &s) }?;
-        Ok(algo)
+        Ok(served_by(comm))
     }
 
     /// A call on the host backend: the caller's host input (`send`, its bytes, and where
@@ -1606,6 +1564,17 @@ pub fn served_op(op: NcclRedOp) -> Option<ReduceOp> {
         NCCL_AVG => Some(ReduceOp::Avg),
         _ => None,
     }
+}
+
+/// What the call that just ran on `comm` did, for the log (`OXCCL_NCCL_LOG=info`): the
+/// algorithm and how it reached the buffers, as recorded by the communicator; empty with
+/// logging off.
+fn served_by(comm: &Communicator) -> String {
+    if !crate::error::log_enabled() {
+        return String::new();
+    }
+    comm.last_call()
+        .map_or_else(|| "nothing launched".to_string(), |r| r.to_string())
 }
 
 #[cfg(test)]

@@ -28,6 +28,7 @@
 //! ([`Communicator::check_error`]) on GPUs, and the host backend's stream reports it.
 
 pub mod auto_register;
+pub mod call_record;
 pub mod calls;
 pub mod check;
 pub mod config;
@@ -51,6 +52,7 @@ use crate::scratch::{ScratchLayout, SharedScratch};
 use crate::selector::{Choice, Selector};
 use crate::tuner::TuneTable;
 use auto_register::{AutoCall, AutoRegistry};
+use call_record::{BufferPath, CallRecord};
 use check::{check_call, CallSite, Signature, Signatures};
 pub use config::{CommConfig, EARLY_LAUNCH_VAR, STAGING_VAR, TIMEOUT_VAR};
 use premul::{PreMul, PreMulState, PREMUL_SIGNATURE_OP};
@@ -104,6 +106,8 @@ pub struct Communicator {
     scratch: Option<Arc<SharedScratch>>,
     /// PreMulSum's scale kernel and the buffers it writes into ([`premul`]).
     premul: PreMulState,
+    /// What the most recent call did ([`Communicator::last_call`]).
+    last_call: Mutex<Option<CallRecord>>,
     _modules: Vec<AnyModule>,
     bootstrap: Bootstrap,
     device: AnyDevice,
@@ -381,7 +385,13 @@ impl Communicator {
                 .map_err(at)?,
             None => (input, output),
         };
-        let peers = match self.registered_view(collective, input, output, bytes) {
+        let registered = self.registered_view(collective, input, output, bytes);
+        let path = if registered.is_some() {
+            BufferPath::Registered
+        } else {
+            BufferPath::Mapped
+        };
+        let peers = match registered {
             Some(p) => Some(p),
             None => {
                 let call = AutoCall {
@@ -446,7 +456,24 @@ impl Communicator {
         };
         // SAFETY: the caller's obligations (this function's contract); the plan came from
         // the selector for this call, which every rank made alike (signature checked).
-        unsafe { self.launch(choice.algorithm, &choice.plan, &call, stream) }
+        unsafe { self.launch(choice.algorithm, &choice.plan, &call, stream) }?;
+        *self.last_call.lock().unwrap_or_else(|p| p.into_inner()) = Some(CallRecord {
+            collective,
+            algorithm: choice.algorithm,
+            path: if peers.is_some() {
+                path
+            } else {
+                BufferPath::Scratch
+            },
+        });
+        Ok(())
+    }
+
+    /// What the most recent call on this communicator (from any thread) did: the
+    /// algorithm that ran and whether it reached the caller's buffers directly. `None`
+    /// before the first call that launched anything.
+    pub fn last_call(&self) -> Option<CallRecord> {
+        *self.last_call.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Where a PreMulSum call of `collective` puts the products and runs its sum: the

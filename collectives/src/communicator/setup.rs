@@ -153,6 +153,7 @@ impl Communicator {
             premul: PreMulState::new(scale),
             instances,
             signatures: Signatures::default(),
+            last_call: Mutex::new(None),
             registry: Registry::default(),
             auto,
             tuned: Mutex::new(HashMap::new()),
