@@ -311,3 +311,29 @@ def test_timings(comm):
                 f"# {b:>8} {oe:18.2f} {op_:18.2f} {og:15.2f} {ne:14.2f} {ng:14.2f}"
                 f" {ne / oe:13.2f}x {ng / og:13.2f}x"
             )
+
+
+def test_eager_overhead_breakdown(comm):
+    """Not a pass/fail check: where an eager call's host time goes (printed by rank 0), one
+    layer at a time on a registered 1 KB bf16 tensor: the custom op, the Python method, the
+    extension's method with the stream handle given, and the pieces the Python layer adds
+    (current stream lookup, DLPack export)."""
+    h = oxt.handle(comm)
+    x = torch.ones(512, dtype=torch.bfloat16, device="cuda")
+    comm.register(x)
+    stream = int(torch.cuda.current_stream().cuda_stream)
+    layers = [
+        ("torch.ops.oxccl.all_reduce_", lambda: torch.ops.oxccl.all_reduce_(x, h, "sum")),
+        ("comm.all_reduce", lambda: comm.all_reduce(x)),
+        ("comm._c.all_reduce (stream given)", lambda: comm._c.all_reduce(x, x, "sum", "auto", stream)),
+        ("torch.cuda.current_stream()", lambda: torch.cuda.current_stream(x.device).cuda_stream),
+        ("x.__dlpack__(stream=-1)", lambda: x.__dlpack__(stream=-1)),
+        ("x.__dlpack_device__()", lambda: x.__dlpack_device__()),
+    ]
+    rows = [(name, _per_call_us(fn, calls=200)) for name, fn in layers]
+    torch.cuda.synchronize()
+    comm.deregister(x)
+    if comm.rank == 0:
+        print("\n# eager host time per call, registered 1 KB bf16 (us)")
+        for name, us in rows:
+            print(f"# {name:<36} {us:8.2f}")
