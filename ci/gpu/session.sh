@@ -85,14 +85,8 @@ step() { # step NAME TIMEOUT CMD...
 }
 
 suite_dir() { mktemp -d /tmp/oxccl-suite.XXXXXX; }
-# kinds_of COLLECTIVE: its algorithms' suffixes (COLLECTIVE_KIND); broadcast and reduce have
-# no LL one-shot (broadcast.cu, reduce.cu).
-kinds_of() {
-    case $1 in
-    broadcast | reduce) echo "staged direct" ;;
-    *) echo "oneshot_ll staged direct" ;;
-    esac
-}
+# kinds_of COLLECTIVE: its algorithms' suffixes (COLLECTIVE_KIND).
+kinds_of() { echo "oneshot_ll staged direct"; }
 torchrun_n() { # torchrun_n N CMD...
     local n="$1"
     shift
@@ -208,16 +202,18 @@ collperf)
     done
     ;;
 collsweep)
-    # Where the one-shot should hand over to the direct kernels: every algorithm of
-    # all-gather, reduce-scatter and all-to-all forced over 64K..4M (no NCCL), graph replay;
-    # broadcast and reduce have no one-shot (their staged and direct kernels are swept).
+    # Where the one-shot should hand over to the direct kernels: every algorithm of every
+    # collective but allreduce forced over 1K..4M (no NCCL), graph replay.
     for n in ${OXCCL_SESSION_GPUS:-2 4}; do
         ((ngpus >= n)) || continue
         export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
         for c in allgather reducescatter alltoall broadcast reduce; do
             for kind in $(kinds_of "${c}"); do
+                # The one-shot's packet capacity: 2 MiB per rank on 2 ranks (a broadcast or
+                # reduce of size S needs S per rank; the others S / 2).
                 max=4M
-                [[ ${kind} == oneshot_ll ]] && max=1M
+                [[ ${kind} == oneshot_ll && (${c} == broadcast || ${c} == reduce) ]] && max=2M
+                ((n > 2)) && [[ ${kind} == oneshot_ll ]] && max=1M
                 reg=()
                 [[ ${kind} == staged ]] && reg=(--no-register)
                 step "sweep ${n}gpu ${c}_${kind} 1K..${max}" 60 env OXCCL_ALGO="${c}_${kind}" \
@@ -361,8 +357,8 @@ sanitizer)
         allgather:allgather_oneshot_ll allgather:allgather_staged allgather:allgather_direct
         reducescatter:reducescatter_oneshot_ll reducescatter:reducescatter_staged
         reducescatter:reducescatter_direct alltoall:alltoall_oneshot_ll alltoall:alltoall_staged
-        alltoall:alltoall_direct broadcast:broadcast_staged broadcast:broadcast_direct
-        reduce:reduce_staged reduce:reduce_direct)
+        alltoall:alltoall_direct broadcast:broadcast_oneshot_ll broadcast:broadcast_staged
+        broadcast:broadcast_direct reduce:reduce_oneshot_ll reduce:reduce_staged reduce:reduce_direct)
     for tool in ${OXCCL_SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}; do
         for a in "${algos[@]}"; do
             c=${a%%:*} algo=${a#*:}

@@ -350,6 +350,41 @@ pub(crate) unsafe fn ll16_read_unit(
     Ok(unwords([a, b, d, e]))
 }
 
+/// The rooted one-shots' acknowledgement (`ll16_ack` in allreduce_device.hpp): the first
+/// packet of unit 0 of this rank's slot (`slot` bytes per rank) in `to`'s current half,
+/// written to a peer this call sends no data.
+///
+/// # Safety
+/// `half + world * slot` must lie inside `to`'s flag-protocol region.
+pub(crate) unsafe fn ll16_ack(c: &Call, to: usize, half: usize, slot: usize, flag: u32) {
+    // SAFETY: the caller's obligation; scratch bases are live for the call.
+    let p = unsafe { packet(c.scratch(to), half + c.me * slot) };
+    ll16_write(p, 0, 0, flag);
+}
+
+/// Waits for the acknowledgement (`ll16_ack`) of rank `from` in this rank's half.
+///
+/// # Safety
+/// As [`ll16_ack`], for this rank's own region.
+pub(crate) unsafe fn ll16_wait_ack(
+    c: &Call,
+    from: usize,
+    half: usize,
+    slot: usize,
+    flag: u32,
+) -> Result<()> {
+    // SAFETY: the caller's obligation.
+    let p = unsafe { packet(c.scratch(c.me), half + from * slot) };
+    let mut polls = 0u32;
+    while ll16_try_read(p, flag).is_none() {
+        if c.timed_out() {
+            return Err(c.fail(from, "one-shot acknowledgement"));
+        }
+        backoff(&mut polls);
+    }
+    Ok(())
+}
+
 pub(crate) fn words(v: &[u8; 16]) -> [u32; 4] {
     let w = |i: usize| u32::from_le_bytes([v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]]);
     [w(0), w(1), w(2), w(3)]

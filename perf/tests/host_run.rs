@@ -277,7 +277,8 @@ fn reducescatter_alltoall_and_broadcast_on_two_ranks_pass() {
 fn reduce_on_two_ranks_passes_at_either_root_in_and_out_of_place() {
     // nccl-tests' reduce: the size is the message, busbw = algbw. The root's output is the
     // reduction bit for bit; the other rank's output must stay poisoned (in place: its
-    // input). Registered buffers take the direct kernel, unregistered ones the staged one.
+    // input). Up to 512 KiB the one-shot serves; above, registered buffers take the direct
+    // kernel, unregistered ones the staged one.
     let cases: [(&[&str], &str); 4] = [
         (&["-d", "f32", "--root", "1"], "reduce_direct"),
         (
@@ -313,7 +314,7 @@ fn reduce_on_two_ranks_passes_at_either_root_in_and_out_of_place() {
             "-b",
             "1000",
             "-e",
-            "100000",
+            "2401000",
             "-f",
             "7",
             "--json",
@@ -328,9 +329,16 @@ fn reduce_on_two_ranks_passes_at_either_root_in_and_out_of_place() {
             _ => 2,
         };
         let elt = size(flags[1]);
-        let want: Vec<(String, String, &str)> = [1000usize, 7000, 49000]
+        let want: Vec<(String, String, &str)> = [1000usize, 7000, 49000, 343_000, 2_401_000]
             .iter()
-            .map(|b| (b.to_string(), (b / elt).to_string(), algorithm))
+            .map(|b| {
+                let algorithm = if *b <= 512 << 10 {
+                    "reduce_oneshot_ll"
+                } else {
+                    algorithm
+                };
+                (b.to_string(), (b / elt).to_string(), algorithm)
+            })
             .collect();
         let got: Vec<(String, String, &str)> = rows
             .iter()

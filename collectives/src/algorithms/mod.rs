@@ -26,8 +26,10 @@
 //! | `alltoall_oneshot_ll` | all-to-all | `alltoall_oneshot_ll` | small messages: every chunk as LL16 packets into its owner's packet half, no barrier |
 //! | `alltoall_staged` | all-to-all | `alltoall_staged` | any size on unregistered buffers: chunks pushed into their owners' staging, copied out locally |
 //! | `alltoall_direct` | all-to-all | `alltoall_direct` | registered outputs: every chunk stored straight into its owner's output between two barriers |
+//! | `broadcast_oneshot_ll` | broadcast | `broadcast_oneshot_ll` | small messages: the root's LL16 packets into every peer's packet half, acknowledgements back, no barrier |
 //! | `broadcast_staged` | broadcast | `broadcast_staged` | any size on unregistered buffers: the root pushes into the peers' staging, they copy out |
 //! | `broadcast_direct` | broadcast | `broadcast_direct` | registered outputs: the root stores into every rank's output between two barriers |
+//! | `reduce_oneshot_ll` | reduce | `reduce_oneshot_ll` | small messages: every rank's LL16 packets into the root's packet half, acknowledgements back, no barrier |
 //! | `reduce_staged` | reduce | `reduce_staged` | any size on unregistered buffers: the other ranks push into the root's staging, the root reduces locally |
 //! | `reduce_direct` | reduce | `reduce_direct` | registered inputs: the root reduces straight from every rank's input between two barriers |
 //!
@@ -72,8 +74,10 @@ use all_gather::{
 use all_reduce::port_channel::PORT_CHANNEL;
 use all_reduce::{nvls, one_shot, one_shot_ll128, two_shot, two_shot_push, two_shot_zc};
 use all_to_all::{direct::ALLTOALL_DIRECT, one_shot::ALLTOALL_ONESHOT_LL, staged::ALLTOALL_STAGED};
-use broadcast::{direct::BROADCAST_DIRECT, staged::BROADCAST_STAGED};
-use reduce::{direct::REDUCE_DIRECT, staged::REDUCE_STAGED};
+use broadcast::{
+    direct::BROADCAST_DIRECT, one_shot::BROADCAST_ONESHOT_LL, staged::BROADCAST_STAGED,
+};
+use reduce::{direct::REDUCE_DIRECT, one_shot::REDUCE_ONESHOT_LL, staged::REDUCE_STAGED};
 use reduce_scatter::{
     direct::REDUCESCATTER_DIRECT, one_shot::REDUCESCATTER_ONESHOT_LL,
     port_channel::REDUCESCATTER_PORT, staged::REDUCESCATTER_STAGED,
@@ -102,8 +106,10 @@ pub const ALGORITHMS: &[Algorithm] = &[
     ALLTOALL_ONESHOT_LL,
     ALLTOALL_STAGED,
     ALLTOALL_DIRECT,
+    BROADCAST_ONESHOT_LL,
     BROADCAST_STAGED,
     BROADCAST_DIRECT,
+    REDUCE_ONESHOT_LL,
     REDUCE_STAGED,
     REDUCE_DIRECT,
 ];

@@ -276,6 +276,26 @@ OXCCL_DEVICE_INLINE bool ll16_read_peers(const char* mine, uint64_t u, uint64_t 
   return true;
 }
 
+/// The rooted one-shots (broadcast, reduce) send some peers no data. To such a peer a rank
+/// writes one packet instead, the first of unit 0 of its slot in the peer's current half: an
+/// acknowledgement that this rank's call has started. Every rank waits for every peer's data
+/// or acknowledgement, so, as in the one-shots where everyone sends to everyone, no rank
+/// finishes a call before every peer has started it, and none can run two calls ahead into
+/// a packet half a peer is still reading.
+OXCCL_DEVICE_INLINE void ll16_ack(const OxcclAllreduceArgs& a, uint32_t to, uint64_t half, uint64_t slot_bytes,
+                                  uint32_t flag) {
+  ll16_write(reinterpret_cast<OxcclLL16Packet*>(static_cast<char*>(a.scratch[to]) + half + a.rank * slot_bytes), 0, 0,
+             flag);
+}
+
+/// Waits for the acknowledgement (`ll16_ack`) of every peer in `peers` (a `ll16_peer_bits`
+/// mask) in this rank's half `mine`. False, after reporting, when the wait timed out.
+OXCCL_DEVICE_INLINE bool ll16_wait_acks(const char* mine, uint64_t slot_bytes, uint32_t flag, uint32_t peers,
+                                        const CallState call) {
+  Vec16 unused[OXCCL_ALLREDUCE_MAX_RANKS];
+  return ll16_read_peers(mine, 0, slot_bytes, flag, peers & 0x55555555u, unused, call);
+}
+
 /// Whether an argument block is one the scratch kernels can run.
 OXCCL_DEVICE_INLINE bool args_ok(const OxcclAllreduceArgs& a) {
   return a.world_size >= 1 && a.world_size <= OXCCL_ALLREDUCE_MAX_RANKS &&
