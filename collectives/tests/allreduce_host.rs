@@ -266,6 +266,36 @@ fn zero_copy_on_registered_buffers() {
     }
 }
 
+/// Below `auto_register_min_bytes` a call on unregistered buffers never exchanges them (a
+/// bootstrap round trip per call): it stages through the scratch, and nothing is mapped;
+/// at the minimum the same call maps the allocation.
+#[test]
+fn small_calls_on_unregistered_buffers_stage_without_an_exchange() {
+    let cfg = |_| CommConfig {
+        zc_threshold_bytes: Some(4096),
+        oneshot_max_bytes: Some(4096),
+        auto_register_min_bytes: 64 << 10,
+        ..config(None)
+    };
+    threads_with(2, cfg, |r| {
+        let pool: AnyMemory = r.comm.device().alloc(1 << 20, MemoryKind::Plain).unwrap();
+        let (dtype, op, accum) = (DataType::F32, ReduceOp::Sum, AccumType::Auto);
+        for (salt, count) in [(1, 5_003usize), (2, 16_383)] {
+            // 20 KB and 64 KB - 4 B: above the zero-copy threshold, below the minimum.
+            r.check_at(pool.ptr(), pool.ptr(), dtype, op, accum, count, salt)
+                .unwrap();
+            let last = r.comm.last_call().unwrap();
+            assert_eq!(last.path, BufferPath::Scratch, "{last}");
+            assert_eq!(r.comm.auto_registered(), 0, "{last}");
+        }
+        r.check_at(pool.ptr(), pool.ptr(), dtype, op, accum, 16_384, 3)
+            .unwrap();
+        let last = r.comm.last_call().unwrap();
+        assert_eq!(last.path, BufferPath::Mapped, "{last}");
+        assert!(r.comm.auto_registered() > 0);
+    });
+}
+
 /// Zero-copy without registration: the allocations holding the callers' buffers are
 /// mapped at the first call that would take a zero-copy algorithm, at each rank's own
 /// offset, kept in a bounded cache, never served stale after a free, and any rank whose
@@ -277,6 +307,7 @@ fn zero_copy_on_unregistered_buffers() {
             zc_threshold_bytes: Some(4096),
             oneshot_max_bytes: Some(4096),
             auto_register_max: 2 * world as usize,
+            auto_register_min_bytes: 4096,
             ..config(None)
         };
         threads_with(world, cfg, move |r| {

@@ -224,8 +224,8 @@ impl Communicator {
     }
 
     /// Every rank's view of this call's buffers through [`auto_register`], when the call
-    /// would take a zero-copy algorithm on them and auto-registration is on (collective:
-    /// one all-gather, every rank decides alike).
+    /// would take a zero-copy algorithm on them, auto-registration is on and the call is
+    /// large enough to repay it (collective: one all-gather, every rank decides alike).
     fn auto_view(
         &self,
         call: AutoCall,
@@ -237,7 +237,10 @@ impl Communicator {
     ) -> Result<Option<PeerBuffers>> {
         let at = |e: Error| e.at_rank(self.rank);
         let collective = call.collective;
-        if !self.config.auto_register || Device::backend(&self.device) == BackendKind::Rocm {
+        if !self.config.auto_register
+            || bytes < self.config.auto_register_min_bytes
+            || Device::backend(&self.device) == BackendKind::Rocm
+        {
             return Ok(None);
         }
         let zc = self
