@@ -14,6 +14,8 @@
 #     ci/gpu/session.sh latency    # 1K..4M vs NCCL: early launch on/off, and an earlier
 #                                  # build in .gpu/base/ when there is one
 #     ci/gpu/session.sh probe      # where a small call's time goes (ci/gpu/probe/), 2 GPUs
+#     ci/gpu/session.sh autoreg    # unregistered eager allreduce: zero-copy through a per-call
+#                                  # exchange vs the scratch, each vs NCCL
 #     ci/gpu/session.sh perf       # bf16 sum vs NCCL (default and symmetric), graph replay
 #     ci/gpu/session.sh tune       # tuner (graph replay), then bf16 vs NCCL with the tuned
 #                                  # table and checks of every dtype with it; port_channel
@@ -258,6 +260,18 @@ probe)
     else
         summary+=("SKIP  latency probe (needs 2 GPUs and .gpu/probe/latency_probe.o)")
     fi
+    ;;
+autoreg)
+    # Unregistered buffers, eager calls (no graph): zero-copy through a bootstrap exchange per
+    # call (OXCCL_AUTO_REGISTER_MIN_BYTES=0) against staging through the scratch (the minimum
+    # above every size), each vs NCCL in the same run: where the exchange starts to pay
+    # (the default of OXCCL_AUTO_REGISTER_MIN_BYTES).
+    export CUDA_VISIBLE_DEVICES="$(devices 2)"
+    for min in 0 1099511627776; do
+        step "autoreg 2gpu bf16 eager unregistered min ${min}" 120 env OXCCL_AUTO_REGISTER_MIN_BYTES="${min}" \
+            "${BIN}/oxccl-perf" -N 2 -b 512K -e 512M -f 2 -d bf16 -w 5 --iters 20 --no-register \
+            --compare nccl --nccl-default-only --json "${out}/autoreg-min${min}-2gpu.json"
+    done
     ;;
 perf)
     for n in ${OXCCL_SESSION_GPUS:-2 4}; do

@@ -216,12 +216,15 @@ impl PortState {
                 .alloc(layout.total, MemoryKind::Coherent)
                 .map_err(at)?,
         );
-        // The sync area must start at zero; slots need no initial value.
+        // The sync area must start at zero. The slots need no value, but the proxy's copies
+        // (host API calls) read send slots only kernels wrote, which compute-sanitizer's
+        // initcheck counted as uninitialized (2 H100s, every byte of every put): zeroing
+        // them once here costs one memset at setup.
         if Device::backend(device) != oxccl_hal::BackendKind::Host {
             let stream = device.create_stream().map_err(at)?;
             // SAFETY: inside the allocation just made, which outlives the fill (synchronized
             // right below).
-            unsafe { stream.fill(scratch.ptr(), 0, layout.send) }.map_err(at)?;
+            unsafe { stream.fill(scratch.ptr(), 0, layout.total) }.map_err(at)?;
             stream.synchronize().map_err(at)?;
         }
         let registration =
