@@ -1347,12 +1347,29 @@ impl Ready {
         Ok(())
     }
 
+    /// The first step of ncclCommAbort, taken while the handle is still live: every wait
+    /// of this rank's oxccl kernels ends ([`Communicator::abort`]: a call stuck on a dead
+    /// peer returns promptly instead of at its timeout, and later calls are refused), and
+    /// on the host backend a call in flight on another thread (it holds the staging buffer
+    /// until its stream has returned) has ended before this returns. Idempotent.
+    pub fn abort(&self) {
+        if let Oxccl::Serving(c) = &self.oxccl {
+            c.abort();
+        }
+        if let Some(host) = &self.host {
+            drop(host.staging.lock().unwrap_or_else(|p| p.into_inner()));
+        }
+    }
+
     /// Releases everything; `graceful` waits for this rank's queued work first
-    /// (ncclCommDestroy), otherwise not (ncclCommAbort).
+    /// (ncclCommDestroy), otherwise not (ncclCommAbort: [`Ready::abort`] first, and the
+    /// oxccl side goes once its aborted kernels have ended, [`Ready::release_aborted`]).
     pub fn destroy(mut self, graceful: bool) -> ApiResult<()> {
         let mut result = Ok(());
         if graceful {
             result = self.finalize();
+        } else {
+            self.abort();
         }
         if let Some(rc) = self.real.take() {
             let real = real_nccl().map_err(ApiError::internal)?;
@@ -1367,10 +1384,77 @@ impl Ready {
                 result = result.and(check_real(r, real, rc.0, "ncclCommDestroy"));
             }
         }
-        drop(self);
+        if graceful {
+            drop(self);
+        } else {
+            self.release_aborted();
+        }
         result
     }
+
+    /// Drops an aborted communicator once this rank's device has finished its queued work:
+    /// the aborted kernels end within microseconds, but one still running when the
+    /// communicator's memory goes would fault and leave the GPU unusable. The device is
+    /// synchronized on a thread of its own, waited for at most [`ABORT_DRAIN`]: a device
+    /// busier than that (another library's kernel stuck on the dead peer, say) keeps the
+    /// communicator on that thread until it is idle, and ncclCommAbort returns anyway.
+    /// The host backend's calls are synchronous ([`Ready::abort`] waited for them).
+    fn release_aborted(self) {
+        if self.host.is_some() || !matches!(self.oxccl, Oxccl::Serving(_)) {
+            drop(self);
+            return;
+        }
+        let rank = self.rank;
+        // The thread takes the communicator from here; if it cannot start, this thread
+        // drains and drops it instead.
+        let slot = Arc::new(Mutex::new(Some(self)));
+        let theirs = Arc::clone(&slot);
+        let (done, finished) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name(format!("oxccl-nccl-abort-{rank}"))
+            .spawn(move || {
+                let ready = theirs.lock().unwrap_or_else(|p| p.into_inner()).take();
+                if let Some(ready) = ready {
+                    ready.drain_and_drop();
+                }
+                let _ = done.send(());
+            });
+        match spawned {
+            Ok(_) => {
+                if finished.recv_timeout(ABORT_DRAIN).is_err() {
+                    log_info!(
+                        "rank {rank} ncclCommAbort: the device is still busy after {ABORT_DRAIN:?}; \
+                         the oxccl communicator is released once it is idle"
+                    );
+                }
+            }
+            Err(e) => {
+                log_info!("rank {rank} ncclCommAbort: no release thread ({e}); draining here");
+                let ready = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+                if let Some(ready) = ready {
+                    ready.drain_and_drop();
+                }
+            }
+        }
+    }
+
+    /// Waits for this rank's device to finish its queued work, then drops everything.
+    fn drain_and_drop(self) {
+        if let Oxccl::Serving(c) = &self.oxccl {
+            if let Err(e) = c.device().synchronize() {
+                log_info!(
+                    "rank {} ncclCommAbort: synchronizing the device: {e}",
+                    self.rank
+                );
+            }
+        }
+        drop(self);
+    }
 }
+
+/// How long ncclCommAbort waits for the device to finish the aborted work before it returns
+/// and leaves the release to a thread of its own ([`Ready::release_aborted`]).
+const ABORT_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// An allreduce with a built-in operator or PreMulSum, accumulation `Auto`.
 ///

@@ -592,6 +592,10 @@ pub struct SetupContext<'a> {
     pub forced: Forced,
     /// Bound of every wait inside a kernel.
     pub timeout: Duration,
+    /// The communicator's abort word as the device sees it (8 bytes of host memory mapped
+    /// for the device): every kernel with bounded waits gets it in its argument block and
+    /// ends its waits once it is non-zero.
+    pub abort_flag: DevicePtr,
     /// Launch kernels early where the device can ([`oxccl_hal::LaunchConfig::early_launch`]).
     pub early_launch: bool,
     /// The layout of the shared scratch, made on the first [`SetupContext::shared_scratch`].
@@ -618,7 +622,7 @@ impl<'a> SetupContext<'a> {
         bootstrap: &'a Bootstrap,
         device: &'a AnyDevice,
         forced: Forced,
-        timeout: Duration,
+        (timeout, abort_flag): (Duration, DevicePtr),
         early_launch: bool,
         layout: ScratchLayout,
         (port, hosts): (&'a port_channel::PortConfig, &'a Hosts),
@@ -629,6 +633,7 @@ impl<'a> SetupContext<'a> {
             device,
             forced,
             timeout,
+            abort_flag,
             early_launch,
             layout,
             scratch: std::cell::RefCell::new(None),
@@ -694,7 +699,7 @@ impl<'a> SetupContext<'a> {
             self.device,
             self.hosts,
             self.port,
-            self.timeout,
+            (self.timeout, self.abort_flag),
         )?);
         *self.port_state.borrow_mut() = Some(Arc::clone(&s));
         Ok(s)

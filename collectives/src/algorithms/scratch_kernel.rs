@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use oxccl_backend::{AnyKernel, AnyStream};
-use oxccl_hal::{Error, Result, Stream};
+use oxccl_hal::{DevicePtr, Error, Result, Stream};
 use oxccl_kernels::abi::{self, KernelArgs, OxcclAllreduceArgs, OXCCL_ALLREDUCE_MAX_RANKS};
 
 use super::{Algorithm, Buffers, Call, Instance, Plan, SetupContext};
@@ -22,6 +22,8 @@ pub struct ScratchKernel {
     region: FlagRegion,
     scratch: Arc<SharedScratch>,
     timeout_ns: u64,
+    /// The communicator's abort word as the device sees it.
+    abort_flag: DevicePtr,
     early_launch: bool,
 }
 
@@ -43,6 +45,7 @@ impl ScratchKernel {
             region,
             scratch: ctx.shared_scratch()?,
             timeout_ns: u64::try_from(ctx.timeout.as_nanos()).unwrap_or(u64::MAX),
+            abort_flag: ctx.abort_flag,
             early_launch: ctx.early_launch,
         })))
     }
@@ -80,6 +83,7 @@ impl Instance for ScratchKernel {
             data_offset: s.layout.data_offset as u64,
             data_bytes: s.layout.staging as u64,
             timeout_ns: self.timeout_ns,
+            abort_flag: abi::ptr::<u64>(self.abort_flag).cast_const(),
             rank: s.rank,
             world_size: s.world,
             dtype: call.dtype.code(),
@@ -92,8 +96,9 @@ impl Instance for ScratchKernel {
         // Asked for as configured: the backend launches as usual where the device cannot.
         let config = plan.config.with_early_launch(self.early_launch);
         // SAFETY: the argument block matches the kernel (abi_allreduce.h); the scratch
-        // pointers are the communicator's live mappings (kept until it drops, after this
-        // instance); input, output and the plan are the caller's obligation (this trait
+        // pointers are the communicator's live mappings and the abort word its live
+        // host-mapped allocation (both kept until it drops, after this instance); input,
+        // output and the plan are the caller's obligation (this trait
         // method's contract). Every scratch kernel waits for the previous grid before it
         // touches memory (`run_call` in allreduce_device.hpp), which an early launch requires.
         unsafe { stream.launch(&self.kernel, &config, args.as_bytes()) }

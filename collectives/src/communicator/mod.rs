@@ -26,7 +26,10 @@
 //! A rank that then calls with a different count, or skips a call, makes its peers' waits
 //! time out (`timeout`, default 30 s): the kernel records the failure in device memory
 //! ([`Communicator::check_error`]) on GPUs, and the host backend's stream reports it.
+//! [`Communicator::abort`] (NCCL's `ncclCommAbort`) ends such waits promptly instead
+//! ([`abort`]: an abort word in host memory that the kernels' waits read).
 
+mod abort;
 pub mod auto_register;
 pub mod call_record;
 pub mod calls;
@@ -104,6 +107,9 @@ pub struct Communicator {
     tuned: Mutex<HashMap<DataType, Arc<TuneTable>>>,
     /// Every rank's shared scratch as mapped here, when an algorithm set up here uses it.
     scratch: Option<Arc<SharedScratch>>,
+    /// The abort word every kernel's waits read ([`abort`]; after the instances: their
+    /// argument blocks point at it).
+    abort: abort::AbortWord,
     /// PreMulSum's scale kernel and the buffers it writes into ([`premul`]).
     premul: PreMulState,
     /// What the most recent call did ([`Communicator::last_call`]).
@@ -362,6 +368,7 @@ impl Communicator {
         stream: &AnyStream,
     ) -> Result<()> {
         let at = |e: Error| e.at_rank(self.rank);
+        self.check_not_aborted()?;
         if collective.has_root() && root >= self.world {
             return Err(at(Error::InvalidArgument(format!(
                 "{collective}: root {root} is not a rank of {} ranks",
@@ -521,6 +528,7 @@ impl Communicator {
         stream: &AnyStream,
     ) -> Result<()> {
         let at = |e: Error| e.at_rank(self.rank);
+        self.check_not_aborted()?;
         let instance = self.instance(algorithm).ok_or_else(|| {
             at(Error::Unsupported(format!(
                 "{algorithm}: not set up in this communicator ({})",
@@ -531,10 +539,12 @@ impl Communicator {
         unsafe { instance.launch(call, plan, stream) }.map_err(at)
     }
 
-    /// Reads the failure words the kernels leave in device memory (a wait that timed out,
-    /// a bad argument block): the shared scratch's, then each algorithm's own.
-    /// Synchronizes `stream` first; not allowed while capturing. After a failure the
-    /// communicator must be dropped: its counters no longer agree.
+    /// Reads the failure words the kernels leave in device memory (a wait that timed out
+    /// or was aborted, a bad argument block): the shared scratch's, then each algorithm's
+    /// own; then [`Error::Aborted`] if the communicator was aborted
+    /// ([`Communicator::abort`]) even where no kernel failed. Synchronizes `stream` first;
+    /// not allowed while capturing. After a failure the communicator must be dropped: its
+    /// counters no longer agree.
     pub fn check_error(&self, stream: &AnyStream) -> Result<()> {
         let at = |e: Error| e.at_rank(self.rank);
         stream.synchronize().map_err(at)?;
@@ -546,15 +556,20 @@ impl Communicator {
         for (_, instance) in &self.instances {
             instance.check_error(stream).map_err(at)?;
         }
-        Ok(())
+        self.check_not_aborted()
     }
 
     /// Tears down collectively: waits until every rank got here (so no peer still reads
     /// this rank's scratch), then releases imports, scratch, module and device in order.
-    /// Streams that ran this communicator's work must be synchronized first.
+    /// Streams that ran this communicator's work must be synchronized first. An aborted
+    /// communicator ([`Communicator::abort`]) is released at once, without waiting for the
+    /// peers (they may be dead), as NCCL's `ncclCommAbort` does; every peer holds its own
+    /// reference to the memory it mapped from this rank.
     pub fn destroy(self) -> Result<()> {
         let rank = self.rank;
-        self.bootstrap.barrier().map_err(|e| e.at_rank(rank))?;
+        if !self.is_aborted() {
+            self.bootstrap.barrier().map_err(|e| e.at_rank(rank))?;
+        }
         drop(self);
         Ok(())
     }

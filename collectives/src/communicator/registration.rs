@@ -56,6 +56,8 @@ impl Communicator {
     /// algorithms copy through their own registered scratch, so registering is a no-op.
     pub fn register(&self, memory: &AnyMemory) -> Result<()> {
         let at = |e: Error| e.at_rank(self.rank);
+        // Collective: the peers of an aborted communicator may be gone.
+        self.check_not_aborted()?;
         let (base, len) = (memory.ptr(), memory.len());
         if self.multi_node {
             tracing::debug!(rank = self.rank, base = %base, len, "ranks on several nodes: nothing to register");
@@ -120,6 +122,7 @@ impl Communicator {
     /// nodes map nothing (as [`Communicator::register`]).
     pub fn register_window(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
         let at = |e: Error| e.at_rank(self.rank);
+        self.check_not_aborted()?;
         if bytes == 0 {
             return Err(at(Error::InvalidArgument("a window of zero bytes".into())));
         }
