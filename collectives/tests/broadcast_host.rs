@@ -9,7 +9,8 @@
 use std::time::Duration;
 
 use oxccl_collectives::algorithms::broadcast::{
-    direct::BROADCAST_DIRECT, one_shot::BROADCAST_ONESHOT_LL, staged::BROADCAST_STAGED,
+    copy_engine::BROADCAST_COPY, direct::BROADCAST_DIRECT, one_shot::BROADCAST_ONESHOT_LL,
+    staged::BROADCAST_STAGED,
 };
 use oxccl_collectives::hal::{DataType, Device, DevicePtr, Memory, MemoryKind, Stream};
 use oxccl_collectives::{Algorithm, Collective, CommConfig, Communicator};
@@ -98,7 +99,12 @@ fn check(
 
 #[test]
 fn every_algorithm_root_and_type_on_three_ranks() {
-    for algo in [BROADCAST_ONESHOT_LL, BROADCAST_STAGED, BROADCAST_DIRECT] {
+    for algo in [
+        BROADCAST_ONESHOT_LL,
+        BROADCAST_STAGED,
+        BROADCAST_DIRECT,
+        BROADCAST_COPY,
+    ] {
         threads(3, Some(algo), move |r| {
             let mut salt = 0;
             for dtype in DataType::ALL {
@@ -111,7 +117,7 @@ fn every_algorithm_root_and_type_on_three_ranks() {
                             count,
                             root,
                             in_place,
-                            algo == BROADCAST_DIRECT,
+                            algo == BROADCAST_DIRECT || algo == BROADCAST_COPY,
                             salt,
                         )
                         .unwrap();
@@ -130,9 +136,10 @@ fn odd_and_large_counts_on_one_to_four_and_eight_ranks() {
             Some(BROADCAST_ONESHOT_LL),
             Some(BROADCAST_STAGED),
             Some(BROADCAST_DIRECT),
+            Some(BROADCAST_COPY),
         ] {
             threads(world, algo, move |r| {
-                let register = algo == Some(BROADCAST_DIRECT);
+                let register = algo == Some(BROADCAST_DIRECT) || algo == Some(BROADCAST_COPY);
                 let root = world - 1;
                 for (i, count) in [1usize, 7, 12_345, 100_003].into_iter().enumerate() {
                     // The one-shot's packets of 200 KB per rank do not fit 8 ranks' halves.
@@ -266,7 +273,8 @@ fn child_rank() {
     let comm = Communicator::from_env().unwrap();
     let stream = comm.device().create_stream().unwrap();
     let r = Rank { comm, stream };
-    let register = std::env::var("OXCCL_ALGO").is_ok_and(|a| a == "broadcast_direct");
+    let register =
+        std::env::var("OXCCL_ALGO").is_ok_and(|a| a == "broadcast_direct" || a == "broadcast_copy");
     let world = r.comm.world_size();
     for (i, count) in [1usize, 777, 50_001, 200_003].into_iter().enumerate() {
         for dtype in [DataType::Bf16, DataType::Fp8E4m3, DataType::F32] {
@@ -293,6 +301,7 @@ fn ranks_in_separate_processes() {
         (3, "broadcast_staged"),
         (3, "broadcast_direct"),
         (3, "broadcast_oneshot_ll"),
+        (3, "broadcast_copy"),
     ] {
         common::run_child_ranks(
             world,

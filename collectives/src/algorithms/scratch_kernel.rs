@@ -39,7 +39,17 @@ impl ScratchKernel {
         if !ctx.wanted(algorithm) {
             return Ok(None);
         }
-        Ok(Some(Box::new(ScratchKernel {
+        Ok(Some(Box::new(Self::load(ctx, algorithm, region)?)))
+    }
+
+    /// The instance itself, for an algorithm whose own instance launches this kernel among
+    /// other work (the copy-engine broadcast's barriers).
+    pub(crate) fn load(
+        ctx: &SetupContext<'_>,
+        algorithm: Algorithm,
+        region: FlagRegion,
+    ) -> Result<ScratchKernel> {
+        Ok(ScratchKernel {
             algorithm,
             kernel: ctx.kernel(algorithm)?,
             region,
@@ -47,7 +57,18 @@ impl ScratchKernel {
             timeout_ns: u64::try_from(ctx.timeout.as_nanos()).unwrap_or(u64::MAX),
             abort_flag: ctx.abort_flag,
             early_launch: ctx.early_launch,
-        })))
+        })
+    }
+
+    /// This rank and the world size of the communicator.
+    pub(crate) fn rank_and_world(&self) -> (u32, u32) {
+        (self.scratch.rank, self.scratch.world)
+    }
+
+    /// Launches are never early: the kernel follows copies, not a kernel that lets it start.
+    pub(crate) fn without_early_launch(mut self) -> ScratchKernel {
+        self.early_launch = false;
+        self
     }
 }
 

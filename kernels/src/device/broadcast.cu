@@ -15,6 +15,10 @@
 // - broadcast_direct: registered outputs. Barrier (every peer's output is free); the root
 //   stores its input into every rank's output; barrier.
 //
+// - broadcast_barrier: the two barriers of the copy-engine broadcast (broadcast_copy in
+//   collectives/src/algorithms/broadcast/copy_engine.rs), which moves the data itself with
+//   the copy engine between them: one block, one barrier.
+//
 // In place (input == output), the root's own copy is skipped.
 
 #include "oxccl/abi.h"
@@ -163,4 +167,10 @@ OXCCL_GLOBAL __launch_bounds__(512, 1) void broadcast_direct(const OXCCL_GRID_CO
   const bool registered = args.rank < OXCCL_ALLREDUCE_MAX_RANKS && args.peer_output[args.rank] == args.output;
   run_call<false>(args, registered && args.root < args.world_size,
                   [&](const CallState call) { oxccl::broadcast::direct_body(args, call); });
+}
+
+OXCCL_GLOBAL __launch_bounds__(512, 1) void broadcast_barrier(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs args) {
+  using namespace oxccl::allreduce;
+  run_call<false>(args, gridDim.x == 1 && args.root < args.world_size,
+                  [&](const CallState call) { block_barrier(args, call.deadline, call.failed); });
 }
