@@ -92,13 +92,15 @@ fn one_shot(shape: &CallShape<'_>) -> Result<(Algorithm, Plan)> {
 
 /// The largest message (bytes per rank: an all-gather input, a reduce-scatter output, an
 /// all-to-all chunk, a broadcast or reduce buffer) the one-shots of the other collectives
-/// take by default. 2 H100s (collsweep, graph replay, bf16): at 512 KiB per rank the
-/// one-shot took 6.4-7.6 us where the direct kernels took 13.3-15.0 (all-gather,
-/// reduce-scatter, all-to-all), so 2 ranks keep it up to 512 KiB; more ranks move
-/// `world - 1` copies and keep the 256 KiB that the allreduce one-shot held on 4 H200s.
+/// take by default. 2 H100s (`session.sh collsweep`, graph replay, bf16): the one-shot led
+/// the direct kernels at every size up to its packet capacity of 2 MiB per rank, e.g.
+/// all-gather 10.5 against 15.0 us at 1 MiB per rank and 17.1 against 18.2 at 2 MiB,
+/// broadcast 14.2 against 17.7 at 2 MiB; so 2 ranks keep it up to 2 MiB (where its packets
+/// fit). More ranks move `world - 1` copies and keep the 256 KiB that the allreduce
+/// one-shot held on 4 H200s (the other collectives not measured there).
 pub fn collective_oneshot_max(world_size: u32) -> usize {
     match world_size {
-        0..=2 => 512 << 10,
+        0..=2 => 2 << 20,
         _ => 256 << 10,
     }
 }

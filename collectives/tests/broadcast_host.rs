@@ -185,7 +185,7 @@ fn default_selection_and_bad_roots() {
         assert_eq!(c.algorithm, BROADCAST_ONESHOT_LL, "{}", c.reason);
         let c = r
             .comm
-            .choose_collective(Collective::Broadcast, 1 << 20, DataType::Bf16)
+            .choose_collective(Collective::Broadcast, 2 << 20, DataType::Bf16)
             .unwrap();
         assert_eq!(c.algorithm, BROADCAST_STAGED, "{}", c.reason);
         check(r, DataType::Bf16, 300_001, 1, false, true, 1).unwrap();

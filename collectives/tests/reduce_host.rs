@@ -217,10 +217,10 @@ fn default_selection_and_the_other_collectives_on_one_communicator() {
         );
         let large = r
             .comm
-            .choose_collective(Collective::Reduce, 1 << 20, DataType::Bf16)
+            .choose_collective(Collective::Reduce, 2 << 20, DataType::Bf16)
             .unwrap();
         assert_eq!(large.algorithm, REDUCE_STAGED, "{}", large.reason);
-        let buf = r.comm.device().alloc(2 << 20, MemoryKind::Plain).unwrap();
+        let buf = r.comm.device().alloc(4 << 20, MemoryKind::Plain).unwrap();
         r.comm.register(&buf).unwrap();
         let registered = r
             .comm
@@ -228,7 +228,7 @@ fn default_selection_and_the_other_collectives_on_one_communicator() {
                 Collective::Reduce,
                 buf.ptr(),
                 DevicePtr::NULL,
-                1 << 20,
+                2 << 20,
                 DataType::Bf16,
             )
             .unwrap();

@@ -143,7 +143,7 @@ fn allgather_sizes_round_like_nccl_tests_and_the_algorithm_follows_registration(
         (&[][..], "allgather_direct"),
         (&["--no-register"][..], "allgather_staged"),
     ] {
-        let mut args = vec!["-c", "allgather", "-b", "1001", "-e", "3M", "-f", "7"];
+        let mut args = vec!["-c", "allgather", "-b", "1001", "-e", "20M", "-f", "7"];
         args.extend(flags);
         let (stdout, rows) = host_run(&args);
         let got: Vec<(&str, &str, &str)> = rows
@@ -157,7 +157,8 @@ fn allgather_sizes_round_like_nccl_tests_and_the_algorithm_follows_registration(
                 ("7004", "1751", "allgather_oneshot_ll"),
                 ("49048", "12262", "allgather_oneshot_ll"),
                 ("343340", "85835", "allgather_oneshot_ll"),
-                ("2403400", "600850", large),
+                ("2403400", "600850", "allgather_oneshot_ll"),
+                ("16823804", "4205951", large),
             ],
             "{stdout}"
         );
@@ -277,7 +278,7 @@ fn reducescatter_alltoall_and_broadcast_on_two_ranks_pass() {
 fn reduce_on_two_ranks_passes_at_either_root_in_and_out_of_place() {
     // nccl-tests' reduce: the size is the message, busbw = algbw. The root's output is the
     // reduction bit for bit; the other rank's output must stay poisoned (in place: its
-    // input). Up to 512 KiB the one-shot serves; above, registered buffers take the direct
+    // input). Up to 2 MiB the one-shot serves; above, registered buffers take the direct
     // kernel, unregistered ones the staged one.
     let cases: [(&[&str], &str); 4] = [
         (&["-d", "f32", "--root", "1"], "reduce_direct"),
@@ -332,7 +333,7 @@ fn reduce_on_two_ranks_passes_at_either_root_in_and_out_of_place() {
         let want: Vec<(String, String, &str)> = [1000usize, 7000, 49000, 343_000, 2_401_000]
             .iter()
             .map(|b| {
-                let algorithm = if *b <= 512 << 10 {
+                let algorithm = if *b <= 2 << 20 {
                     "reduce_oneshot_ll"
                 } else {
                     algorithm
