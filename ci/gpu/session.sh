@@ -14,6 +14,7 @@
 #     ci/gpu/session.sh latency    # 1K..4M vs NCCL: early launch on/off, and an earlier
 #                                  # build in .gpu/base/ when there is one
 #     ci/gpu/session.sh probe      # where a small call's time goes (ci/gpu/probe/), 2 GPUs
+#     ci/gpu/session.sh copyengine # broadcast_copy (copy engine) vs broadcast_direct, vs NCCL
 #     ci/gpu/session.sh autoreg    # unregistered eager allreduce: zero-copy through a per-call
 #                                  # exchange vs the scratch, each vs NCCL
 #     ci/gpu/session.sh perf       # bf16 sum vs NCCL (default and symmetric), graph replay
@@ -261,6 +262,18 @@ probe)
         summary+=("SKIP  latency probe (needs 2 GPUs and .gpu/probe/latency_probe.o)")
     fi
     ;;
+copyengine)
+    # The copy-engine broadcast against the SM one on registered buffers, each vs NCCL in the
+    # same run (graph replay), every size checked: where broadcast_copy should take over.
+    export CUDA_VISIBLE_DEVICES="$(devices 2)"
+    for algo in broadcast_copy broadcast_direct; do
+        step "perf 2gpu ${algo} bf16 1M..1G vs NCCL graph" 150 env OXCCL_ALGO="${algo}" \
+            "${BIN}/oxccl-perf" -c broadcast -N 2 -b 1M -e 1G -f 2 -d bf16 -w 5 --iters 20 --graph \
+            --compare nccl --json "${out}/${algo}-2gpu.json"
+    done
+    step "check 2gpu broadcast_copy bf16 root 1 in-place odd 1003B..256M" 60 env OXCCL_ALGO=broadcast_copy \
+        "${BIN}/oxccl-perf" -c broadcast -N 2 -b 1003 -e 256M -f 7 -d bf16 -r 1 --in-place -w 1 --iters 2
+    ;;
 autoreg)
     # Unregistered buffers, eager calls (no graph): zero-copy through a bootstrap exchange per
     # call (OXCCL_AUTO_REGISTER_MIN_BYTES=0) against staging through the scratch (the minimum
@@ -372,7 +385,8 @@ sanitizer)
         reducescatter:reducescatter_oneshot_ll reducescatter:reducescatter_staged
         reducescatter:reducescatter_direct alltoall:alltoall_oneshot_ll alltoall:alltoall_staged
         alltoall:alltoall_direct broadcast:broadcast_oneshot_ll broadcast:broadcast_staged
-        broadcast:broadcast_direct reduce:reduce_oneshot_ll reduce:reduce_staged reduce:reduce_direct)
+        broadcast:broadcast_direct broadcast:broadcast_copy reduce:reduce_oneshot_ll reduce:reduce_staged
+        reduce:reduce_direct)
     for tool in ${OXCCL_SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}; do
         for a in "${algos[@]}"; do
             c=${a%%:*} algo=${a#*:}
