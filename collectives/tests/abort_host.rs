@@ -206,3 +206,67 @@ fn an_aborted_communicator_refuses_calls_and_reports_the_abort() {
         },
     );
 }
+
+/// A call can also wait on the host: a first call's signature check, and the exchange of
+/// buffers nobody registered, go through the bootstrap. Abort ends that wait too (rank 1
+/// here never makes the call, so rank 0 waits in the signature check, whose own bound is
+/// the bootstrap's 120 s).
+#[test]
+fn abort_ends_a_host_side_wait_in_the_bootstrap() {
+    let id =
+        UniqueId::create_on(IpAddr::V4(Ipv4Addr::LOCALHOST), &BootstrapConfig::default()).unwrap();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let peer = std::thread::spawn(move || {
+        let comm = make(1, id, ONESHOT_LL);
+        let _ = done_rx.recv_timeout(CASE_BOUND);
+        comm.abort();
+        comm.destroy().unwrap();
+    });
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let comm = make(0, id, ONESHOT_LL);
+        let stream = comm.device().create_stream().unwrap();
+        let m = comm.device().alloc(64, MemoryKind::Plain).unwrap();
+        let seen = std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(ABORT_AFTER);
+                comm.abort();
+            });
+            let t = Instant::now();
+            // SAFETY: 64 bytes hold COUNT f32 and live past the call (nothing launches).
+            let call = unsafe {
+                comm.all_reduce(
+                    m.ptr(),
+                    m.ptr(),
+                    COUNT,
+                    DataType::F32,
+                    ReduceOp::Sum,
+                    AccumType::Auto,
+                    &stream,
+                )
+            };
+            match call {
+                Err(e) if matches!(e.root(), Error::Aborted(_)) => {
+                    if t.elapsed() > ABORT_AFTER + PROMPT {
+                        Err(format!("aborted only after {:?}: {e}", t.elapsed()))
+                    } else {
+                        Ok(())
+                    }
+                }
+                other => Err(format!("not an abort after {:?}: {other:?}", t.elapsed())),
+            }
+        });
+        let destroyed = comm.destroy().map_err(|e| format!("destroy: {e}"));
+        let _ = tx.send(seen.and(destroyed));
+    });
+    let outcome = rx.recv_timeout(CASE_BOUND);
+    let _ = done_tx.send(());
+    match outcome {
+        Ok(Ok(())) => {}
+        Ok(Err(why)) => panic!("{why}"),
+        Err(_) => {
+            panic!("rank 0 did not finish within {CASE_BOUND:?}: the abort did not end its wait")
+        }
+    }
+    peer.join().expect("rank 1 panicked");
+}

@@ -106,6 +106,11 @@ impl Communicator {
         if !self.abort.set() {
             tracing::warn!(rank = self.rank, "communicator aborted");
         }
+        // A call may wait on the host, not in a kernel: the exchange of unregistered
+        // buffers, or a first call's signature check, both through the bootstrap.
+        self.bootstrap.abort(
+            "the communicator was aborted (Communicator::abort, ncclCommAbort); it serves no              more calls",
+        );
     }
 
     /// Whether [`Communicator::abort`] was called.

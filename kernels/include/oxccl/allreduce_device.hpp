@@ -33,25 +33,31 @@ OXCCL_DEVICE_INLINE uint64_t now_ns() {
 
 /// The bound of every wait: its time limit (`limit_ns == 0` never expires) and the
 /// communicator's abort word (`abort`, host memory mapped for the device; null: none). A
-/// wait reads the clock and the abort word only once it has lasted 256 polls (where its
-/// bound starts) and every 256 polls after that, so a call whose waits end at once reads
-/// neither: a clock read by every thread at the start of a call cost 0.06-0.1 us per call
-/// on H200s (ci/gpu/probe), and the abort word is a round trip to host memory. Each wait
-/// keeps its own `since` (0 until its time limit starts). The abort word is read also
-/// without a time limit: an abort must end a wait that would otherwise never end.
+/// wait reads the clock only once it has lasted 256 polls (where its bound starts) and every
+/// 256 polls after that, so a call whose waits end at once never reads it: a clock read by
+/// every thread at the start of a call cost 0.06-0.1 us per call on H200s (ci/gpu/probe).
+/// The abort word, a round trip to host memory, is read only by a wait that has lasted
+/// `kAbortCheckNs`. Each wait keeps its own `since` (0 until its bound starts). The abort
+/// word is read also without a time limit: an abort must end a wait that would otherwise
+/// never end.
 struct Deadline {
   uint64_t limit_ns;
   const uint64_t* abort;
+  /// A wait reads the abort word only once it has lasted this long. The word is in host
+  /// memory: every read crosses PCIe, and a multi-block one-shot whose 33,000 threads each
+  /// read it every 256 polls took 175-700 us instead of 4-13 us at 128 KB-2 MB (2 H100s).
+  /// A wait of a millisecond is already a peer that is late or gone.
+  static constexpr uint64_t kAbortCheckNs = 1000000;
   OXCCL_DEVICE_INLINE bool expired(uint64_t polls, uint64_t& since) const {
-    if ((polls & 255) != 255) return false;
-    if (aborted()) return true;
-    if (limit_ns == 0) return false;
+    if ((polls & 255) != 255 || (limit_ns == 0 && abort == nullptr)) return false;
     const uint64_t t = now_ns();
     if (since == 0) {
       since = t;
       return false;
     }
-    return t - since > limit_ns;
+    const uint64_t waited = t - since;
+    if (waited > kAbortCheckNs && aborted()) return true;
+    return limit_ns != 0 && waited > limit_ns;
   }
   /// Whether the communicator was aborted (a system-scope relaxed load: the host sets the
   /// word while the kernel runs; nothing else is ordered by it).
