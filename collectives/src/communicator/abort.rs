@@ -109,7 +109,8 @@ impl Communicator {
         // A call may wait on the host, not in a kernel: the exchange of unregistered
         // buffers, or a first call's signature check, both through the bootstrap.
         self.bootstrap.abort(
-            "the communicator was aborted (Communicator::abort, ncclCommAbort); it serves no              more calls",
+            "the communicator was aborted (Communicator::abort, ncclCommAbort); it serves no \
+             more calls",
         );
     }
 
