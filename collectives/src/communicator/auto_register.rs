@@ -31,7 +31,10 @@ use oxccl_channels::bootstrap::Bootstrap;
 use oxccl_hal::{Device, DevicePtr, Error, ForeignAllocation, IpcHandle, Memory, Result};
 use oxccl_kernels::abi::OXCCL_ALLREDUCE_MAX_RANKS;
 
+use super::Communicator;
 use crate::algorithms::{Collective, PeerBuffers};
+use oxccl_backend::AnyStream;
+use oxccl_hal::{BackendKind, DataType, Stream};
 
 /// Environment variable: `0` turns zero-copy on unregistered buffers off.
 pub const AUTO_REGISTER_VAR: &str = "OXCCL_AUTO_REGISTER";
@@ -611,6 +614,53 @@ impl AutoRegistry {
             drop(e.import);
         }
         Ok(())
+    }
+}
+
+impl Communicator {
+    /// Every rank's view of this call's buffers through this module, when the call
+    /// would take a zero-copy algorithm on them, auto-registration is on and the call is
+    /// large enough to repay it (collective: one all-gather, every rank decides alike).
+    pub(super) fn auto_view(
+        &self,
+        call: AutoCall,
+        (count, dtype): (usize, DataType),
+        input: DevicePtr,
+        output: DevicePtr,
+        bytes: usize,
+        stream: &AnyStream,
+    ) -> Result<Option<PeerBuffers>> {
+        let at = |e: Error| e.at_rank(self.rank);
+        let collective = call.collective;
+        if !self.config.auto_register
+            || bytes < self.config.auto_register_min_bytes
+            || Device::backend(&self.device) == BackendKind::Rocm
+        {
+            return Ok(None);
+        }
+        let zc = self
+            .select(&self.shape(collective, count, dtype, bytes, true))
+            .map_err(at)?;
+        if !zc.algorithm.uses_registered() {
+            return Ok(None);
+        }
+        let (in_bytes, out_bytes) = collective.buffer_bytes(bytes, self.world).map_err(at)?;
+        let (inputs, outputs) = collective.peer_views();
+        let capturing = stream.is_capturing().map_err(at)?;
+        let ctx = Ctx {
+            rank: self.rank,
+            world: self.world,
+            device: &self.device,
+            bootstrap: &self.bootstrap,
+            timeout: Some(self.config.timeout).filter(|t| !t.is_zero()),
+        };
+        self.auto.peer_buffers(
+            &ctx,
+            call,
+            inputs.then_some((input, in_bytes)),
+            outputs.then_some((output, out_bytes)),
+            capturing,
+        )
     }
 }
 

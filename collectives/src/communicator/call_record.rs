@@ -5,6 +5,7 @@
 
 use std::fmt;
 
+use super::Communicator;
 use crate::algorithms::{Algorithm, Collective};
 
 /// How an algorithm reached the call's buffers on the peers.
@@ -36,5 +37,14 @@ impl fmt::Display for CallRecord {
             BufferPath::Scratch => "through oxccl's scratch",
         };
         write!(f, "{}, {path}", self.algorithm.name())
+    }
+}
+
+impl Communicator {
+    /// What the most recent call on this communicator (from any thread) did: the
+    /// algorithm that ran and whether it reached the caller's buffers directly. `None`
+    /// before the first call that launched anything.
+    pub fn last_call(&self) -> Option<CallRecord> {
+        *self.last_call.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

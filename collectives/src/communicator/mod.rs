@@ -50,7 +50,7 @@ use oxccl_hal::{
     AccumType, Backend, BackendKind, DataType, Device, DevicePtr, Error, ReduceOp, Result, Stream,
 };
 
-use crate::algorithms::{Algorithm, Call, CallShape, Collective, Instance, PeerBuffers, Plan};
+use crate::algorithms::{Algorithm, Call, CallShape, Collective, Instance, Plan};
 use crate::scratch::{ScratchLayout, SharedScratch};
 use crate::selector::{Choice, Selector};
 use crate::tuner::TuneTable;
@@ -208,70 +208,6 @@ impl Communicator {
             .registered_view(collective, input, output, bytes)
             .is_some();
         self.select(&self.shape(collective, count, dtype, bytes, zc))
-    }
-
-    /// Every rank's view of this call's registered buffers, those the collective's
-    /// zero-copy algorithms reach on the peers ([`Collective::peer_views`]); `None` unless
-    /// all of them are registered.
-    pub(crate) fn registered_view(
-        &self,
-        collective: Collective,
-        input: DevicePtr,
-        output: DevicePtr,
-        bytes: usize,
-    ) -> Option<PeerBuffers> {
-        let (in_bytes, out_bytes) = collective.buffer_bytes(bytes, self.world).ok()?;
-        let (inputs, outputs) = collective.peer_views();
-        self.registry.peer_buffers(
-            inputs.then_some((input, in_bytes)),
-            outputs.then_some((output, out_bytes)),
-            self.world,
-        )
-    }
-
-    /// Every rank's view of this call's buffers through [`auto_register`], when the call
-    /// would take a zero-copy algorithm on them, auto-registration is on and the call is
-    /// large enough to repay it (collective: one all-gather, every rank decides alike).
-    fn auto_view(
-        &self,
-        call: AutoCall,
-        (count, dtype): (usize, DataType),
-        input: DevicePtr,
-        output: DevicePtr,
-        bytes: usize,
-        stream: &AnyStream,
-    ) -> Result<Option<PeerBuffers>> {
-        let at = |e: Error| e.at_rank(self.rank);
-        let collective = call.collective;
-        if !self.config.auto_register
-            || bytes < self.config.auto_register_min_bytes
-            || Device::backend(&self.device) == BackendKind::Rocm
-        {
-            return Ok(None);
-        }
-        let zc = self
-            .select(&self.shape(collective, count, dtype, bytes, true))
-            .map_err(at)?;
-        if !zc.algorithm.uses_registered() {
-            return Ok(None);
-        }
-        let (in_bytes, out_bytes) = collective.buffer_bytes(bytes, self.world).map_err(at)?;
-        let (inputs, outputs) = collective.peer_views();
-        let capturing = stream.is_capturing().map_err(at)?;
-        let ctx = auto_register::Ctx {
-            rank: self.rank,
-            world: self.world,
-            device: &self.device,
-            bootstrap: &self.bootstrap,
-            timeout: Some(self.config.timeout).filter(|t| !t.is_zero()),
-        };
-        self.auto.peer_buffers(
-            &ctx,
-            call,
-            inputs.then_some((input, in_bytes)),
-            outputs.then_some((output, out_bytes)),
-            capturing,
-        )
     }
 
     /// The state of an algorithm set up in this communicator, if it is (for what it
@@ -477,43 +413,6 @@ impl Communicator {
             },
         });
         Ok(())
-    }
-
-    /// What the most recent call on this communicator (from any thread) did: the
-    /// algorithm that ran and whether it reached the caller's buffers directly. `None`
-    /// before the first call that launched anything.
-    pub fn last_call(&self) -> Option<CallRecord> {
-        *self.last_call.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Where a PreMulSum call of `collective` puts the products and runs its sum: the
-    /// (input, output) the sum then takes in place of the caller's (see [`premul`]).
-    fn premul_buffers(
-        &self,
-        collective: Collective,
-        op: ReduceOp,
-        output: DevicePtr,
-        bytes: usize,
-        root: u32,
-    ) -> Result<(DevicePtr, DevicePtr)> {
-        if op != ReduceOp::Sum || !collective.reduces() {
-            return Err(Error::InvalidArgument(format!(
-                "{collective}: PreMulSum multiplies the inputs of a sum, not of a {op} or a \
-                 collective that does not reduce"
-            )));
-        }
-        match collective {
-            Collective::AllReduce => Ok((output, output)),
-            Collective::ReduceScatter => {
-                let (in_bytes, _) = collective.buffer_bytes(bytes, self.world)?;
-                Ok((self.premul.buffer(&self.device, in_bytes)?, output))
-            }
-            _ => {
-                let buf = self.premul.buffer(&self.device, bytes)?;
-                // The other ranks' output is their input (`used_buffers`): never written.
-                Ok((buf, if self.rank == root { output } else { buf }))
-            }
-        }
     }
 
     /// One launch of `algorithm` with `plan` (no selection, no cross-rank check).

@@ -11,6 +11,7 @@ use oxccl_kernels::abi::OXCCL_ALLREDUCE_MAX_RANKS;
 
 use super::registry::Registered;
 use super::Communicator;
+use crate::algorithms::{Collective, PeerBuffers};
 
 /// A window's record in the all-gather: its length, its offset in the exported
 /// allocation, and the export (empty when this rank's window cannot be shared).
@@ -223,5 +224,26 @@ impl Communicator {
     /// Allocations mapped or known for zero-copy on unregistered buffers (all ranks').
     pub fn auto_registered(&self) -> usize {
         self.auto.len()
+    }
+}
+
+impl Communicator {
+    /// Every rank's view of this call's registered buffers, those the collective's
+    /// zero-copy algorithms reach on the peers ([`Collective::peer_views`]); `None` unless
+    /// all of them are registered.
+    pub(crate) fn registered_view(
+        &self,
+        collective: Collective,
+        input: DevicePtr,
+        output: DevicePtr,
+        bytes: usize,
+    ) -> Option<PeerBuffers> {
+        let (in_bytes, out_bytes) = collective.buffer_bytes(bytes, self.world).ok()?;
+        let (inputs, outputs) = collective.peer_views();
+        self.registry.peer_buffers(
+            inputs.then_some((input, in_bytes)),
+            outputs.then_some((output, out_bytes)),
+            self.world,
+        )
     }
 }
