@@ -1393,8 +1393,8 @@ impl Ready {
     }
 
     /// Drops an aborted communicator once this rank's device has finished its queued work:
-    /// the aborted kernels end within microseconds, but one still running when the
-    /// communicator's memory goes would fault and leave the GPU unusable. The device is
+    /// the aborted kernels end about a millisecond into their waits, but one still running
+    /// when the communicator's memory goes would fault and leave the GPU unusable. The device is
     /// synchronized on a thread of its own, waited for at most [`ABORT_DRAIN`]: a device
     /// busier than that (another library's kernel stuck on the dead peer, say) keeps the
     /// communicator on that thread until it is idle, and ncclCommAbort returns anyway.

@@ -4,10 +4,10 @@
 //! Every communicator owns one abort word: 8 bytes of host memory mapped for the device
 //! ([`oxccl_hal::Device::alloc_host`]: `cuMemHostAlloc` with `DEVICEMAP`, `hipHostMalloc`
 //! mapped, plain shared memory on the host backend). Its device address is in the argument
-//! block of every kernel with bounded waits (`abort_flag` in `abi_allreduce.h`); the
-//! kernels read it where their waits read the clock (every 256 polls, so a call whose waits
-//! end at once never reads it) and end the wait with `OXCCL_ALLREDUCE_ERR_ABORTED` once it
-//! is non-zero. [`Communicator::abort`] sets it, from any thread, while kernels run: a
+//! block of every kernel with bounded waits (`abort_flag` in `abi_allreduce.h`); a wait
+//! that has lasted 1 ms reads it at each of its clock reads (every 256 polls; a call whose
+//! waits end sooner never reads it: thousands of threads reading host memory slowed the
+//! one-shots 50-100x) and ends with `OXCCL_ALLREDUCE_ERR_ABORTED` once it is non-zero. [`Communicator::abort`] sets it, from any thread, while kernels run: a
 //! release store to host memory, which the device's system-scope loads see without a
 //! kernel boundary. The word is never cleared: an aborted communicator stays aborted, and
 //! its kernels' counters no longer agree with the peers', so it must be dropped.
@@ -67,9 +67,9 @@ impl AbortWord {
 
 impl Communicator {
     /// Aborts the communicator (NCCL's `ncclCommAbort`, the signalling half): every wait of
-    /// this rank's kernels that is under way or starts later ends promptly, within a few
-    /// microseconds on GPUs (the kernels read the abort word every 256 polls) instead of at
-    /// the timeout, and reports [`Error::Aborted`] ([`Communicator::check_error`], or the
+    /// this rank's kernels that is under way or starts later ends promptly, about a
+    /// millisecond into the wait on GPUs (a wait reads the abort word once it has lasted
+    /// 1 ms) instead of at the timeout, and reports [`Error::Aborted`] ([`Communicator::check_error`], or the
     /// host backend's stream); every later call on this communicator is refused with
     /// [`Error::Aborted`] before it launches anything. Local: no peer is told, and each
     /// rank aborts its own communicator (a peer waiting on this rank still ends at its

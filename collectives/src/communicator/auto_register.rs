@@ -6,7 +6,8 @@
 //! Every call of at least [`DEFAULT_MIN_BYTES`] (`OXCCL_AUTO_REGISTER_MIN_BYTES`) that would
 //! take a zero-copy algorithm does one all-gather through the bootstrap (host side only;
 //! fine while capturing); smaller calls stage through the scratch, which costs less than the
-//! round trip. The size is the same on every rank, so every rank makes the same choice: each rank sends what its buffers are
+//! round trip (the size is the same on every rank, so every rank makes the same choice).
+//! Each rank sends what its buffers are
 //! (allocation identity, base, length, the buffer's offset in it) and the export of an
 //! allocation its peers have not mapped yet. Every rank then holds the same records, so
 //! they all reach the same decision (zero-copy or not) and keep the same table of mapped

@@ -91,7 +91,7 @@ typedef struct OxcclAllreduceArgs {
   uint64_t timeout_ns;        /* bound of every wait; 0 = wait forever */
   /* The communicator's abort word as the device sees it (8 bytes of host memory mapped
    * for the device); non-zero ends every wait with OXCCL_ALLREDUCE_ERR_ABORTED. Read only
-   * where a wait reads its clock (every 256 polls). Null: no abort word. */
+   * by a wait that has lasted 1 ms (Deadline::kAbortCheckNs). Null: no abort word. */
   const uint64_t* abort_flag;
   uint32_t rank;
   uint32_t world_size;
