@@ -377,18 +377,30 @@ pub(crate) unsafe fn ll16_read_unit(
         )
     };
     let mut polls = 0u32;
-    let mut wait = |p| loop {
+    let (a, b) = ll16_wait(c, p0, from, flag, "one-shot packets", &mut polls)?;
+    let (d, e) = ll16_wait(c, p1, from, flag, "one-shot packets", &mut polls)?;
+    Ok(unwords([a, b, d, e]))
+}
+
+/// Polls packet `p` until it carries `flag` and returns its data, or fails naming `from`
+/// and `what` once the wait expired; `polls` carries the backoff across waits.
+fn ll16_wait(
+    c: &Call,
+    p: [&AtomicU32; 4],
+    from: usize,
+    flag: u32,
+    what: &str,
+    polls: &mut u32,
+) -> Result<(u32, u32)> {
+    loop {
         if let Some(v) = ll16_try_read(p, flag) {
             return Ok(v);
         }
         if c.expired() {
-            return Err(c.fail(from, "one-shot packets"));
+            return Err(c.fail(from, what));
         }
-        backoff(&mut polls);
-    };
-    let (a, b) = wait(p0)?;
-    let (d, e) = wait(p1)?;
-    Ok(unwords([a, b, d, e]))
+        backoff(polls);
+    }
 }
 
 /// The rooted one-shots' acknowledgement (`ll16_ack` in allreduce_device.hpp): the first
@@ -416,14 +428,7 @@ pub(crate) unsafe fn ll16_wait_ack(
 ) -> Result<()> {
     // SAFETY: the caller's obligation.
     let p = unsafe { packet(c.scratch(c.me), half + from * slot) };
-    let mut polls = 0u32;
-    while ll16_try_read(p, flag).is_none() {
-        if c.expired() {
-            return Err(c.fail(from, "one-shot acknowledgement"));
-        }
-        backoff(&mut polls);
-    }
-    Ok(())
+    ll16_wait(c, p, from, flag, "one-shot acknowledgement", &mut 0).map(|_| ())
 }
 
 pub(crate) fn words(v: &[u8; 16]) -> [u32; 4] {

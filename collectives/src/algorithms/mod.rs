@@ -770,17 +770,24 @@ pub(crate) fn staged_plan(kernel: &'static str, s: &CallShape<'_>) -> Plan {
 /// Fewest 16-byte units per block of a direct kernel before another block is added.
 const DIRECT_UNITS_PER_BLOCK: usize = 256;
 
+/// Why an algorithm that reaches the peers' buffers cannot serve a call whose buffers
+/// (`needs`) are not registered on every rank, or `Ok`.
+pub(crate) fn require_registered(name: &str, needs: &str, s: &CallShape<'_>) -> Result<()> {
+    if !s.zero_copy {
+        return Err(Error::Unsupported(format!(
+            "{name}: {needs} must lie 16-byte aligned inside buffers registered on every \
+             rank (Communicator::register), at the same offset"
+        )));
+    }
+    Ok(())
+}
+
 /// The launch of a direct (zero-copy) kernel over one rank's `bytes`, or why it cannot
 /// serve the call (`needs`: which buffers must be registered). Many SMs reach the peers
 /// (each SM's NVLink throughput is limited): one block per 256 units up to the chip,
 /// threads sized to about one pass.
 pub(crate) fn direct_plan(kernel: &'static str, needs: &str, s: &CallShape<'_>) -> Result<Plan> {
-    if !s.zero_copy {
-        return Err(Error::Unsupported(format!(
-            "{kernel}: {needs} must lie 16-byte aligned inside buffers registered on every \
-             rank (Communicator::register), at the same offset"
-        )));
-    }
+    require_registered(kernel, needs, s)?;
     if s.host {
         return Ok(Plan {
             kernel,
