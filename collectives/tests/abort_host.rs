@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use oxccl_collectives::algorithms::all_reduce::one_shot::ONESHOT_LL;
 use oxccl_collectives::algorithms::all_reduce::port_channel::PORT_CHANNEL;
 use oxccl_collectives::algorithms::all_reduce::two_shot::TWOSHOT;
-use oxccl_collectives::backend::AnyDevice;
+use oxccl_collectives::backend::{AnyDevice, AnyStream};
 use oxccl_collectives::channels::bootstrap::{Bootstrap, BootstrapConfig, UniqueId};
 use oxccl_collectives::hal::{
     AccumType, BackendKind, DataType, Device, DeviceId, Error, Memory, MemoryKind, ReduceOp, Stream,
@@ -51,6 +51,27 @@ fn make(rank: u32, id: UniqueId, algorithm: Algorithm) -> Communicator {
     Communicator::new(bs, dev, config).unwrap()
 }
 
+/// The call every case makes: an in-place f32 allreduce of COUNT elements in `m`.
+fn call(
+    comm: &Communicator,
+    m: &impl Memory,
+    stream: &AnyStream,
+) -> oxccl_collectives::hal::Result<()> {
+    // SAFETY: `m` holds 64 bytes, COUNT f32, and outlives the stream's work (every case
+    // synchronizes, or nothing is launched).
+    unsafe {
+        comm.all_reduce(
+            m.ptr(),
+            m.ptr(),
+            COUNT,
+            DataType::F32,
+            ReduceOp::Sum,
+            AccumType::Auto,
+            stream,
+        )
+    }
+}
+
 /// Rank 0 calls `algorithm` while rank 1 never does; another thread aborts rank 0 after
 /// [`ABORT_AFTER`]. Returns what rank 0 saw, as text (a failure is the test's message).
 fn rank0(comm: &Communicator) -> Result<(), String> {
@@ -62,19 +83,7 @@ fn rank0(comm: &Communicator) -> Result<(), String> {
             comm.abort();
         });
         let t = Instant::now();
-        // SAFETY: 64 bytes hold COUNT f32 and live past the synchronize.
-        unsafe {
-            comm.all_reduce(
-                m.ptr(),
-                m.ptr(),
-                COUNT,
-                DataType::F32,
-                ReduceOp::Sum,
-                AccumType::Auto,
-                &stream,
-            )
-        }
-        .map_err(|e| format!("the call failed before it waited: {e}"))?;
+        call(comm, &m, &stream).map_err(|e| format!("the call failed before it waited: {e}"))?;
         let e = match stream.synchronize() {
             Ok(()) => return Err("the call completed without its peer".into()),
             Err(e) => e,
@@ -100,19 +109,7 @@ fn rank0(comm: &Communicator) -> Result<(), String> {
     }
     // Later calls are refused before anything is launched.
     let t = Instant::now();
-    // SAFETY: as above (nothing is launched).
-    let later = unsafe {
-        comm.all_reduce(
-            m.ptr(),
-            m.ptr(),
-            COUNT,
-            DataType::F32,
-            ReduceOp::Sum,
-            AccumType::Auto,
-            &stream,
-        )
-    };
-    match later {
+    match call(comm, &m, &stream) {
         Err(e) if matches!(e.root(), Error::Aborted(_)) && t.elapsed() < PROMPT => {}
         other => return Err(format!("a call after the abort: {other:?}")),
     }
@@ -123,19 +120,32 @@ fn rank0(comm: &Communicator) -> Result<(), String> {
 }
 
 fn abort_ends_the_wait_of(algorithm: Algorithm) {
+    two_ranks(algorithm, true, rank0);
+}
+
+/// Rank 1 (joining the first call's signature check when `peer_checks_signature`, then
+/// silent) and rank 0 running `rank0` then destroy, each on a thread of its own; fails
+/// unless rank 0 is done within [`CASE_BOUND`].
+fn two_ranks(
+    algorithm: Algorithm,
+    peer_checks_signature: bool,
+    rank0: fn(&Communicator) -> Result<(), String>,
+) {
     let id =
         UniqueId::create_on(IpAddr::V4(Ipv4Addr::LOCALHOST), &BootstrapConfig::default()).unwrap();
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let peer = std::thread::spawn(move || {
         let comm = make(1, id, algorithm);
-        // Take part in the signature check of the first call, then never launch.
-        comm.bootstrap()
-            .all_gather(&common::first_call_signature(
-                COUNT as u64,
-                DataType::F32,
-                algorithm.code(),
-            ))
-            .unwrap();
+        if peer_checks_signature {
+            // Take part in the signature check of the first call, then never launch.
+            comm.bootstrap()
+                .all_gather(&common::first_call_signature(
+                    COUNT as u64,
+                    DataType::F32,
+                    algorithm.code(),
+                ))
+                .unwrap();
+        }
         // Until rank 0 is done (or gave up); then this rank aborts its own communicator,
         // which lets destroy go without a barrier.
         let _ = done_rx.recv_timeout(CASE_BOUND);
@@ -213,39 +223,16 @@ fn an_aborted_communicator_refuses_calls_and_reports_the_abort() {
 /// the bootstrap's 120 s).
 #[test]
 fn abort_ends_a_host_side_wait_in_the_bootstrap() {
-    let id =
-        UniqueId::create_on(IpAddr::V4(Ipv4Addr::LOCALHOST), &BootstrapConfig::default()).unwrap();
-    let (done_tx, done_rx) = mpsc::channel::<()>();
-    let peer = std::thread::spawn(move || {
-        let comm = make(1, id, ONESHOT_LL);
-        let _ = done_rx.recv_timeout(CASE_BOUND);
-        comm.abort();
-        comm.destroy().unwrap();
-    });
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let comm = make(0, id, ONESHOT_LL);
+    two_ranks(ONESHOT_LL, false, |comm| {
         let stream = comm.device().create_stream().unwrap();
         let m = comm.device().alloc(64, MemoryKind::Plain).unwrap();
-        let seen = std::thread::scope(|s| {
+        std::thread::scope(|s| {
             s.spawn(|| {
                 std::thread::sleep(ABORT_AFTER);
                 comm.abort();
             });
             let t = Instant::now();
-            // SAFETY: 64 bytes hold COUNT f32 and live past the call (nothing launches).
-            let call = unsafe {
-                comm.all_reduce(
-                    m.ptr(),
-                    m.ptr(),
-                    COUNT,
-                    DataType::F32,
-                    ReduceOp::Sum,
-                    AccumType::Auto,
-                    &stream,
-                )
-            };
-            match call {
+            match call(comm, &m, &stream) {
                 Err(e) if matches!(e.root(), Error::Aborted(_)) => {
                     if t.elapsed() > ABORT_AFTER + PROMPT {
                         Err(format!("aborted only after {:?}: {e}", t.elapsed()))
@@ -255,18 +242,6 @@ fn abort_ends_a_host_side_wait_in_the_bootstrap() {
                 }
                 other => Err(format!("not an abort after {:?}: {other:?}", t.elapsed())),
             }
-        });
-        let destroyed = comm.destroy().map_err(|e| format!("destroy: {e}"));
-        let _ = tx.send(seen.and(destroyed));
+        })
     });
-    let outcome = rx.recv_timeout(CASE_BOUND);
-    let _ = done_tx.send(());
-    match outcome {
-        Ok(Ok(())) => {}
-        Ok(Err(why)) => panic!("{why}"),
-        Err(_) => {
-            panic!("rank 0 did not finish within {CASE_BOUND:?}: the abort did not end its wait")
-        }
-    }
-    peer.join().expect("rank 1 panicked");
 }
