@@ -59,8 +59,9 @@ run "nccl-api C test" bash ci/nccl-api-test.sh
 run "python [host]" bash ci/python-test.sh
 
 # Issue #21's faults phase on the host backend: a killed rank, a skipped call, a rank that
-# exits without destroying, mismatched calls; survivors must error within the bound and the
-# next job must pass (the same script runs on GPUs, ci/gpu/faults.sh).
+# exits without destroying, mismatched calls, an abort from another thread (issue #17);
+# survivors must error within the bound and the next job must pass (the same script runs
+# on GPUs, ci/gpu/faults.sh).
 run "faults [host]" bash -c 'cargo build -q -p oxccl-gpu-suite -p oxccl-perf && \
     OXCCL_BACKEND=host BIN="$CARGO_TARGET_DIR/debug" OUT="$CARGO_TARGET_DIR/faults" \
     OXCCL_TIMEOUT_MS=10000 OXCCL_FAULT_ELEMS=1000000 NEXT_MAX=4M bash ci/gpu/faults.sh'

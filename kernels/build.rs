@@ -332,16 +332,37 @@ fn image_cache_dir() -> Option<PathBuf> {
         Some(d) if d.is_empty() => return None,
         Some(d) => PathBuf::from(d),
         None => {
-            // OUT_DIR is <target>/[<triple>/]<profile>/build/<crate>/out; cargo marks the
-            // target directory itself with CACHEDIR.TAG.
             let out = PathBuf::from(env::var_os("OUT_DIR")?);
-            out.ancestors()
-                .find(|p| p.join("CACHEDIR.TAG").is_file())?
-                .join("oxccl-kernel-cache")
+            target_dir(&out, env::var_os("TARGET").as_deref())?.join("oxccl-kernel-cache")
         }
     };
     fs::create_dir_all(&dir).ok()?;
     Some(dir)
+}
+
+/// The target directory that holds `out_dir`, a build script's OUT_DIR, which cargo lays out
+/// as `<target>/[<triple>/]<profile>/build/<crate>-<hash>/out` (`<triple>` with `--target`).
+///
+/// Read from that layout rather than found by the CACHEDIR.TAG cargo puts in the target
+/// directory: cargo writes the tag only when it creates the directory, and on a fresh clone
+/// ci/install.sh creates `target/python-venv` first, so no build found a cache directory and
+/// each `cuda` build of CI (clippy, then test, of each feature row) ran nvcc again. The tag
+/// remains the way to the target directory of any other layout.
+fn target_dir(out_dir: &Path, triple: Option<&std::ffi::OsStr>) -> Option<PathBuf> {
+    let mut up = out_dir.ancestors().skip(2);
+    if let (Some(build), Some(_profile), Some(above)) = (up.next(), up.next(), up.next()) {
+        if build.file_name() == Some("build".as_ref()) {
+            let target = match above.parent() {
+                Some(parent) if triple.is_some() && above.file_name() == triple => parent,
+                _ => above,
+            };
+            return Some(target.to_path_buf());
+        }
+    }
+    out_dir
+        .ancestors()
+        .find(|p| p.join("CACHEDIR.TAG").is_file())
+        .map(Path::to_path_buf)
 }
 
 /// FNV-1a, 64-bit: stable across Rust versions, unlike `DefaultHasher`.

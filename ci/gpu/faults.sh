@@ -2,7 +2,9 @@
 # Issue #21's faults phase: one injected fault per case (oxccl-gpu-suite faults CASE), each
 # in its own process group with a time bound. Survivors must report an error naming the
 # peer within OXCCL_TIMEOUT_MS + 2 s and exit 0; then the next job on the same GPUs must
-# pass (a checked allreduce run).
+# pass (a checked allreduce run). The abort cases (issue #17): a survivor's kernel waits on
+# the silent victim and another thread aborts the communicator (ncclCommAbort's path) after
+# 200 ms; the call must end with an abort within 2 s of it, then destroy must work.
 #
 #     OUT=dir ci/gpu/faults.sh              # 2 ranks, one per GPU
 #     FAULT_GPUS=1 OUT=dir ci/gpu/faults.sh # 2 ranks time-sliced on GPU 0
@@ -17,7 +19,7 @@ BIN=${BIN:-.gpu/bin}
 OUT=${OUT:-$PWD/faults-out}
 WORLD=${FAULT_WORLD:-2}
 GPUS=${FAULT_GPUS:-$WORLD}
-CASES=${FAULT_CASES:-"kill skip exit count small-count dtype small-dtype op small-op"}
+CASES=${FAULT_CASES:-"kill skip exit count small-count dtype small-dtype op small-op abort small-abort"}
 export NCCL_NVLS_ENABLE=0 OXCCL_NVLS=0 OXCCL_TIMEOUT_MS=${OXCCL_TIMEOUT_MS:-5000}
 mkdir -p "$OUT"
 bound=$((OXCCL_TIMEOUT_MS / 1000 + 60))

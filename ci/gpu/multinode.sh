@@ -134,7 +134,7 @@ if ((GPUS >= WORLD)) && [[ ${OXCCL_BACKEND:-} != host ]]; then
         algo=$(port_algo "$c")
         step "$c-vs-nccl-sockets" "$algo" env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 \
             NCCL_NVLS_ENABLE=0 "${perf[@]}" -c "$c" -b 1K -e "${MN_TIME_MAX:-256M}" -f 4 -d bf16 -w 3 --iters 10 \
-            --compare nccl --json "$OUT/$c-bf16-${WORLD}rank-sockets.json"
+            --compare nccl --nccl-default-only --json "$OUT/$c-bf16-${WORLD}rank-sockets.json"
         grep -E '^#|^ *[0-9]+ ' "$OUT/$c-vs-nccl-sockets.0.log" | tail -12
     done
 else

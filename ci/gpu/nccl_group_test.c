@@ -132,39 +132,50 @@ static void grouped_allreduce(ncclComm_t* comms, int n, size_t count, ncclDataTy
   free(host);
 }
 
-/* One gather (forwarded to the real NCCL) per GPU to rank 0 inside one group: GPU g sends
- * count floats of g + 1 + i % 7. */
+/* One gather (forwarded to the real NCCL) per GPU to rank 0 inside one group: the GPU of
+ * rank r sends count floats of r + 1 + i % 7. Rank 0 need not be on GPU 0 (a split can
+ * reorder the ranks), so the receive buffer is on the root's GPU and given only there. */
 static void grouped_gather(ncclComm_t* comms, int n, size_t count) {
   CUdeviceptr send[MAXG], recv = 0;
+  int rank[MAXG], root_gpu = -1;
   float* host = malloc(count * (size_t)n * sizeof(float));
+  for (int g = 0; g < n; g++) {
+    NCCLOK(ncclCommUserRank(comms[g], &rank[g]));
+    if (rank[g] == 0) root_gpu = g;
+  }
+  CHECK(root_gpu >= 0, "no GPU holds rank 0 of %d", n);
+  if (root_gpu < 0) {
+    free(host);
+    return;
+  }
   for (int g = 0; g < n; g++) {
     set_device(g);
     CU(p_cuMemAlloc(&send[g], count * sizeof(float)));
-    for (size_t i = 0; i < count; i++) host[i] = (float)(g + 1) + (float)(i % 7);
+    for (size_t i = 0; i < count; i++) host[i] = (float)(rank[g] + 1) + (float)(i % 7);
     CU(p_cuMemcpyHtoD(send[g], host, count * sizeof(float)));
-    if (g == 0) CU(p_cuMemAlloc(&recv, count * (size_t)n * sizeof(float)));
+    if (g == root_gpu) CU(p_cuMemAlloc(&recv, count * (size_t)n * sizeof(float)));
   }
   NCCLOK(ncclGroupStart());
   for (int g = 0; g < n; g++) {
     set_device(g);
-    NCCLOK(ncclGather((void*)send[g], g == 0 ? (void*)recv : NULL, count, ncclFloat32, 0, comms[g], NULL));
+    NCCLOK(ncclGather((void*)send[g], g == root_gpu ? (void*)recv : NULL, count, ncclFloat32, 0, comms[g], NULL));
   }
   NCCLOK(ncclGroupEnd());
   for (int g = 0; g < n; g++) {
     set_device(g);
     CU(p_cuCtxSynchronize());
   }
-  set_device(0);
+  set_device(root_gpu);
   CU(p_cuMemcpyDtoH(host, recv, count * (size_t)n * sizeof(float)));
   size_t bad = 0;
-  for (int g = 0; g < n; g++)
-    for (size_t i = 0; i < count; i++) bad += host[(size_t)g * count + i] != (float)(g + 1) + (float)(i % 7);
+  for (int r = 0; r < n; r++)
+    for (size_t i = 0; i < count; i++) bad += host[(size_t)r * count + i] != (float)(r + 1) + (float)(i % 7);
   CHECK(bad == 0, "forwarded gather of %zu x %d: %zu wrong", count, n, bad);
   for (int g = 0; g < n; g++) {
     set_device(g);
     CU(p_cuMemFree(send[g]));
   }
-  set_device(0);
+  set_device(root_gpu);
   CU(p_cuMemFree(recv));
   free(host);
 }

@@ -9,6 +9,7 @@
 #
 #     ci/gpu/python.sh                      (wheel from .gpu/wheels, results in .gpu/results/python)
 #     WHEELS=dir OUT=dir RANKS=2 ci/gpu/python.sh
+#     PYTEST_K=eager_overhead ci/gpu/python.sh   (only the tests pytest -k selects)
 #
 # The wheel is built here (no GPU needed) and carried with the call:
 #     . .toolchains/cuda/env.sh && maturin build --release --features cuda \
@@ -38,7 +39,7 @@ python3 -c 'import sys, oxccl, torch; print("python", sys.version.split()[0], "t
 # From $OUT, so python/oxccl (the source folder) cannot shadow the installed package.
 cd "$OUT"
 timeout --kill-after=20 "${STEP_TIMEOUT:-540}" torchrun --standalone --nproc_per_node="$RANKS" \
-    -m pytest -p no:cacheprovider -q -s -x "$OLDPWD/python/tests/gpu" 2>&1 | tee "$OUT/pytest.log"
+    -m pytest -p no:cacheprovider -q -s -x ${PYTEST_K:+-k "$PYTEST_K"} "$OLDPWD/python/tests/gpu" 2>&1 | tee "$OUT/pytest.log"
 rc=${PIPESTATUS[0]}
 echo "ci/gpu/python.sh: exit $rc (log $OUT/pytest.log)"
 exit "$rc"

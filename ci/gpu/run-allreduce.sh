@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Allreduce on the GPU machine with .gpu/oxccl-perf (built by ci/gpu/build-perf.sh):
+# Allreduce on the GPU machine with .gpu/bin/oxccl-perf (built by ci/gpu/build-cuda.sh):
 #   1. correctness matrix on 2 and 4 GPUs: every algorithm forced through OXCCL_ALGO x data
 #      types x out-of-place/in-place, sizes from 2 bytes (1 element) to 64 MB plus odd
 #      counts, one 256 MB run, every op and an f32 accumulator on the auto selection;
@@ -11,7 +11,7 @@
 #     ci/gpu/run-allreduce.sh [BINARY]
 set -uo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-bin="${1:-${repo_root}/.gpu/oxccl-perf}"
+bin="${1:-${repo_root}/.gpu/bin/oxccl-perf}"
 step_timeout="${OXCCL_STEP_TIMEOUT:-240}"
 results="${OUT:-${repo_root}/.gpu/results}"
 export NCCL_NVLS_ENABLE=0
@@ -20,7 +20,7 @@ export OXCCL_TIMEOUT_MS="${OXCCL_TIMEOUT_MS:-20000}"
 mkdir -p "${results}"
 
 if [[ ! -x "${bin}" ]]; then
-    echo "run-allreduce.sh: ${bin} not found; build it with ci/gpu/build-perf.sh" >&2
+    echo "run-allreduce.sh: ${bin} not found; build it with ci/gpu/build-cuda.sh" >&2
     exit 2
 fi
 ngpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the CUDA GPU suite built by ci/gpu/build-cuda.sh (.gpu/oxccl-gpu-suite):
+# Runs the CUDA GPU suite built by ci/gpu/build-cuda.sh (.gpu/bin/oxccl-gpu-suite):
 #   1. the kernels' self-test on one GPU;
 #   2. the multi-process suite with torchrun on 2 GPUs, then on all GPUs (when more than 2).
 # Every step has a timeout; NVLS stays off (NCCL_NVLS_ENABLE=0, OXCCL_NVLS unset), so no
@@ -8,7 +8,7 @@
 #     ci/gpu/run-cuda.sh [BINARY]
 set -uo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-bin="${1:-${repo_root}/.gpu/oxccl-gpu-suite}"
+bin="${1:-${repo_root}/.gpu/bin/oxccl-gpu-suite}"
 step_timeout="${OXCCL_STEP_TIMEOUT:-300}"
 export NCCL_NVLS_ENABLE=0
 unset OXCCL_NVLS

@@ -6,17 +6,17 @@
 # both runs against a float64 reference) and prints the allreduce timings side by side; the
 # log shows which calls oxccl served.
 #
-#     ci/gpu/run-torch-nccl-api.sh [LIB] [WORLD SIZES...]      (default: .gpu/liboxccl_nccl.so 2 4)
+#     ci/gpu/run-torch-nccl-api.sh [LIB] [WORLD SIZES...]      (default: .gpu/bin/liboxccl_nccl.so 2 4)
 #
 # One world size takes a few minutes (two torchrun jobs with 64Mi-element tensors and their
 # float64 references); on a machine with a 10-minute limit per command, run one world size
 # per command. OXCCL_TORCH_ARGS adds arguments to the script's `run` (e.g.
 # "--max-elems 1048583 --iters 10" for a quick pass).
 # Build LIB here with: cargo build --release -p oxccl-nccl-api --features cuda, copied into
-# .gpu/ (see docs/nccl-api.md). NVLS stays off: NCCL_NVLS_ENABLE=0, OXCCL_NVLS never set.
+# .gpu/bin/ by ci/gpu/build-cuda.sh (see docs/nccl-api.md). NVLS stays off: NCCL_NVLS_ENABLE=0, OXCCL_NVLS never set.
 set -uo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-lib="$(realpath "${1:-${repo_root}/.gpu/liboxccl_nccl.so}")"
+lib="$(realpath "${1:-${repo_root}/.gpu/bin/liboxccl_nccl.so}")"
 shift || true
 worlds=("$@")
 [[ ${#worlds[@]} -gt 0 ]] || worlds=(2 4)
@@ -28,7 +28,7 @@ unset OXCCL_NVLS
 export OXCCL_TIMEOUT_MS="${OXCCL_TIMEOUT_MS:-20000}"
 
 if [[ ! -f "${lib}" ]]; then
-    echo "run-torch-nccl-api.sh: ${lib} not found (build it with --features cuda and copy it to .gpu/)" >&2
+    echo "run-torch-nccl-api.sh: ${lib} not found (build it with --features cuda and copy it to .gpu/bin/)" >&2
     exit 2
 fi
 # The real NCCL oxccl forwards to: the one PyTorch uses (its pip package), unless set.
@@ -66,7 +66,7 @@ for n in "${worlds[@]}"; do
     grep -c -- '-> oxccl' "${dir}/oxccl.log" | sed 's/^/calls served by oxccl: /'
     echo "served by oxccl, per function:"
     grep -o -- 'rank [0-9]* nccl[A-Za-z]* [^>]*-> oxccl' "${dir}/oxccl.log" | awk '{print $3}' | sort | uniq -c
-    grep -o -- 'nccl[A-Za-z]* count=[0-9]* dtype=[a-z0-9]* op=[a-z0-9]* -> oxccl ([a-z_]*)' "${dir}/oxccl.log" \
+    grep -o -- 'nccl[A-Za-z]* count=[0-9]* dtype=[a-z0-9]* op=[a-z0-9]* -> oxccl ([^)]*)' "${dir}/oxccl.log" \
         | sed 's/count=[0-9]* //' | sort | uniq -c | sort -rn | head -20
     echo "forwarded to the real NCCL:"
     grep -o -- 'rank [0-9]* nccl[A-Za-z]*.*-> nccl (forwarded: .*)' "${dir}/oxccl.log" \

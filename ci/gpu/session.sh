@@ -1,20 +1,38 @@
 #!/usr/bin/env bash
 # One GPU-machine session, in phases that each fit a 10-minute call. Binaries come from
-# .gpu/ (built here by ci/gpu/build-cuda.sh, ci/gpu/build-perf.sh and the hal-cuda GPU test
-# binary copied to .gpu/hal-cuda-gpu-tests). Logs go to $OUT (or .gpu/results).
+# $BIN (default .gpu/bin, built here by ci/gpu/build-cuda.sh). Logs go to $OUT (or
+# .gpu/results).
 #
 #     ci/gpu/session.sh hal        # topology, hal-cuda GPU tests, kernels self-test,
 #                                  # multi-process suite on 2 and 4 GPUs, channels tables
 #     ci/gpu/session.sh allreduce  # correctness matrix (ci/gpu/run-allreduce.sh, part 1)
 #     ci/gpu/session.sh collectives # all-gather, reduce-scatter, all-to-all, broadcast, reduce: every algorithm
-#                                  # x type x placement checked, then each vs NCCL (graph)
+#                                  # x type x placement checked (no timing: see collperf)
+#     ci/gpu/session.sh collperf   # each of those five vs NCCL (graph replay; NCCL's default
+#                                  # and symmetric modes where it has them)
+#     ci/gpu/session.sh collsweep  # each of their algorithms forced over 1K..4M (thresholds)
 #     ci/gpu/session.sh latency    # 1K..4M vs NCCL: early launch on/off, and an earlier
 #                                  # build in .gpu/base/ when there is one
 #     ci/gpu/session.sh probe      # where a small call's time goes (ci/gpu/probe/), 2 GPUs
-#     ci/gpu/session.sh perf       # bf16 sum vs NCCL, graph replay, 2 and 4 GPUs
+#     ci/gpu/session.sh copyengine # broadcast_copy (copy engine) vs broadcast_direct, vs NCCL
+#     ci/gpu/session.sh autoreg    # unregistered eager allreduce: zero-copy through a per-call
+#                                  # exchange vs the scratch, each vs NCCL
+#     ci/gpu/session.sh perf       # bf16 sum vs NCCL (default and symmetric), graph replay
 #     ci/gpu/session.sh tune       # tuner (graph replay), then bf16 vs NCCL with the tuned
 #                                  # table and checks of every dtype with it; port_channel
 #     ci/gpu/session.sh torch      # PyTorch with liboxccl_nccl.so preloaded vs plain NCCL
+#     ci/gpu/session.sh faults     # ci/gpu/faults.sh: injected faults, one per case
+#     ci/gpu/session.sh multinode  # ci/gpu/multinode.sh: PortChannel paths vs NCCL on sockets
+#     ci/gpu/session.sh python     # ci/gpu/python.sh: the Python package's GPU suite
+#     ci/gpu/session.sh group      # nccl_group_test: one thread drives every GPU
+#     ci/gpu/session.sh sanitizer  # compute-sanitizer over the 2-rank correctness sweep
+#     ci/gpu/session.sh soak       # oxccl-perf --soak: random collectives, checked, with
+#                                  # memory / fd / mapping figures per minute
+#
+# OXCCL_SESSION_MATCH (a regex) runs only the steps whose names match it, e.g. the ones an
+# earlier call skipped. OXCCL_SESSION_GPUS picks the world sizes (default "2 4"); OXCCL_SESSION_DEVICES picks the
+# GPUs (a comma list, default all in order), so two sessions can run side by side on one
+# 4-GPU machine, e.g. OXCCL_SESSION_DEVICES=2,3.
 #
 # NVLS is never used: NCCL_NVLS_ENABLE=0 is exported and OXCCL_NVLS is unset, so no
 # multicast object is created by NCCL or by oxccl. A step starts only while the phase's
@@ -22,7 +40,8 @@
 set -uo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "${repo_root}"
-phase="${1:?usage: ci/gpu/session.sh hal|allreduce|collectives|latency|probe|perf|tune|torch}"
+phase="${1:?usage: ci/gpu/session.sh PHASE (see the top of this file)}"
+BIN="${BIN:-.gpu/bin}"
 out="${OUT:-${repo_root}/.gpu/results}"
 # Step logs go to one folder that is packed at the end: the device tool returns few files.
 logs="$(mktemp -d /tmp/oxccl-session-logs.XXXXXX)"
@@ -30,13 +49,26 @@ mkdir -p "${out}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 unset OXCCL_NVLS
 budget="${OXCCL_SESSION_BUDGET:-540}"
+# The real NCCL: torch's nvidia.nccl package (NCCL 2.28.9 on the lent machines) unless named.
+if [[ -z ${OXCCL_NCCL_LIB_PATH:-} ]]; then
+    guess="$(python3 -c 'import os, nvidia.nccl as m; print(os.path.join(list(m.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null || true)"
+    [[ -f ${guess} ]] && export OXCCL_NCCL_LIB_PATH="${guess}"
+fi
 start=${SECONDS}
-ngpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)"
+all_gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)"
+devices_list="${OXCCL_SESSION_DEVICES:-$(seq -s, 0 $((all_gpus - 1)))}"
+ngpus="$(tr ',' '\n' <<<"${devices_list}" | grep -c .)"
+# devices N: the first N GPUs of this session's list, as CUDA_VISIBLE_DEVICES wants them.
+devices() { tr ',' '\n' <<<"${devices_list}" | head -n "$1" | paste -sd,; }
 summary=()
 
 step() { # step NAME TIMEOUT CMD...
     local name="$1" limit="$2"
     shift 2
+    # OXCCL_SESSION_MATCH (an extended regex) runs only the steps whose names match it.
+    if [[ -n ${OXCCL_SESSION_MATCH:-} ]] && ! grep -qE "${OXCCL_SESSION_MATCH}" <<<"${name}"; then
+        return
+    fi
     if ((SECONDS - start + limit > budget)); then
         summary+=("SKIP  ${name} (no time left in this phase)")
         return
@@ -56,6 +88,8 @@ step() { # step NAME TIMEOUT CMD...
 }
 
 suite_dir() { mktemp -d /tmp/oxccl-suite.XXXXXX; }
+# kinds_of COLLECTIVE: its algorithms' suffixes (COLLECTIVE_KIND).
+kinds_of() { echo "oneshot_ll staged direct"; }
 torchrun_n() { # torchrun_n N CMD...
     local n="$1"
     shift
@@ -64,20 +98,23 @@ torchrun_n() { # torchrun_n N CMD...
 
 case "${phase}" in
 hal)
+    export CUDA_VISIBLE_DEVICES="${devices_list}"
     nvidia-smi topo -m >"${logs}/topology.txt" 2>&1
     nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm --format=csv >>"${logs}/topology.txt" 2>&1
     cat "${logs}/topology.txt"
-    step "hal-cuda GPU tests" 120 .gpu/hal-cuda-gpu-tests --test-threads=1 --nocapture
-    step "kernels self-test on GPU 0" 120 env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 .gpu/oxccl-gpu-suite selftest
+    step "hal-cuda GPU tests" 120 "${BIN}/hal-cuda-gpu-tests" --test-threads=1 --nocapture
+    step "kernels self-test on GPU $(devices 1)" 120 env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 "${BIN}/oxccl-gpu-suite" selftest
     for n in 2 4; do
         ((ngpus >= n)) || continue
+        export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
         step "suite on ${n} GPUs" 120 env OXCCL_SUITE_DIR="$(suite_dir)" OXCCL_SUITE_RUN_ID="n${n}" \
-            bash -c "$(declare -f torchrun_n); torchrun_n ${n} .gpu/oxccl-gpu-suite suite --timeout 90"
+            bash -c "$(declare -f torchrun_n); torchrun_n ${n} ${BIN}/oxccl-gpu-suite suite --timeout 90"
     done
     for n in 2 4; do
         ((ngpus >= n)) || continue
-        step "channels on ${n} GPUs" 150 env MASTER_PORT=$((29600 + n)) \
-            bash -c "$(declare -f torchrun_n); torchrun_n ${n} .gpu/oxccl-gpu-suite channels --timeout 120"
+        export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
+        step "channels on ${n} GPUs" 150 env MASTER_PORT=$((29600 + n + 10 * ${devices_list:0:1})) \
+            bash -c "$(declare -f torchrun_n); torchrun_n ${n} ${BIN}/oxccl-gpu-suite channels --timeout 120"
     done
     ;;
 allreduce)
@@ -85,54 +122,50 @@ allreduce)
     q=(-w 1 --iters 2)
     for n in ${OXCCL_SESSION_GPUS:-2 4}; do
         ((ngpus >= n)) || continue
-        export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
+        export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
         for algo in oneshot_ll oneshot_ll128 twoshot twoshot_zc twoshot_push; do
             if [[ ${algo} == oneshot_* ]]; then max=1M; else max=256M; fi
             # oxccl-perf registers its buffers: twoshot_zc runs zero-copy, twoshot_push
             # stores into the peers' outputs, twoshot forced still takes the staging path.
             for dtype in bf16 f32 fp8_e4m3b15; do
                 step "check ${n}gpu ${algo} ${dtype} 2B..${max}" 60 env OXCCL_ALGO="${algo}" \
-                    .gpu/oxccl-perf -N "${n}" -b 2 -e "${max}" -f 4 -d "${dtype}" "${q[@]}"
+                    "${BIN}/oxccl-perf" -N "${n}" -b 2 -e "${max}" -f 4 -d "${dtype}" "${q[@]}"
                 step "check ${n}gpu ${algo} ${dtype} in-place odd 1003B..${max}" 60 env OXCCL_ALGO="${algo}" \
-                    .gpu/oxccl-perf -N "${n}" -b 1003 -e "${max}" -f 7 -d "${dtype}" --in-place "${q[@]}"
+                    "${BIN}/oxccl-perf" -N "${n}" -b 1003 -e "${max}" -f 7 -d "${dtype}" --in-place "${q[@]}"
             done
             for dtype in f16 fp8_e4m3 fp8_e5m2 i8 u32 i64 f64; do
                 step "check ${n}gpu ${algo} ${dtype} 2B..${max}" 60 env OXCCL_ALGO="${algo}" \
-                    .gpu/oxccl-perf -N "${n}" -b 2 -e "${max}" -f 8 -d "${dtype}" "${q[@]}"
+                    "${BIN}/oxccl-perf" -N "${n}" -b 2 -e "${max}" -f 8 -d "${dtype}" "${q[@]}"
             done
         done
         for dtype in i32 u8 f64; do
             for op in sum prod min max avg; do
-                step "check ${n}gpu auto ${dtype} ${op} odd in-place" 60 .gpu/oxccl-perf -N "${n}" -b 1003 -e 16M -f 7 \
+                step "check ${n}gpu auto ${dtype} ${op} odd in-place" 60 "${BIN}/oxccl-perf" -N "${n}" -b 1003 -e 16M -f 7 \
                     -d "${dtype}" -o "${op}" --in-place "${q[@]}"
             done
         done
         for op in prod min max avg; do
-            step "check ${n}gpu auto bf16 ${op}" 60 .gpu/oxccl-perf -N "${n}" -b 4 -e 16M -f 16 -d bf16 -o "${op}" "${q[@]}"
+            step "check ${n}gpu auto bf16 ${op}" 60 "${BIN}/oxccl-perf" -N "${n}" -b 4 -e 16M -f 16 -d bf16 -o "${op}" "${q[@]}"
         done
-        step "check ${n}gpu auto bf16 accum f32" 60 .gpu/oxccl-perf -N "${n}" -b 4 -e 16M -f 16 -d bf16 --accum f32 "${q[@]}"
-        step "check ${n}gpu auto e4m3b15 accum native" 60 .gpu/oxccl-perf -N "${n}" -b 4 -e 16M -f 16 -d fp8_e4m3b15 --accum native "${q[@]}"
-        step "check ${n}gpu auto bf16 graph" 60 .gpu/oxccl-perf -N "${n}" -b 1K -e 64M -f 8 -d bf16 --graph "${q[@]}"
-        step "check ${n}gpu auto bf16 unregistered" 60 .gpu/oxccl-perf -N "${n}" -b 1K -e 64M -f 8 -d bf16 --no-register "${q[@]}"
+        step "check ${n}gpu auto bf16 accum f32" 60 "${BIN}/oxccl-perf" -N "${n}" -b 4 -e 16M -f 16 -d bf16 --accum f32 "${q[@]}"
+        step "check ${n}gpu auto e4m3b15 accum native" 60 "${BIN}/oxccl-perf" -N "${n}" -b 4 -e 16M -f 16 -d fp8_e4m3b15 --accum native "${q[@]}"
+        step "check ${n}gpu auto bf16 graph" 60 "${BIN}/oxccl-perf" -N "${n}" -b 1K -e 64M -f 8 -d bf16 --graph "${q[@]}"
+        step "check ${n}gpu auto bf16 unregistered" 60 "${BIN}/oxccl-perf" -N "${n}" -b 1K -e 64M -f 8 -d bf16 --no-register "${q[@]}"
         step "check ${n}gpu push unregistered bf16 odd in-place 1003B..256M" 60 env OXCCL_ALGO=twoshot_push \
-            .gpu/oxccl-perf -N "${n}" -b 1003 -e 256M -f 7 -d bf16 --in-place --no-register "${q[@]}"
+            "${BIN}/oxccl-perf" -N "${n}" -b 1003 -e 256M -f 7 -d bf16 --in-place --no-register "${q[@]}"
         step "check ${n}gpu push unregistered f32 graph 1K..256M" 60 env OXCCL_ALGO=twoshot_push \
-            .gpu/oxccl-perf -N "${n}" -b 1K -e 256M -f 8 -d f32 --graph --no-register "${q[@]}"
+            "${BIN}/oxccl-perf" -N "${n}" -b 1K -e 256M -f 8 -d f32 --graph --no-register "${q[@]}"
     done
     ;;
 collectives)
-    # Correctness first (every size checked bit for bit against the host reference, the
-    # output poisoned first), then one table per collective against NCCL in the same run.
+    # Every size checked bit for bit against the host reference, the output poisoned first.
     export OXCCL_TIMEOUT_MS=20000
     q=(-w 1 --iters 2)
     for n in ${OXCCL_SESSION_GPUS:-2 4}; do
         ((ngpus >= n)) || continue
-        export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
+        export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
         for c in allgather reducescatter alltoall broadcast reduce; do
-            kinds="oneshot_ll staged direct"
-            # No LL one-shot (broadcast.cu, reduce.cu).
-            [[ ${c} == broadcast || ${c} == reduce ]] && kinds="staged direct"
-            for kind in ${kinds}; do
+            for kind in $(kinds_of "${c}"); do
                 algo="${c}_${kind}"
                 if [[ ${kind} == oneshot_ll ]]; then max=1M; else max=256M; fi
                 # oxccl-perf registers its buffers (direct needs that); staged gets them
@@ -140,18 +173,56 @@ collectives)
                 reg=(); [[ ${kind} == staged ]] && reg=(--no-register)
                 for dtype in bf16 f32 fp8_e4m3; do
                     step "check ${n}gpu ${algo} ${dtype} 2B..${max}" 60 env OXCCL_ALGO="${algo}" \
-                        .gpu/oxccl-perf -c "${c}" -N "${n}" -b 2 -e "${max}" -f 4 -d "${dtype}" "${reg[@]}" "${q[@]}"
+                        "${BIN}/oxccl-perf" -c "${c}" -N "${n}" -b 2 -e "${max}" -f 4 -d "${dtype}" "${reg[@]}" "${q[@]}"
                 done
                 [[ ${c} == alltoall ]] && continue # NCCL defines no in-place all-to-all
                 step "check ${n}gpu ${algo} bf16 in-place odd 1003B..${max}" 60 env OXCCL_ALGO="${algo}" \
-                    .gpu/oxccl-perf -c "${c}" -N "${n}" -b 1003 -e "${max}" -f 7 -d bf16 --in-place "${reg[@]}" "${q[@]}"
+                    "${BIN}/oxccl-perf" -c "${c}" -N "${n}" -b 1003 -e "${max}" -f 7 -d bf16 --in-place "${reg[@]}" "${q[@]}"
             done
-            step "check ${n}gpu ${c} auto bf16 graph" 60 .gpu/oxccl-perf -c "${c}" -N "${n}" -b 1K -e 64M -f 8 \
+            step "check ${n}gpu ${c} auto bf16 graph" 60 "${BIN}/oxccl-perf" -c "${c}" -N "${n}" -b 1K -e 64M -f 8 \
                 -d bf16 --graph "${q[@]}"
+            # The last rank as the root, and integer / f64 data, with the selector's choice.
+            if [[ ${c} == broadcast || ${c} == reduce ]]; then
+                step "check ${n}gpu ${c} auto bf16 root $((n - 1)) odd" 60 "${BIN}/oxccl-perf" -c "${c}" -N "${n}" \
+                    -b 1003 -e 64M -f 7 -d bf16 -r $((n - 1)) "${q[@]}"
+            fi
+            for dtype in i32 u8 f64; do
+                step "check ${n}gpu ${c} auto ${dtype} odd" 60 "${BIN}/oxccl-perf" -c "${c}" -N "${n}" \
+                    -b 1003 -e 64M -f 7 -d "${dtype}" "${q[@]}"
+            done
         done
-        for c in allgather reducescatter alltoall broadcast reduce; do
-            step "perf ${n}gpu ${c} bf16 vs NCCL graph" 150 .gpu/oxccl-perf -c "${c}" -N "${n}" -b 1K -e 1G -f 2 \
+    done
+    ;;
+collperf)
+    # One table per collective against NCCL in the same run (default and symmetric modes).
+    for n in ${OXCCL_SESSION_GPUS:-2 4}; do
+        ((ngpus >= n)) || continue
+        export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
+        for c in ${OXCCL_SESSION_COLLECTIVES:-allgather reducescatter alltoall broadcast reduce}; do
+            step "perf ${n}gpu ${c} bf16 vs NCCL graph" 150 "${BIN}/oxccl-perf" -c "${c}" -N "${n}" -b 1K -e 1G -f 2 \
                 -d bf16 -w 5 --iters 20 --graph --compare nccl --json "${out}/${c}-bf16-${n}gpu.json"
+        done
+    done
+    ;;
+collsweep)
+    # Where the one-shot should hand over to the direct kernels: every algorithm of every
+    # collective but allreduce forced over 1K..4M (no NCCL), graph replay.
+    for n in ${OXCCL_SESSION_GPUS:-2 4}; do
+        ((ngpus >= n)) || continue
+        export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
+        for c in allgather reducescatter alltoall broadcast reduce; do
+            for kind in $(kinds_of "${c}"); do
+                # The one-shot's packet capacity: 2 MiB per rank on 2 ranks (a broadcast or
+                # reduce of size S needs S per rank; the others S / 2).
+                max=4M
+                [[ ${kind} == oneshot_ll && (${c} == broadcast || ${c} == reduce) ]] && max=2M
+                ((n > 2)) && [[ ${kind} == oneshot_ll ]] && max=1M
+                reg=()
+                [[ ${kind} == staged ]] && reg=(--no-register)
+                step "sweep ${n}gpu ${c}_${kind} 1K..${max}" 60 env OXCCL_ALGO="${c}_${kind}" \
+                    "${BIN}/oxccl-perf" -c "${c}" -N "${n}" -b 1K -e "${max}" -f 2 -d bf16 -w 5 --iters 20 \
+                    --graph "${reg[@]}" --json "${out}/sweep-${c}_${kind}-${n}gpu.json"
+            done
         done
     done
     ;;
@@ -161,10 +232,10 @@ latency)
     # interleaved, so drift between runs shows as the spread of each.
     for n in ${OXCCL_SESSION_GPUS:-2 4}; do
         ((ngpus >= n)) || continue
-        export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
+        export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
         for round in 1 2; do
             for variant in early plain base; do
-                bin=.gpu/oxccl-perf
+                bin="${BIN}/oxccl-perf"
                 env=(OXCCL_EARLY_LAUNCH=1)
                 case ${variant} in
                 plain) env=(OXCCL_EARLY_LAUNCH=0) ;;
@@ -183,7 +254,7 @@ latency)
 probe)
     # The probe's object is compiled here by ci/gpu/build-probe.sh (nvcc takes minutes on
     # the kernels it includes); the device links it with its own CUDA runtime.
-    export CUDA_VISIBLE_DEVICES=0,1
+    export CUDA_VISIBLE_DEVICES="$(devices 2)"
     if ((ngpus >= 2)) && [[ -f .gpu/probe/latency_probe.o ]]; then
         step "link latency probe" 60 nvcc -arch=sm_90 .gpu/probe/latency_probe.o -o "${logs}/latency_probe"
         step "latency probe 2gpu" 120 "${logs}/latency_probe" 2000 7
@@ -191,19 +262,43 @@ probe)
         summary+=("SKIP  latency probe (needs 2 GPUs and .gpu/probe/latency_probe.o)")
     fi
     ;;
+copyengine)
+    # The copy-engine broadcast against the SM one on registered buffers, each vs NCCL in the
+    # same run (graph replay), every size checked: where broadcast_copy should take over.
+    export CUDA_VISIBLE_DEVICES="$(devices 2)"
+    for algo in broadcast_copy broadcast_direct; do
+        step "perf 2gpu ${algo} bf16 1M..1G vs NCCL graph" 150 env OXCCL_ALGO="${algo}" \
+            "${BIN}/oxccl-perf" -c broadcast -N 2 -b 1M -e 1G -f 2 -d bf16 -w 5 --iters 20 --graph \
+            --compare nccl --json "${out}/${algo}-2gpu.json"
+    done
+    step "check 2gpu broadcast_copy bf16 root 1 in-place odd 1003B..256M" 60 env OXCCL_ALGO=broadcast_copy \
+        "${BIN}/oxccl-perf" -c broadcast -N 2 -b 1003 -e 256M -f 7 -d bf16 -r 1 --in-place -w 1 --iters 2
+    ;;
+autoreg)
+    # Unregistered buffers, eager calls (no graph): zero-copy through a bootstrap exchange per
+    # call (OXCCL_AUTO_REGISTER_MIN_BYTES=0) against staging through the scratch (the minimum
+    # above every size), each vs NCCL in the same run: where the exchange starts to pay
+    # (the default of OXCCL_AUTO_REGISTER_MIN_BYTES).
+    export CUDA_VISIBLE_DEVICES="$(devices 2)"
+    for min in 0 1099511627776; do
+        step "autoreg 2gpu bf16 eager unregistered min ${min}" 120 env OXCCL_AUTO_REGISTER_MIN_BYTES="${min}" \
+            "${BIN}/oxccl-perf" -N 2 -b 512K -e 512M -f 2 -d bf16 -w 5 --iters 20 --no-register \
+            --compare nccl --nccl-default-only --json "${out}/autoreg-min${min}-2gpu.json"
+    done
+    ;;
 perf)
     for n in ${OXCCL_SESSION_GPUS:-2 4}; do
         ((ngpus >= n)) || continue
-        export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
-        step "perf ${n}gpu bf16 sum vs NCCL graph" 150 .gpu/oxccl-perf -N "${n}" -b 1K -e 1G -f 2 -d bf16 \
+        export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
+        step "perf ${n}gpu bf16 sum vs NCCL graph" 150 "${BIN}/oxccl-perf" -N "${n}" -b 1K -e 1G -f 2 -d bf16 \
             -w 5 --iters 20 --graph --compare nccl --json "${out}/allreduce-bf16-${n}gpu.json"
     done
     # Threshold data (no NCCL): one-shot vs zero-copy two-shot over the crossover range.
     for n in ${OXCCL_SESSION_GPUS:-4 2}; do
         ((ngpus >= n)) || continue
-        export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
+        export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
         for algo in oneshot_ll oneshot_ll128 twoshot_zc twoshot_push; do
-            step "sweep ${n}gpu ${algo} 1K..2M" 60 env OXCCL_ALGO="${algo}" .gpu/oxccl-perf -N "${n}" \
+            step "sweep ${n}gpu ${algo} 1K..2M" 60 env OXCCL_ALGO="${algo}" "${BIN}/oxccl-perf" -N "${n}" \
                 -b 1K -e 2M -f 2 -d bf16 -w 5 --iters 20 --graph --json "${out}/sweep-${algo}-${n}gpu.json"
         done
     done
@@ -214,32 +309,114 @@ tune)
     q=(-w 1 --iters 2)
     for n in ${OXCCL_SESSION_GPUS:-2 4}; do
         ((ngpus >= n)) || continue
-        export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
-        step "tune ${n}gpu bf16 (force) + perf vs NCCL graph" 180 .gpu/oxccl-perf -N "${n}" -b 1K -e 1G -f 2 \
+        export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
+        step "tune ${n}gpu bf16 (force) + perf vs NCCL graph" 180 "${BIN}/oxccl-perf" -N "${n}" -b 1K -e 1G -f 2 \
             -d bf16 -w 5 --iters 20 --graph --compare nccl --tune force \
             --json "${out}/allreduce-bf16-${n}gpu-tuned.json"
-        step "tune ${n}gpu f32 + check" 120 .gpu/oxccl-perf -N "${n}" -b 3 -e 256M -f 7 -d f32 --tune cache "${q[@]}"
+        step "tune ${n}gpu f32 + check" 120 "${BIN}/oxccl-perf" -N "${n}" -b 3 -e 256M -f 7 -d f32 --tune cache "${q[@]}"
         for dtype in bf16 f16 fp8_e4m3 fp8_e4m3b15; do
-            step "check ${n}gpu tuned-bf16-table ${dtype} odd in-place graph" 60 .gpu/oxccl-perf -N "${n}" \
+            step "check ${n}gpu tuned-bf16-table ${dtype} odd in-place graph" 60 "${BIN}/oxccl-perf" -N "${n}" \
                 -b 1003 -e 256M -f 7 -d "${dtype}" --in-place --graph --tune cache "${q[@]}"
         done
-        step "check ${n}gpu tuned bf16 unregistered" 60 .gpu/oxccl-perf -N "${n}" -b 1K -e 64M -f 4 -d bf16 \
+        step "check ${n}gpu tuned bf16 unregistered" 60 "${BIN}/oxccl-perf" -N "${n}" -b 1K -e 64M -f 4 -d bf16 \
             --no-register --tune cache "${q[@]}"
         for dtype in bf16 f32 fp8_e4m3b15; do
             step "check ${n}gpu port_channel ${dtype} 2B..64M" 90 env OXCCL_ALGO=port_channel \
-                .gpu/oxccl-perf -N "${n}" -b 2 -e 64M -f 7 -d "${dtype}" "${q[@]}"
+                "${BIN}/oxccl-perf" -N "${n}" -b 2 -e 64M -f 7 -d "${dtype}" "${q[@]}"
         done
-        step "perf ${n}gpu port_channel bf16 graph" 90 env OXCCL_ALGO=port_channel .gpu/oxccl-perf -N "${n}" \
+        step "perf ${n}gpu port_channel bf16 graph" 90 env OXCCL_ALGO=port_channel "${BIN}/oxccl-perf" -N "${n}" \
             -b 1K -e 256M -f 4 -d bf16 -w 3 --iters 10 --graph --json "${out}/port-channel-bf16-${n}gpu.json"
     done
     ;;
 torch)
     for n in ${OXCCL_SESSION_GPUS:-2 4}; do
         ((ngpus >= n)) || continue
-        export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))"
+        export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
         step "torch ${n}gpu with and without liboxccl_nccl.so" 270 env OXCCL_STEP_TIMEOUT=120 \
-            bash ci/gpu/run-torch-nccl-api.sh "${repo_root}/.gpu/liboxccl_nccl.so" "${n}"
+            bash ci/gpu/run-torch-nccl-api.sh "${repo_root}/${BIN}/liboxccl_nccl.so" "${n}"
     done
+    ;;
+faults)
+    # Two ranks, one per GPU (4 when OXCCL_SESSION_GPUS names 4 and there are 4).
+    for n in ${OXCCL_SESSION_GPUS:-2}; do
+        ((ngpus >= n)) || continue
+        export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
+        step "faults ${n}gpu" 300 env FAULT_WORLD="${n}" FAULT_GPUS="${n}" BIN="${BIN}" \
+            OUT="${logs}/faults-${n}gpu" bash ci/gpu/faults.sh
+    done
+    ;;
+multinode)
+    export CUDA_VISIBLE_DEVICES="$(devices 2)"
+    ((ngpus >= 2)) && step "multinode 2gpu (PortChannel over TCP vs NCCL on sockets)" 420 \
+        env BIN="${BIN}" OUT="${logs}/multinode" bash ci/gpu/multinode.sh
+    cp "${logs}"/multinode/*.json "${out}/" 2>/dev/null || true
+    ;;
+python)
+    export CUDA_VISIBLE_DEVICES="$(devices 2)"
+    ((ngpus >= 2)) && step "python 2gpu" 240 env RANKS=2 STEP_TIMEOUT=220 OUT="${logs}/python" \
+        bash ci/gpu/python.sh
+    ;;
+group)
+    # One thread drives every GPU of the list through liboxccl_nccl.so (issue #17).
+    for n in ${OXCCL_SESSION_GPUS:-2 4}; do
+        ((ngpus >= n)) || continue
+        export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
+        step "nccl_group_test ${n}gpu" 120 env OXCCL_NCCL_LOG=info "${BIN}/nccl_group_test"
+    done
+    ;;
+sanitizer)
+    # compute-sanitizer over 2 ranks (it follows the children oxccl-perf -N starts): every
+    # algorithm forced, small sizes that are not powers of two, each size checked; memcheck
+    # also over every data type with the selector's choice. A reported error fails the step
+    # (--error-exitcode), and so does a wrong result.
+    export CUDA_VISIBLE_DEVICES="$(devices 2)" OXCCL_TIMEOUT_MS=120000
+    san() { # san TOOL NAME ENV... -- PERF ARGS...
+        local tool=$1 name=$2
+        shift 2
+        local envs=()
+        while [[ $1 != -- ]]; do envs+=("$1"); shift; done
+        shift
+        step "${tool} ${name}" 150 env "${envs[@]}" compute-sanitizer --tool "${tool}" \
+            --target-processes all --error-exitcode 9 "${BIN}/oxccl-perf" -N 2 "$@" -w 1 --iters 1
+    }
+    algos=(allreduce:oneshot_ll allreduce:oneshot_ll128 allreduce:twoshot allreduce:twoshot_zc
+        allreduce:twoshot_push allreduce:port_channel
+        allgather:allgather_oneshot_ll allgather:allgather_staged allgather:allgather_direct
+        reducescatter:reducescatter_oneshot_ll reducescatter:reducescatter_staged
+        reducescatter:reducescatter_direct alltoall:alltoall_oneshot_ll alltoall:alltoall_staged
+        alltoall:alltoall_direct broadcast:broadcast_oneshot_ll broadcast:broadcast_staged
+        broadcast:broadcast_direct broadcast:broadcast_copy reduce:reduce_oneshot_ll reduce:reduce_staged
+        reduce:reduce_direct)
+    for tool in ${OXCCL_SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}; do
+        for a in "${algos[@]}"; do
+            c=${a%%:*} algo=${a#*:}
+            reg=()
+            [[ ${algo} == *staged ]] && reg=(--no-register)
+            san "${tool}" "2gpu ${algo}" OXCCL_ALGO="${algo}" -- -c "${c}" -b 1000 -e 300000 -f 17 \
+                -d bf16 "${reg[@]}"
+        done
+        [[ ${tool} == memcheck ]] || continue
+        for dtype in f32 f16 fp8_e4m3 fp8_e4m3b15 i8 i32 u64 f64; do
+            san memcheck "2gpu allreduce auto ${dtype}" OXCCL_LOG=warn -- -b 1000 -e 300000 -f 17 -d "${dtype}"
+        done
+    done
+    ;;
+soak)
+    # OXCCL_SOAK_SECONDS (default 600) of random collectives, sizes and types on 2 GPUs,
+    # every call checked; the per-minute figures are in the log.
+    export CUDA_VISIBLE_DEVICES="$(devices 2)" OXCCL_TIMEOUT_MS=20000
+    secs=${OXCCL_SOAK_SECONDS:-600}
+    # Device memory per process, from outside (the HAL has no query for it), each minute.
+    (
+        while sleep 60; do
+            echo "# $(date +%T)"
+            nvidia-smi --query-compute-apps=pid,gpu_bus_id,used_memory --format=csv,noheader
+        done
+    ) >"${out}/soak-device-memory.txt" 2>&1 &
+    sampler=$!
+    step "soak 2gpu ${secs}s" $((secs + 90)) "${BIN}/oxccl-perf" -N 2 --soak "${secs}" -b 1 -e 64M \
+        --json "${out}/soak-2gpu.json"
+    kill "${sampler}" 2>/dev/null
     ;;
 *)
     echo "unknown phase ${phase}" >&2

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use oxccl_backend::AnyStream;
 use oxccl_hal::{DevicePtr, Error, Result, Stream};
-use oxccl_kernels::abi::{OXCCL_ALLREDUCE_ERR_ARGS, OXCCL_ALLREDUCE_ERR_TIMEOUT};
+use oxccl_kernels::abi::{
+    OXCCL_ALLREDUCE_ERR_ABORTED, OXCCL_ALLREDUCE_ERR_ARGS, OXCCL_ALLREDUCE_ERR_TIMEOUT,
+};
 
 /// Reads the word at `at` (after the work queued on `stream`; the caller synchronized it)
 /// and decodes it: `what` names the kernels ("the allreduce kernels"), `timeout` is the
@@ -26,6 +28,10 @@ pub fn decode(word: u64, what: &str, timeout: Duration) -> Result<()> {
             what: format!("{what}: a wait for rank {peer} (dead, slow, or a mismatched call)"),
             waited: timeout,
         }),
+        c if c == OXCCL_ALLREDUCE_ERR_ABORTED => Err(Error::Aborted(format!(
+            "{what}: the communicator was aborted (Communicator::abort, ncclCommAbort) while a \
+             wait for rank {peer} was under way; it serves no more calls"
+        ))),
         c if c == OXCCL_ALLREDUCE_ERR_ARGS => Err(Error::InvalidArgument(format!(
             "{what}: a kernel rejected its argument block"
         ))),
@@ -47,6 +53,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("rank 5") && e.contains("k:"), "{e}");
+        let e = decode(u64::from(OXCCL_ALLREDUCE_ERR_ABORTED) | (1 << 32), "k", t).unwrap_err();
+        assert!(matches!(e, Error::Aborted(_)), "{e}");
+        let e = e.to_string();
+        assert!(e.contains("aborted") && e.contains("rank 1"), "{e}");
         let e = decode(u64::from(OXCCL_ALLREDUCE_ERR_ARGS), "k", t).unwrap_err();
         assert!(e.to_string().contains("argument block"), "{e}");
         assert!(decode(77, "k", t).unwrap_err().to_string().contains("77"));

@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use oxccl_hal::{AccumType, DataType, Error, LaunchConfig, ReduceOp, Result};
 use oxccl_kernels::abi::{
-    self, OxcclAllreduceArgs, OXCCL_ALLREDUCE_ERR_TIMEOUT, OXCCL_ALLREDUCE_MAX_BLOCKS,
-    OXCCL_ALLREDUCE_MAX_RANKS, OXCCL_ALLREDUCE_SYNC_EPOCH, OXCCL_ALLREDUCE_SYNC_ERROR,
-    OXCCL_ALLREDUCE_SYNC_EXPECTED, OXCCL_ALLREDUCE_SYNC_INBOUND,
+    self, OxcclAllreduceArgs, OXCCL_ALLREDUCE_ERR_ABORTED, OXCCL_ALLREDUCE_ERR_TIMEOUT,
+    OXCCL_ALLREDUCE_MAX_BLOCKS, OXCCL_ALLREDUCE_MAX_RANKS, OXCCL_ALLREDUCE_SYNC_EPOCH,
+    OXCCL_ALLREDUCE_SYNC_ERROR, OXCCL_ALLREDUCE_SYNC_EXPECTED, OXCCL_ALLREDUCE_SYNC_INBOUND,
 };
 use oxccl_kernels::{formats, reduce};
 
@@ -85,6 +85,11 @@ impl Call {
         let earlier = call
             .word(me, u64::from(OXCCL_ALLREDUCE_SYNC_ERROR))
             .load(Ordering::Relaxed);
+        if earlier & 0xffff_ffff == u64::from(OXCCL_ALLREDUCE_ERR_ABORTED) || call.aborted() {
+            return Err(Error::Aborted(format!(
+                "{kernel}: not run, the communicator of rank {me} was aborted"
+            )));
+        }
         if earlier != 0 {
             return Err(Error::Timeout {
                 what: format!(
@@ -120,14 +125,37 @@ impl Call {
         self.word(self.me, u64::from(OXCCL_ALLREDUCE_SYNC_EXPECTED) + slot)
     }
 
-    pub(crate) fn timed_out(&self) -> bool {
-        self.deadline.is_some_and(|d| Instant::now() >= d)
+    /// Whether the communicator's abort word (`abort_flag`, null: none) is set.
+    pub(crate) fn aborted(&self) -> bool {
+        aborted(self.a.abort_flag)
     }
 
+    /// Whether a wait must end: its bound has passed or the communicator was aborted (the
+    /// device kernels' `Deadline::expired`; [`Call::fail`] says which).
+    pub(crate) fn expired(&self) -> bool {
+        self.aborted() || self.deadline.is_some_and(|d| Instant::now() >= d)
+    }
+
+    /// Records the failure of a wait for `peer` that [`Call::expired`] ended, as the device
+    /// kernels do (`OXCCL_ALLREDUCE_ERR_ABORTED` or `_TIMEOUT` with the peer), and returns
+    /// it as an error.
     pub(crate) fn fail(&self, peer: usize, what: &str) -> Error {
+        let aborted = self.aborted();
         let err = self.word(self.me, u64::from(OXCCL_ALLREDUCE_SYNC_ERROR));
-        let code = u64::from(OXCCL_ALLREDUCE_ERR_TIMEOUT) | ((peer as u64) << 32);
+        let kind = if aborted {
+            OXCCL_ALLREDUCE_ERR_ABORTED
+        } else {
+            OXCCL_ALLREDUCE_ERR_TIMEOUT
+        };
+        let code = u64::from(kind) | ((peer as u64) << 32);
         let _ = err.compare_exchange(0, code, Ordering::Relaxed, Ordering::Relaxed);
+        if aborted {
+            return Error::Aborted(format!(
+                "{}: the communicator of rank {} was aborted while it waited for rank {peer} \
+                 ({what})",
+                self.kernel, self.me
+            ));
+        }
         Error::Timeout {
             what: format!(
                 "{}: rank {} waiting for rank {peer} ({what}); the peer is dead, slow, or \
@@ -217,6 +245,19 @@ impl Call {
         self.word(self.me, u64::from(OXCCL_ALLREDUCE_SYNC_EPOCH))
             .fetch_add(1, Ordering::Release);
     }
+}
+
+/// Whether the abort word at `flag` (an argument block's `abort_flag`; null: none) is set.
+/// Every host stand-in with bounded waits reads it through here.
+pub(crate) fn aborted(flag: *const u64) -> bool {
+    if flag.is_null() {
+        return false;
+    }
+    // SAFETY: launch contract of every block that carries `abort_flag`: non-null, it is
+    // the communicator's abort word, 8 bytes of host-visible memory (8-byte aligned: a
+    // page of its own) that outlive the kernel and are only accessed atomically (the
+    // communicator sets it with a release store).
+    unsafe { AtomicU64::from_ptr(flag.cast_mut()) }.load(Ordering::Acquire) != 0
 }
 
 /// Bytes [off, off + 16) of a buffer of `total` bytes; bytes past the end read as zero
@@ -318,7 +359,7 @@ pub(crate) unsafe fn ll16_write_unit(c: &Call, to: usize, off: usize, v: &[u8; 1
 }
 
 /// The unit rank `from` wrote as two LL16 packets at byte `off` of this rank's scratch,
-/// once both carry the call's flag; a timeout names `from`.
+/// once both carry the call's flag; a timeout (or an abort) names `from`.
 ///
 /// # Safety
 /// `off` must address two packets of this rank's flag-protocol region.
@@ -336,18 +377,58 @@ pub(crate) unsafe fn ll16_read_unit(
         )
     };
     let mut polls = 0u32;
-    let mut wait = |p| loop {
+    let (a, b) = ll16_wait(c, p0, from, flag, "one-shot packets", &mut polls)?;
+    let (d, e) = ll16_wait(c, p1, from, flag, "one-shot packets", &mut polls)?;
+    Ok(unwords([a, b, d, e]))
+}
+
+/// Polls packet `p` until it carries `flag` and returns its data, or fails naming `from`
+/// and `what` once the wait expired; `polls` carries the backoff across waits.
+fn ll16_wait(
+    c: &Call,
+    p: [&AtomicU32; 4],
+    from: usize,
+    flag: u32,
+    what: &str,
+    polls: &mut u32,
+) -> Result<(u32, u32)> {
+    loop {
         if let Some(v) = ll16_try_read(p, flag) {
             return Ok(v);
         }
-        if c.timed_out() {
-            return Err(c.fail(from, "one-shot packets"));
+        if c.expired() {
+            return Err(c.fail(from, what));
         }
-        backoff(&mut polls);
-    };
-    let (a, b) = wait(p0)?;
-    let (d, e) = wait(p1)?;
-    Ok(unwords([a, b, d, e]))
+        backoff(polls);
+    }
+}
+
+/// The rooted one-shots' acknowledgement (`ll16_ack` in allreduce_device.hpp): the first
+/// packet of unit 0 of this rank's slot (`slot` bytes per rank) in `to`'s current half,
+/// written to a peer this call sends no data.
+///
+/// # Safety
+/// `half + world * slot` must lie inside `to`'s flag-protocol region.
+pub(crate) unsafe fn ll16_ack(c: &Call, to: usize, half: usize, slot: usize, flag: u32) {
+    // SAFETY: the caller's obligation; scratch bases are live for the call.
+    let p = unsafe { packet(c.scratch(to), half + c.me * slot) };
+    ll16_write(p, 0, 0, flag);
+}
+
+/// Waits for the acknowledgement (`ll16_ack`) of rank `from` in this rank's half.
+///
+/// # Safety
+/// As [`ll16_ack`], for this rank's own region.
+pub(crate) unsafe fn ll16_wait_ack(
+    c: &Call,
+    from: usize,
+    half: usize,
+    slot: usize,
+    flag: u32,
+) -> Result<()> {
+    // SAFETY: the caller's obligation.
+    let p = unsafe { packet(c.scratch(c.me), half + from * slot) };
+    ll16_wait(c, p, from, flag, "one-shot acknowledgement", &mut 0).map(|_| ())
 }
 
 pub(crate) fn words(v: &[u8; 16]) -> [u32; 4] {
@@ -387,7 +468,7 @@ pub(crate) fn barrier(c: &Call, blocks: usize) -> Result<()> {
             let inbound = c.inbound(c.me, b, p);
             let mut polls = 0u32;
             while inbound.load(Ordering::Acquire) < want {
-                if c.timed_out() {
+                if c.expired() {
                     return Err(c.fail(p, "two-shot barrier"));
                 }
                 backoff(&mut polls);

@@ -17,8 +17,12 @@ use crate::algorithms::all_reduce::two_shot_zc::TWOSHOT_ZC;
 use crate::algorithms::all_to_all::{
     direct::ALLTOALL_DIRECT, one_shot::ALLTOALL_ONESHOT_LL, staged::ALLTOALL_STAGED,
 };
-use crate::algorithms::broadcast::{direct::BROADCAST_DIRECT, staged::BROADCAST_STAGED};
-use crate::algorithms::reduce::{direct::REDUCE_DIRECT, staged::REDUCE_STAGED};
+use crate::algorithms::broadcast::{
+    direct::BROADCAST_DIRECT, one_shot::BROADCAST_ONESHOT_LL, staged::BROADCAST_STAGED,
+};
+use crate::algorithms::reduce::{
+    direct::REDUCE_DIRECT, one_shot::REDUCE_ONESHOT_LL, staged::REDUCE_STAGED,
+};
 use crate::algorithms::reduce_scatter::{
     direct::REDUCESCATTER_DIRECT, one_shot::REDUCESCATTER_ONESHOT_LL, staged::REDUCESCATTER_STAGED,
 };
@@ -86,13 +90,20 @@ fn one_shot(shape: &CallShape<'_>) -> Result<(Algorithm, Plan)> {
     Ok((ONESHOT_LL, ONESHOT_LL.plan(shape)?))
 }
 
-/// The largest all-gather input or reduce-scatter output (bytes per rank) the one-shot
-/// takes by default. Not yet
-/// measured on GPUs (no multi-GPU machine since the all-gather kernels were written): the
-/// one-shot moves every byte twice (LL16 flags) but in one step without a barrier, the
-/// staged and direct kernels each byte once between two barriers, like the allreduce
-/// two-shots that the one-shot beat up to 256 KiB on 4 H200s.
-pub const ALLGATHER_ONESHOT_MAX_BYTES: usize = 256 << 10;
+/// The largest message (bytes per rank: an all-gather input, a reduce-scatter output, an
+/// all-to-all chunk, a broadcast or reduce buffer) the one-shots of the other collectives
+/// take by default. 2 H100s (`session.sh collsweep`, graph replay, bf16): the one-shot led
+/// the direct kernels at every size up to its packet capacity of 2 MiB per rank, e.g.
+/// all-gather 10.5 against 15.0 us at 1 MiB per rank and 17.1 against 18.2 at 2 MiB,
+/// broadcast 14.2 against 17.7 at 2 MiB; so 2 ranks keep it up to 2 MiB (where its packets
+/// fit). More ranks move `world - 1` copies and keep the 256 KiB that the allreduce
+/// one-shot held on 4 H200s (the other collectives not measured there).
+pub fn collective_oneshot_max(world_size: u32) -> usize {
+    match world_size {
+        0..=2 => 2 << 20,
+        _ => 256 << 10,
+    }
+}
 
 /// On 2 ranks, the largest registered message (bytes per rank) the zero-copy two-shot takes.
 pub const ZC_MAX_BYTES_2_RANKS: usize = 2 << 20;
@@ -166,12 +177,14 @@ impl Selector {
                     shape,
                     [ALLTOALL_ONESHOT_LL, ALLTOALL_DIRECT, ALLTOALL_STAGED],
                 )?,
-                Collective::Broadcast => {
-                    Self::direct_or_staged(shape, [BROADCAST_DIRECT, BROADCAST_STAGED], "output")?
-                }
-                Collective::Reduce => {
-                    Self::direct_or_staged(shape, [REDUCE_DIRECT, REDUCE_STAGED], "input")?
-                }
+                Collective::Broadcast => Self::one_shot_direct_staged(
+                    shape,
+                    [BROADCAST_ONESHOT_LL, BROADCAST_DIRECT, BROADCAST_STAGED],
+                )?,
+                Collective::Reduce => Self::one_shot_direct_staged(
+                    shape,
+                    [REDUCE_ONESHOT_LL, REDUCE_DIRECT, REDUCE_STAGED],
+                )?,
                 Collective::ReduceScatter => Self::one_shot_direct_staged(
                     shape,
                     [
@@ -284,8 +297,8 @@ impl Selector {
         })
     }
 
-    /// The policy of all-gather, reduce-scatter and all-to-all: the one-shot up to
-    /// [`ALLGATHER_ONESHOT_MAX_BYTES`] (where its packets fit), above it the direct kernel on
+    /// The policy of every collective but allreduce: the one-shot up to
+    /// [`collective_oneshot_max`] (where its packets fit), above it the direct kernel on
     /// registered buffers, else the staged one.
     fn one_shot_direct_staged(
         shape: &CallShape<'_>,
@@ -301,15 +314,13 @@ impl Selector {
         if shape.world_size == 1 {
             return choose(one_shot, "one rank: a local copy".into());
         }
-        if shape.bytes <= ALLGATHER_ONESHOT_MAX_BYTES {
+        let oneshot_max = collective_oneshot_max(shape.world_size);
+        if shape.bytes <= oneshot_max {
             if let Ok(plan) = one_shot.plan(shape) {
                 return Ok(Choice {
                     algorithm: one_shot,
                     plan,
-                    reason: format!(
-                        "{} bytes <= one-shot threshold {ALLGATHER_ONESHOT_MAX_BYTES}",
-                        shape.bytes
-                    ),
+                    reason: format!("{} bytes <= one-shot threshold {oneshot_max}", shape.bytes),
                 });
             }
         }
@@ -320,26 +331,6 @@ impl Selector {
             staged,
             format!("unregistered buffers, {} bytes", shape.bytes),
         )
-    }
-
-    /// The policy of the rooted collectives (broadcast, reduce), which have no one-shot: the
-    /// direct kernel when the buffers it reaches on the peers (`needs`: the outputs, the
-    /// inputs) are registered, else the staged one.
-    fn direct_or_staged(
-        shape: &CallShape<'_>,
-        [direct, staged]: [Algorithm; 2],
-        needs: &str,
-    ) -> Result<Choice> {
-        let (algorithm, reason) = if shape.zero_copy {
-            (direct, "registered")
-        } else {
-            (staged, "unregistered")
-        };
-        Ok(Choice {
-            algorithm,
-            plan: algorithm.plan(shape)?,
-            reason: format!("{reason} {needs}, {} bytes", shape.bytes),
-        })
     }
 }
 

@@ -26,7 +26,7 @@ use oxccl_collectives::hal::{
     Stream,
 };
 use oxccl_collectives::tuner::{TuneSource, TuneTable};
-use oxccl_collectives::{Algorithm, Collective, CommConfig, Communicator};
+use oxccl_collectives::{Algorithm, BufferPath, Collective, CommConfig, Communicator};
 
 mod common;
 use common::{accums, check_buffers, expected, same_bits, stage, threads_with, Rank};
@@ -217,6 +217,16 @@ fn zero_copy_on_registered_buffers() {
                                 salt,
                             )
                             .unwrap();
+                            let last = r.comm.last_call().unwrap();
+                            let want = if last.algorithm.uses_registered() {
+                                BufferPath::Registered
+                            } else {
+                                BufferPath::Scratch
+                            };
+                            assert_eq!(last.path, want, "{last}");
+                            if algo.is_some() && world > 1 {
+                                assert_eq!(last.path, BufferPath::Registered, "{last}");
+                            }
                         }
                     }
                 }
@@ -256,6 +266,36 @@ fn zero_copy_on_registered_buffers() {
     }
 }
 
+/// Below `auto_register_min_bytes` a call on unregistered buffers never exchanges them (a
+/// bootstrap round trip per call): it stages through the scratch, and nothing is mapped;
+/// at the minimum the same call maps the allocation.
+#[test]
+fn small_calls_on_unregistered_buffers_stage_without_an_exchange() {
+    let cfg = |_| CommConfig {
+        zc_threshold_bytes: Some(4096),
+        oneshot_max_bytes: Some(4096),
+        auto_register_min_bytes: 64 << 10,
+        ..config(None)
+    };
+    threads_with(2, cfg, |r| {
+        let pool: AnyMemory = r.comm.device().alloc(1 << 20, MemoryKind::Plain).unwrap();
+        let (dtype, op, accum) = (DataType::F32, ReduceOp::Sum, AccumType::Auto);
+        for (salt, count) in [(1, 5_003usize), (2, 16_383)] {
+            // 20 KB and 64 KB - 4 B: above the zero-copy threshold, below the minimum.
+            r.check_at(pool.ptr(), pool.ptr(), dtype, op, accum, count, salt)
+                .unwrap();
+            let last = r.comm.last_call().unwrap();
+            assert_eq!(last.path, BufferPath::Scratch, "{last}");
+            assert_eq!(r.comm.auto_registered(), 0, "{last}");
+        }
+        r.check_at(pool.ptr(), pool.ptr(), dtype, op, accum, 16_384, 3)
+            .unwrap();
+        let last = r.comm.last_call().unwrap();
+        assert_eq!(last.path, BufferPath::Mapped, "{last}");
+        assert!(r.comm.auto_registered() > 0);
+    });
+}
+
 /// Zero-copy without registration: the allocations holding the callers' buffers are
 /// mapped at the first call that would take a zero-copy algorithm, at each rank's own
 /// offset, kept in a bounded cache, never served stale after a free, and any rank whose
@@ -267,6 +307,7 @@ fn zero_copy_on_unregistered_buffers() {
             zc_threshold_bytes: Some(4096),
             oneshot_max_bytes: Some(4096),
             auto_register_max: 2 * world as usize,
+            auto_register_min_bytes: 4096,
             ..config(None)
         };
         threads_with(world, cfg, move |r| {
@@ -293,8 +334,31 @@ fn zero_copy_on_unregistered_buffers() {
                     salt += 1;
                     r.check_at(i, o, dtype, ReduceOp::Sum, AccumType::Auto, count, salt)
                         .unwrap();
+                    // In place the buffer is 16-byte aligned and the call reaches the
+                    // peers' buffers through the mapped allocation; the out-of-place outputs
+                    // here are only element-aligned, which zero-copy does not take (staged).
+                    let last = r.comm.last_call().unwrap();
+                    if o.is_aligned(16) && i.is_aligned(16) {
+                        assert_eq!(last.path, BufferPath::Mapped, "{last}");
+                        assert!(last.algorithm.uses_registered(), "{last}");
+                    } else {
+                        assert_eq!(last.path, BufferPath::Scratch, "{last}");
+                    }
                 }
             }
+            // A one-shot size goes through the scratch.
+            salt += 1;
+            r.check_at(
+                pool.ptr(),
+                pool.ptr(),
+                DataType::F32,
+                ReduceOp::Sum,
+                AccumType::Auto,
+                100,
+                salt,
+            )
+            .unwrap();
+            assert_eq!(r.comm.last_call().unwrap().path, BufferPath::Scratch);
             assert_eq!(r.comm.registered_buffers(), 0);
             assert_eq!(
                 r.comm.auto_registered(),
@@ -494,6 +558,12 @@ fn auto_registration_can_be_turned_off() {
         )
         .unwrap();
         assert_eq!(r.comm.auto_registered(), 0);
+        let last = r.comm.last_call().unwrap();
+        assert_eq!(last.path, BufferPath::Scratch, "{last}");
+        assert!(
+            last.to_string().contains("through oxccl's scratch"),
+            "{last}"
+        );
     });
 }
 

@@ -9,7 +9,8 @@
 use std::time::Duration;
 
 use oxccl_collectives::algorithms::broadcast::{
-    direct::BROADCAST_DIRECT, staged::BROADCAST_STAGED,
+    copy_engine::BROADCAST_COPY, direct::BROADCAST_DIRECT, one_shot::BROADCAST_ONESHOT_LL,
+    staged::BROADCAST_STAGED,
 };
 use oxccl_collectives::hal::{DataType, Device, DevicePtr, Memory, MemoryKind, Stream};
 use oxccl_collectives::{Algorithm, Collective, CommConfig, Communicator};
@@ -98,7 +99,12 @@ fn check(
 
 #[test]
 fn every_algorithm_root_and_type_on_three_ranks() {
-    for algo in [BROADCAST_STAGED, BROADCAST_DIRECT] {
+    for algo in [
+        BROADCAST_ONESHOT_LL,
+        BROADCAST_STAGED,
+        BROADCAST_DIRECT,
+        BROADCAST_COPY,
+    ] {
         threads(3, Some(algo), move |r| {
             let mut salt = 0;
             for dtype in DataType::ALL {
@@ -111,7 +117,7 @@ fn every_algorithm_root_and_type_on_three_ranks() {
                             count,
                             root,
                             in_place,
-                            algo == BROADCAST_DIRECT,
+                            algo == BROADCAST_DIRECT || algo == BROADCAST_COPY,
                             salt,
                         )
                         .unwrap();
@@ -125,11 +131,21 @@ fn every_algorithm_root_and_type_on_three_ranks() {
 #[test]
 fn odd_and_large_counts_on_one_to_four_and_eight_ranks() {
     for world in [1, 2, 3, 4, 8] {
-        for algo in [None, Some(BROADCAST_STAGED), Some(BROADCAST_DIRECT)] {
+        for algo in [
+            None,
+            Some(BROADCAST_ONESHOT_LL),
+            Some(BROADCAST_STAGED),
+            Some(BROADCAST_DIRECT),
+            Some(BROADCAST_COPY),
+        ] {
             threads(world, algo, move |r| {
-                let register = algo == Some(BROADCAST_DIRECT);
+                let register = algo == Some(BROADCAST_DIRECT) || algo == Some(BROADCAST_COPY);
                 let root = world - 1;
                 for (i, count) in [1usize, 7, 12_345, 100_003].into_iter().enumerate() {
+                    // The one-shot's packets of 200 KB per rank do not fit 8 ranks' halves.
+                    if algo == Some(BROADCAST_ONESHOT_LL) && count > 50_000 {
+                        continue;
+                    }
                     check(
                         r,
                         DataType::Bf16,
@@ -166,6 +182,11 @@ fn default_selection_and_bad_roots() {
             .comm
             .choose_collective(Collective::Broadcast, 1000, DataType::Bf16)
             .unwrap();
+        assert_eq!(c.algorithm, BROADCAST_ONESHOT_LL, "{}", c.reason);
+        let c = r
+            .comm
+            .choose_collective(Collective::Broadcast, 2 << 20, DataType::Bf16)
+            .unwrap();
         assert_eq!(c.algorithm, BROADCAST_STAGED, "{}", c.reason);
         check(r, DataType::Bf16, 300_001, 1, false, true, 1).unwrap();
         check(r, DataType::Bf16, 300_001, 0, true, false, 2).unwrap();
@@ -179,6 +200,50 @@ fn default_selection_and_bad_roots() {
         .to_string();
         assert!(e.contains("root 2"), "{e}");
         check(r, DataType::F32, 100, 0, false, false, 3).unwrap();
+    });
+}
+
+/// The root of a one-shot broadcast waits for nothing but its peers' acknowledgements: it
+/// runs many calls ahead of a slow peer, each into the packet half of its epoch's parity.
+/// Every call's output must hold that call's data, never a later call's packets.
+#[test]
+fn one_shot_root_running_ahead_of_a_slow_peer() {
+    threads(3, Some(BROADCAST_ONESHOT_LL), |r| {
+        let rank = r.comm.rank();
+        let (count, dtype, calls) = (1001usize, DataType::F32, 24u64);
+        let bytes = dtype.bytes(count).unwrap();
+        let bufs: Vec<_> = (0..calls)
+            .map(|_| r.comm.device().alloc(bytes, MemoryKind::Plain).unwrap())
+            .collect();
+        for (salt, buf) in (0..calls).zip(&bufs) {
+            let root = (salt / 8) as u32 % 3; // eight calls from each root in turn
+            let data = if rank == root {
+                input(dtype, root, count, salt)
+            } else {
+                vec![0x5au8; bytes]
+            };
+            r.stream.write(buf.ptr(), &data).unwrap();
+            if rank == 2 {
+                std::thread::sleep(Duration::from_millis(2)); // the slow peer
+            }
+            // SAFETY: every buffer holds `count` elements until the synchronize below.
+            unsafe {
+                r.comm
+                    .broadcast(buf.ptr(), buf.ptr(), count, dtype, root, &r.stream)
+                    .unwrap();
+            }
+        }
+        r.stream.synchronize().unwrap();
+        r.comm.check_error(&r.stream).unwrap();
+        for (salt, buf) in (0..calls).zip(&bufs) {
+            let mut got = vec![0u8; bytes];
+            r.stream.read(buf.ptr(), &mut got).unwrap();
+            let root = (salt / 8) as u32 % 3;
+            assert!(
+                got == input(dtype, root, count, salt),
+                "rank {rank}: call {salt} from root {root} does not hold its data"
+            );
+        }
     });
 }
 
@@ -208,7 +273,8 @@ fn child_rank() {
     let comm = Communicator::from_env().unwrap();
     let stream = comm.device().create_stream().unwrap();
     let r = Rank { comm, stream };
-    let register = std::env::var("OXCCL_ALGO").is_ok_and(|a| a == "broadcast_direct");
+    let register =
+        std::env::var("OXCCL_ALGO").is_ok_and(|a| a == "broadcast_direct" || a == "broadcast_copy");
     let world = r.comm.world_size();
     for (i, count) in [1usize, 777, 50_001, 200_003].into_iter().enumerate() {
         for dtype in [DataType::Bf16, DataType::Fp8E4m3, DataType::F32] {
@@ -234,10 +300,17 @@ fn ranks_in_separate_processes() {
         (2, "auto"),
         (3, "broadcast_staged"),
         (3, "broadcast_direct"),
+        (3, "broadcast_oneshot_ll"),
+        (3, "broadcast_copy"),
     ] {
         common::run_child_ranks(
             world,
-            &[("OXCCL_ALGO", algo), ("OXCCL_STAGING_MB", "1")],
+            &[
+                ("OXCCL_ALGO", algo),
+                ("OXCCL_STAGING_MB", "1"),
+                // Room for the one-shot's packets of the largest count (800 KB of f32).
+                ("OXCCL_ONESHOT_MAX_BYTES", "1048576"),
+            ],
             &format!("world {world} algo {algo}"),
         );
     }

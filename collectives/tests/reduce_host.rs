@@ -10,7 +10,9 @@
 
 use std::time::Duration;
 
-use oxccl_collectives::algorithms::reduce::{direct::REDUCE_DIRECT, staged::REDUCE_STAGED};
+use oxccl_collectives::algorithms::reduce::{
+    direct::REDUCE_DIRECT, one_shot::REDUCE_ONESHOT_LL, staged::REDUCE_STAGED,
+};
 use oxccl_collectives::hal::{
     AccumType, DataType, Device, DevicePtr, Memory, MemoryKind, ReduceOp, Stream,
 };
@@ -122,7 +124,7 @@ fn check(
     outcome
 }
 
-const ALGOS: [Algorithm; 2] = [REDUCE_STAGED, REDUCE_DIRECT];
+const ALGOS: [Algorithm; 3] = [REDUCE_ONESHOT_LL, REDUCE_STAGED, REDUCE_DIRECT];
 
 #[test]
 fn every_algorithm_root_type_op_and_accumulation_on_three_ranks() {
@@ -150,12 +152,21 @@ fn every_algorithm_root_type_op_and_accumulation_on_three_ranks() {
 #[test]
 fn odd_and_large_counts_on_one_to_four_and_eight_ranks() {
     for world in [1, 2, 3, 4, 8] {
-        for algo in [None, Some(REDUCE_STAGED), Some(REDUCE_DIRECT)] {
+        for algo in [
+            None,
+            Some(REDUCE_ONESHOT_LL),
+            Some(REDUCE_STAGED),
+            Some(REDUCE_DIRECT),
+        ] {
             threads(world, algo, move |r| {
                 let register = algo == Some(REDUCE_DIRECT);
                 // 64 KiB staging: 12_345 and 100_003 bf16 per rank take several rounds of
                 // the staged one (one slot per rank).
                 for (i, count) in [1usize, 3, 1000, 12_345, 100_003].into_iter().enumerate() {
+                    // The one-shot's packets of 200 KB per rank do not fit 8 ranks' halves.
+                    if algo == Some(REDUCE_ONESHOT_LL) && count > 50_000 {
+                        continue;
+                    }
                     for in_place in [false, true] {
                         check(
                             r,
@@ -200,11 +211,16 @@ fn default_selection_and_the_other_collectives_on_one_communicator() {
             .choose_collective(Collective::Reduce, 1000, DataType::Bf16)
             .unwrap();
         assert_eq!(
-            unregistered.algorithm, REDUCE_STAGED,
+            unregistered.algorithm, REDUCE_ONESHOT_LL,
             "{}",
             unregistered.reason
         );
-        let buf = r.comm.device().alloc(4096, MemoryKind::Plain).unwrap();
+        let large = r
+            .comm
+            .choose_collective(Collective::Reduce, 2 << 20, DataType::Bf16)
+            .unwrap();
+        assert_eq!(large.algorithm, REDUCE_STAGED, "{}", large.reason);
+        let buf = r.comm.device().alloc(4 << 20, MemoryKind::Plain).unwrap();
         r.comm.register(&buf).unwrap();
         let registered = r
             .comm
@@ -212,7 +228,7 @@ fn default_selection_and_the_other_collectives_on_one_communicator() {
                 Collective::Reduce,
                 buf.ptr(),
                 DevicePtr::NULL,
-                1000,
+                2 << 20,
                 DataType::Bf16,
             )
             .unwrap();
@@ -346,6 +362,62 @@ fn bad_roots_and_buffers_are_refused_before_any_launch() {
     });
 }
 
+/// The ranks other than the root of a one-shot reduce wait for nothing but acknowledgements:
+/// they run many calls ahead of a slow root, each into the packet half of its epoch's
+/// parity. Every call's result must be that call's reduction, never mixed with a later
+/// call's packets.
+#[test]
+fn one_shot_ranks_running_ahead_of_a_slow_root() {
+    threads(3, Some(REDUCE_ONESHOT_LL), |r| {
+        let rank = r.comm.rank();
+        let (count, dtype, calls) = (1001usize, DataType::F32, 24u64);
+        let (op, accum) = (ReduceOp::Sum, AccumType::Auto);
+        let bytes = dtype.bytes(count).unwrap();
+        let bufs: Vec<_> = (0..calls)
+            .map(|_| r.comm.device().alloc(bytes, MemoryKind::Plain).unwrap())
+            .collect();
+        for (salt, buf) in (0..calls).zip(&bufs) {
+            let root = (salt / 8) as u32 % 3; // eight calls to each root in turn
+            r.stream
+                .write(buf.ptr(), &input(dtype, rank, count, salt))
+                .unwrap();
+            if rank == root {
+                std::thread::sleep(Duration::from_millis(2)); // the slow root
+            }
+            // SAFETY: every buffer holds `count` elements until the synchronize below.
+            unsafe {
+                r.comm
+                    .reduce(
+                        buf.ptr(),
+                        buf.ptr(),
+                        count,
+                        dtype,
+                        op,
+                        accum,
+                        root,
+                        &r.stream,
+                    )
+                    .unwrap();
+            }
+        }
+        r.stream.synchronize().unwrap();
+        r.comm.check_error(&r.stream).unwrap();
+        for (salt, buf) in (0..calls).zip(&bufs) {
+            let root = (salt / 8) as u32 % 3;
+            let mut got = vec![0u8; bytes];
+            r.stream.read(buf.ptr(), &mut got).unwrap();
+            let want = if rank == root {
+                expected(dtype, op, accum, 3, count, salt)
+            } else {
+                input(dtype, rank, count, salt) // in place: a non-root keeps its input
+            };
+            same_bits(dtype, &got, &want, count)
+                .map_err(|e| format!("rank {rank}: call {salt} to root {root}: {e}"))
+                .unwrap();
+        }
+    });
+}
+
 #[test]
 fn mismatched_roots_are_detected_on_first_call() {
     threads(2, None, |r| {
@@ -404,10 +476,20 @@ fn child_rank() {
 
 #[test]
 fn ranks_in_separate_processes() {
-    for (world, algo) in [(2, "auto"), (3, "reduce_staged"), (3, "reduce_direct")] {
+    for (world, algo) in [
+        (2, "auto"),
+        (3, "reduce_staged"),
+        (3, "reduce_direct"),
+        (3, "reduce_oneshot_ll"),
+    ] {
         common::run_child_ranks(
             world,
-            &[("OXCCL_ALGO", algo), ("OXCCL_STAGING_MB", "1")],
+            &[
+                ("OXCCL_ALGO", algo),
+                ("OXCCL_STAGING_MB", "1"),
+                // Room for the one-shot's packets of the largest count (800 KB of f32).
+                ("OXCCL_ONESHOT_MAX_BYTES", "1048576"),
+            ],
             &format!("world {world} algo {algo}"),
         );
     }

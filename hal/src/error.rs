@@ -71,6 +71,10 @@ pub enum Error {
     /// A peer process or rank went away.
     #[error("peer lost: {0}")]
     PeerLost(String),
+    /// The communicator was aborted (NCCL's `ncclCommAbort`): a wait that was under way
+    /// ended early, and every later call on it is refused.
+    #[error("aborted: {0}")]
+    Aborted(String),
     /// The operation is not allowed while the stream is being captured into a graph.
     #[error("{0} is not allowed while the stream is capturing a graph")]
     Capturing(&'static str),

@@ -160,8 +160,8 @@ mod tests {
         }
         // The sizes device code and the launch paths rely on.
         let size = |n: &str| OXCCL_ABI_STRUCTS.iter().find(|s| s.0 == n).map(|s| s.1);
-        assert_eq!(size("OxcclAllreduceArgs"), Some(280));
-        assert_eq!(size("OxcclPortAllreduceArgs"), Some(96));
+        assert_eq!(size("OxcclAllreduceArgs"), Some(288));
+        assert_eq!(size("OxcclPortAllreduceArgs"), Some(104));
         assert_eq!(size("OxcclPortChannel"), Some(80));
         assert_eq!(size("OxcclMemoryChannelArgs"), Some(144));
         assert_eq!(size("OxcclPortChannelArgs"), Some(144));

@@ -15,6 +15,16 @@
 #include "oxccl/abi.h"
 #pragma GCC diagnostic pop
 
+/* Where the abort word sits in the scratch kernels' blocks: after the 64-bit fields, before
+ * the 32-bit ones, so neither block gains padding (device code and the Rust structs read
+ * it at these offsets). */
+_Static_assert(offsetof(OxcclAllreduceArgs, abort_flag) == 128, "OxcclAllreduceArgs.abort_flag");
+_Static_assert(offsetof(OxcclAllreduceArgs, rank) == 136, "OxcclAllreduceArgs.rank");
+_Static_assert(offsetof(OxcclPortAllreduceArgs, abort_flag) == 72,
+               "OxcclPortAllreduceArgs.abort_flag");
+_Static_assert(_Alignof(OxcclAllreduceArgs) == 8 && _Alignof(OxcclPortAllreduceArgs) == 8,
+               "argument blocks are 8-byte aligned");
+
 typedef struct OxcclAbiLayout {
   const char* name;
   uint64_t size;

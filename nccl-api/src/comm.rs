@@ -998,8 +998,8 @@ impl Ready {
         })
     }
 
-    /// Allreduce served by oxccl (a built-in operator or PreMulSum). Returns the algorithm's
-    /// name for the log.
+    /// Allreduce served by oxccl (a built-in operator or PreMulSum). Returns what ran (algorithm
+    /// and buffer path) for the log.
     ///
     /// # Safety
     /// NCCL's contract for ncclAllReduce: `send` and `recv` hold `count` elements on this
@@ -1016,20 +1016,13 @@ impl Ready {
         op: Reduction,
         stream: CudaStreamT,
     ) -> ApiResult<String> {
-        let algo = if crate::error::log_enabled() && self.host.is_none() {
-            comm.choose_for(send, recv, count, dtype)
-                .map(|c| c.algorithm.to_string())
-                .unwrap_or_else(|e| format!("? ({e})"))
-        } else {
-            String::new()
-        };
         if let Some(host) = &self.host {
             return self.host_all_reduce(host, comm, send, recv, count, dtype, op);
         }
         let s = self.borrow_stream(comm, stream)?;
         // SAFETY: this function's contract is all_reduce's (buffers and stream).
         unsafe { all_reduce_with(comm, send, recv, count, dtype, op, &s) }?;
-        Ok(algo)
+        Ok(served_by(comm))
     }
 
     /// The caller's stream (`cudaStream_t` or `hipStream_t`: both are the runtime's opaque
@@ -1096,13 +1089,6 @@ impl Ready {
         dtype: DataType,
         stream: CudaStreamT,
     ) -> ApiResult<String> {
-        let algo = if crate::error::log_enabled() && self.host.is_none() {
-            comm.choose_collective(Collective::AllGather, count, dtype)
-                .map(|c| c.algorithm.to_string())
-                .unwrap_or_else(|e| format!("? ({e})"))
-        } else {
-            String::new()
-        };
         if let Some(host) = &self.host {
             // The caller's buffers are checked here: the call itself runs on staging.
             comm.check_buffers(Collective::AllGather, send, recv, count, dtype)?;
@@ -1122,7 +1108,7 @@ impl Ready {
         let s = self.borrow_stream(comm, stream)?;
         // SAFETY: this function's contract is all_gather's (buffers and stream).
         unsafe { comm.all_gather(send, recv, count, dtype, &s) }?;
-        Ok(algo)
+        Ok(served_by(comm))
     }
 
     /// Reduce-scatter of `count` output elements per rank on the caller's stream (the host
@@ -1145,13 +1131,6 @@ impl Ready {
         stream: CudaStreamT,
     ) -> ApiResult<String> {
         let collective = Collective::ReduceScatter;
-        let algo = if crate::error::log_enabled() && self.host.is_none() {
-            comm.choose_collective(collective, count, dtype)
-                .map(|c| c.algorithm.to_string())
-                .unwrap_or_else(|e| format!("? ({e})"))
-        } else {
-            String::new()
-        };
         if let Some(host) = &self.host {
             // The caller's buffers are checked here: the call itself runs on staging.
             comm.check_buffers(collective, send, recv, count, dtype)?;
@@ -1171,7 +1150,7 @@ impl Ready {
         let s = self.borrow_stream(comm, stream)?;
         // SAFETY: this function's contract is reduce_scatter's (buffers and stream).
         unsafe { reduce_scatter_with(comm, send, recv, count, dtype, op, &s) }?;
-        Ok(algo)
+        Ok(served_by(comm))
     }
 
     /// All-to-all of `count` elements per peer on the caller's stream (the host backend:
@@ -1192,13 +1171,6 @@ impl Ready {
         stream: CudaStreamT,
     ) -> ApiResult<String> {
         let collective = Collective::AllToAll;
-        let algo = if crate::error::log_enabled() && self.host.is_none() {
-            comm.choose_collective(collective, count, dtype)
-                .map(|c| c.algorithm.to_string())
-                .unwrap_or_else(|e| format!("? ({e})"))
-        } else {
-            String::new()
-        };
         if let Some(host) = &self.host {
             // The caller's buffers are checked here: the call itself runs on staging.
             comm.check_buffers(collective, send, recv, count, dtype)?;
@@ -1217,7 +1189,7 @@ impl Ready {
         let s = self.borrow_stream(comm, stream)?;
         // SAFETY: this function's contract is all_to_all's (buffers and stream).
         unsafe { comm.all_to_all(send, recv, count, dtype, &s) }?;
-        Ok(algo)
+        Ok(served_by(comm))
     }
 
     /// Broadcast of `count` elements from `root` on the caller's stream (the host backend:
@@ -1239,13 +1211,6 @@ impl Ready {
         root: u32,
         stream: CudaStreamT,
     ) -> ApiResult<String> {
-        let algo = if crate::error::log_enabled() && self.host.is_none() {
-            comm.choose_collective(Collective::Broadcast, count, dtype)
-                .map(|c| c.algorithm.to_string())
-                .unwrap_or_else(|e| format!("? ({e})"))
-        } else {
-            String::new()
-        };
         if let Some(host) = &self.host {
             let bytes = dtype.bytes(count)?;
             // Only the root's input is read (and checked: the call checks recv alone
@@ -1272,7 +1237,7 @@ impl Ready {
         let s = self.borrow_stream(comm, stream)?;
         // SAFETY: this function's contract is broadcast's (buffers and stream).
         unsafe { comm.broadcast(send, recv, count, dtype, root, &s) }?;
-        Ok(algo)
+        Ok(served_by(comm))
     }
 
     /// Reduce of `count` elements to `root` on the caller's stream (the host backend:
@@ -1296,13 +1261,6 @@ impl Ready {
         stream: CudaStreamT,
     ) -> ApiResult<String> {
         let collective = Collective::Reduce;
-        let algo = if crate::error::log_enabled() && self.host.is_none() {
-            comm.choose_collective(collective, count, dtype)
-                .map(|c| c.algorithm.to_string())
-                .unwrap_or_else(|e| format!("? ({e})"))
-        } else {
-            String::new()
-        };
         if let Some(host) = &self.host {
             let bytes = dtype.bytes(count)?;
             // Only the root's output is written (and checked: the library ignores the other
@@ -1328,7 +1286,7 @@ impl Ready {
         let s = self.borrow_stream(comm, stream)?;
         // SAFETY: this function's contract is reduce's (buffers and stream).
         unsafe { reduce_with(comm, (send, recv), count, dtype, op, root, &s) }?;
-        Ok(algo)
+        Ok(served_by(comm))
     }
 
     /// A call on the host backend: the caller's host input (`send`, its bytes, and where
@@ -1389,12 +1347,29 @@ impl Ready {
         Ok(())
     }
 
+    /// The first step of ncclCommAbort, taken while the handle is still live: every wait
+    /// of this rank's oxccl kernels ends ([`Communicator::abort`]: a call stuck on a dead
+    /// peer returns promptly instead of at its timeout, and later calls are refused), and
+    /// on the host backend a call in flight on another thread (it holds the staging buffer
+    /// until its stream has returned) has ended before this returns. Idempotent.
+    pub fn abort(&self) {
+        if let Oxccl::Serving(c) = &self.oxccl {
+            c.abort();
+        }
+        if let Some(host) = &self.host {
+            drop(host.staging.lock().unwrap_or_else(|p| p.into_inner()));
+        }
+    }
+
     /// Releases everything; `graceful` waits for this rank's queued work first
-    /// (ncclCommDestroy), otherwise not (ncclCommAbort).
+    /// (ncclCommDestroy), otherwise not (ncclCommAbort: [`Ready::abort`] first, and the
+    /// oxccl side goes once its aborted kernels have ended, [`Ready::release_aborted`]).
     pub fn destroy(mut self, graceful: bool) -> ApiResult<()> {
         let mut result = Ok(());
         if graceful {
             result = self.finalize();
+        } else {
+            self.abort();
         }
         if let Some(rc) = self.real.take() {
             let real = real_nccl().map_err(ApiError::internal)?;
@@ -1409,10 +1384,77 @@ impl Ready {
                 result = result.and(check_real(r, real, rc.0, "ncclCommDestroy"));
             }
         }
-        drop(self);
+        if graceful {
+            drop(self);
+        } else {
+            self.release_aborted();
+        }
         result
     }
+
+    /// Drops an aborted communicator once this rank's device has finished its queued work:
+    /// the aborted kernels end about a millisecond into their waits, but one still running
+    /// when the communicator's memory goes would fault and leave the GPU unusable. The device is
+    /// synchronized on a thread of its own, waited for at most [`ABORT_DRAIN`]: a device
+    /// busier than that (another library's kernel stuck on the dead peer, say) keeps the
+    /// communicator on that thread until it is idle, and ncclCommAbort returns anyway.
+    /// The host backend's calls are synchronous ([`Ready::abort`] waited for them).
+    fn release_aborted(self) {
+        if self.host.is_some() || !matches!(self.oxccl, Oxccl::Serving(_)) {
+            drop(self);
+            return;
+        }
+        let rank = self.rank;
+        // The thread takes the communicator from here; if it cannot start, this thread
+        // drains and drops it instead.
+        let slot = Arc::new(Mutex::new(Some(self)));
+        let theirs = Arc::clone(&slot);
+        let (done, finished) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name(format!("oxccl-nccl-abort-{rank}"))
+            .spawn(move || {
+                let ready = theirs.lock().unwrap_or_else(|p| p.into_inner()).take();
+                if let Some(ready) = ready {
+                    ready.drain_and_drop();
+                }
+                let _ = done.send(());
+            });
+        match spawned {
+            Ok(_) => {
+                if finished.recv_timeout(ABORT_DRAIN).is_err() {
+                    log_info!(
+                        "rank {rank} ncclCommAbort: the device is still busy after {ABORT_DRAIN:?}; \
+                         the oxccl communicator is released once it is idle"
+                    );
+                }
+            }
+            Err(e) => {
+                log_info!("rank {rank} ncclCommAbort: no release thread ({e}); draining here");
+                let ready = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+                if let Some(ready) = ready {
+                    ready.drain_and_drop();
+                }
+            }
+        }
+    }
+
+    /// Waits for this rank's device to finish its queued work, then drops everything.
+    fn drain_and_drop(self) {
+        if let Oxccl::Serving(c) = &self.oxccl {
+            if let Err(e) = c.device().synchronize() {
+                log_info!(
+                    "rank {} ncclCommAbort: synchronizing the device: {e}",
+                    self.rank
+                );
+            }
+        }
+        drop(self);
+    }
 }
+
+/// How long ncclCommAbort waits for the device to finish the aborted work before it returns
+/// and leaves the release to a thread of its own ([`Ready::release_aborted`]).
+const ABORT_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// An allreduce with a built-in operator or PreMulSum, accumulation `Auto`.
 ///
@@ -1606,6 +1648,17 @@ pub fn served_op(op: NcclRedOp) -> Option<ReduceOp> {
         NCCL_AVG => Some(ReduceOp::Avg),
         _ => None,
     }
+}
+
+/// What the call that just ran on `comm` did, for the log (`OXCCL_NCCL_LOG=info`): the
+/// algorithm and how it reached the buffers, as recorded by the communicator; empty with
+/// logging off.
+fn served_by(comm: &Communicator) -> String {
+    if !crate::error::log_enabled() {
+        return String::new();
+    }
+    comm.last_call()
+        .map_or_else(|| "nothing launched".to_string(), |r| r.to_string())
 }
 
 #[cfg(test)]

@@ -62,6 +62,8 @@ impl From<Error> for ApiError {
             Error::Backend { .. } | Error::RuntimeMissing(_) => NCCL_UNHANDLED_CUDA_ERROR,
             Error::Os { .. } => NCCL_SYSTEM_ERROR,
             Error::Timeout { .. } | Error::PeerLost(_) => NCCL_REMOTE_ERROR,
+            // A call cut short, or refused, because the caller aborted the communicator.
+            Error::Aborted(_) => NCCL_INVALID_USAGE,
             _ => NCCL_INTERNAL_ERROR,
         };
         ApiError {

@@ -421,13 +421,16 @@ fn release(name: &'static str, comm: Opaque, graceful: bool) -> ApiResult<()> {
             "comm {comm:?} takes part in this thread's open group (an init, split or \
              collective recorded for ncclGroupEnd): call ncclGroupEnd first"
         ))),
-        Target::Ours(_) => comm::take(comm)
-            .ok_or_else(|| {
-                ApiError::invalid_argument(format!(
-                    "comm {comm:?} is a destroyed communicator of this library"
-                ))
-            })?
-            .destroy(graceful),
+        Target::Ours(c) => {
+            if !graceful {
+                // ncclCommAbort: end this rank's oxccl waits (and a host-backend call in
+                // flight on another thread) while the handle is still in place.
+                if let State::Ready(ready) = c.state() {
+                    ready.abort();
+                }
+            }
+            release_ours(comm, graceful)
+        }
         Target::Foreign(_) => {
             let call = |real: &'static RealNccl, c: Opaque| {
                 let f = if graceful {
@@ -444,6 +447,17 @@ fn release(name: &'static str, comm: Opaque, graceful: bool) -> ApiResult<()> {
     }
 }
 
+/// Takes a live communicator of ours from its handle and releases it.
+fn release_ours(comm: Opaque, graceful: bool) -> ApiResult<()> {
+    comm::take(comm)
+        .ok_or_else(|| {
+            ApiError::invalid_argument(format!(
+                "comm {comm:?} is a destroyed communicator of this library"
+            ))
+        })?
+        .destroy(graceful)
+}
+
 export! {
     /// Waits for this rank's queued work (unless finalized already) and releases both
     /// sides. NULL is accepted, as NCCL does.
@@ -454,6 +468,9 @@ export! {
 
 export! {
     /// Releases both sides without waiting for the peers. NULL is accepted, as NCCL does.
+    /// oxccl's kernels of this rank end their waits first (a call stuck on a dead peer
+    /// ends promptly, not at OXCCL_TIMEOUT_MS), then the real communicator is aborted, and
+    /// the oxccl side goes once the device has finished the aborted work.
     fn ncclCommAbort / pncclCommAbort(comm: Opaque) -> NcclResult {
         guard("ncclCommAbort", || release("ncclCommAbort", comm, false))
     }

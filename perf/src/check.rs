@@ -18,7 +18,7 @@ use oxccl_collectives::kernels::{formats, reduce};
 /// (plus its last 4096 elements, where the tails are).
 pub const FULL_CHECK_LIMIT: usize = 1 << 24;
 
-fn mix(mut x: u64) -> u64 {
+pub(crate) fn mix(mut x: u64) -> u64 {
     x ^= x >> 30;
     x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x ^= x >> 27;

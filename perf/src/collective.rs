@@ -98,6 +98,9 @@ pub struct Collective {
     pub nccl_supports: fn(&crate::vendor::Nccl, DataType, AccumType) -> bool,
     /// Queues one NCCL call (buffers as for `oxccl`).
     pub nccl: fn(&crate::vendor::Nccl, &Call<'_>) -> Result<()>,
+    /// Whether NCCL (2.27+) has symmetric-memory kernels for it, so `--compare nccl` also
+    /// measures it on buffers in symmetric windows (allreduce, allgather, reducescatter).
+    pub nccl_symmetric: bool,
 }
 
 /// Allreduce: send and receive `count` elements; nothing moves in place.
@@ -120,6 +123,7 @@ pub const ALL_REDUCE: Collective = Collective {
     oxccl: all_reduce,
     nccl_supports: crate::vendor::Nccl::supports_reduction,
     nccl: crate::vendor::Nccl::all_reduce,
+    nccl_symmetric: true,
 };
 
 /// Allgather: send `count` elements, receive `world * count` (every rank's input in rank
@@ -143,6 +147,7 @@ pub const ALL_GATHER: Collective = Collective {
     oxccl: all_gather,
     nccl_supports: crate::vendor::Nccl::supports_move,
     nccl: crate::vendor::Nccl::all_gather,
+    nccl_symmetric: true,
 };
 
 /// Reduce-scatter: send `world * count` elements, receive `count` (the reduction of chunk
@@ -167,6 +172,7 @@ pub const REDUCE_SCATTER: Collective = Collective {
     oxccl: reduce_scatter,
     nccl_supports: crate::vendor::Nccl::supports_reduction,
     nccl: crate::vendor::Nccl::reduce_scatter,
+    nccl_symmetric: true,
 };
 
 /// All-to-all: send and receive `world * count` elements (chunk p goes to rank p, slot r
@@ -190,6 +196,7 @@ pub const ALL_TO_ALL: Collective = Collective {
     oxccl: all_to_all,
     nccl_supports: crate::vendor::Nccl::supports_move,
     nccl: crate::vendor::Nccl::all_to_all,
+    nccl_symmetric: false,
 };
 
 /// Broadcast from `--root`: send and receive `count` elements; busbw = algbw (nccl-tests:
@@ -210,6 +217,7 @@ pub const BROADCAST: Collective = Collective {
     oxccl: broadcast,
     nccl_supports: crate::vendor::Nccl::supports_move,
     nccl: crate::vendor::Nccl::broadcast,
+    nccl_symmetric: false,
 };
 
 /// Reduce to `--root`: send and receive `count` elements (the receive buffer matters at the
@@ -231,6 +239,7 @@ pub const REDUCE: Collective = Collective {
     oxccl: reduce,
     nccl_supports: crate::vendor::Nccl::supports_reduction,
     nccl: crate::vendor::Nccl::reduce,
+    nccl_symmetric: false,
 };
 
 /// Every collective `-c` takes; the first is the default.

@@ -44,6 +44,10 @@ pub struct Row {
     /// The same size through NCCL/RCCL in the same run (`--compare nccl`), else null.
     #[serde(default)]
     pub nccl: Option<Side>,
+    /// NCCL's symmetric-memory kernels at this size (buffers in symmetric windows, NCCL
+    /// 2.27+), else absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nccl_symmetric: Option<Side>,
 }
 
 /// One implementation at one size. Everything but the time may be absent in a file edited by
@@ -95,6 +99,7 @@ mod tests {
                     max_rel_err: None,
                 },
                 nccl: None,
+                nccl_symmetric: None,
             }],
         };
         let text = serde_json::to_string_pretty(&r).unwrap();

@@ -22,6 +22,7 @@ mod json;
 mod options;
 mod plot;
 mod report;
+mod soak;
 mod spawn;
 mod vendor;
 
@@ -114,7 +115,6 @@ fn run(opts: &Options) -> Result<bool> {
     std::env::set_var("NCCL_NVLS_ENABLE", "0");
     let comm = Communicator::from_env()?;
     let stream = comm.device().create_stream()?;
-    let rank = comm.rank();
     let world = comm.world_size();
     let c = opts.collective;
     let shapes = opts
@@ -122,13 +122,15 @@ fn run(opts: &Options) -> Result<bool> {
         .into_iter()
         .map(|b| c.shape(b, opts.dtype, world))
         .collect::<Result<Vec<_>>>()?;
-    let max_send = shapes
-        .iter()
-        .map(|s| s.send_bytes)
-        .max()
-        .unwrap_or(0)
-        .max(16);
-    let max_recv = shapes.iter().map(|s| s.size).max().unwrap_or(0).max(16);
+    let (max_send, max_recv) = if opts.soak.is_some() {
+        soak::buffer_bytes(opts.max_bytes, world)?
+    } else {
+        (
+            shapes.iter().map(|s| s.send_bytes).max().unwrap_or(0),
+            shapes.iter().map(|s| s.size).max().unwrap_or(0),
+        )
+    };
+    let (max_send, max_recv) = (max_send.max(16), max_recv.max(16));
     let bufs = Buffers {
         send: comm.device().alloc(max_send + 64, MemoryKind::Plain)?,
         recv: comm.device().alloc(max_recv + 64, MemoryKind::Plain)?,
@@ -139,8 +141,33 @@ fn run(opts: &Options) -> Result<bool> {
         comm.register(&bufs.send)?;
         comm.register(&bufs.recv)?;
     }
+    let outcome = match opts.soak {
+        Some(seconds) => soak::run(opts, &comm, &stream, &bufs, seconds),
+        None => sweep(opts, &comm, &stream, &bufs, &shapes),
+    };
+    stream.synchronize()?;
+    if !opts.no_register {
+        comm.deregister(&bufs.send)?;
+        comm.deregister(&bufs.recv)?;
+    }
+    drop(bufs);
+    let ok = outcome?;
+    comm.destroy()?;
+    Ok(ok)
+}
+
+/// The table: every size checked, then timed, against NCCL where asked.
+fn sweep(
+    opts: &Options,
+    comm: &Communicator,
+    stream: &AnyStream,
+    bufs: &Buffers,
+    shapes: &[collective::Shape],
+) -> Result<bool> {
+    let (rank, world, c) = (comm.rank(), comm.world_size(), opts.collective);
+    let (max_send, max_recv) = (bufs.send.len(), bufs.recv.len());
     let nccl = if opts.compare_nccl && Device::backend(comm.device()) != BackendKind::Host {
-        Some(vendor::Nccl::new(&comm)?)
+        Some(vendor::Nccl::new(comm)?)
     } else {
         if opts.compare_nccl {
             eprintln!(
@@ -149,6 +176,21 @@ fn run(opts: &Options) -> Result<bool> {
             );
         }
         None
+    };
+    // NCCL's symmetric mode needs its own buffers (ncclMemAlloc, registered as symmetric
+    // windows by every rank), sized as ours.
+    let symmetric = match &nccl {
+        Some(n) if c.nccl_symmetric && !opts.nccl_default_only => {
+            let w = n.symmetric_buffers(max_send, max_recv)?;
+            if w.is_none() && rank == 0 {
+                eprintln!(
+                    "oxccl-perf: the loaded library has no symmetric windows (NCCL 2.27+); \
+                     only its default mode is compared"
+                );
+            }
+            w
+        }
+        _ => None,
     };
     if let Some(force) = opts.tune {
         let tables = comm.tune(&[opts.dtype], max_send, force)?;
@@ -159,7 +201,7 @@ fn run(opts: &Options) -> Result<bool> {
         }
     }
     if rank == 0 {
-        report::header(opts, &comm);
+        report::header(opts, comm);
     }
     let bus_factor = (c.bus_factor)(world);
     let mut rows = Vec::new();
@@ -199,63 +241,73 @@ fn run(opts: &Options) -> Result<bool> {
             op: opts.op,
             accum: opts.accum,
             root: opts.root,
-            stream: &stream,
+            stream,
         };
         // Correctness: fresh input, poisoned output, one call, exact check.
         let ours = measure_side(
             opts,
-            &comm,
-            &stream,
-            &bufs,
+            comm,
+            stream,
+            (bufs.send.ptr(), bufs.recv.ptr()),
             &mut host,
             &expect,
             |i, o| {
                 // SAFETY: the buffers were sized for this row (shape) and outlive the
                 // stream's work (synchronized before they are dropped).
-                unsafe { (c.oxccl)(&comm, &call(i, o)) }
+                unsafe { (c.oxccl)(comm, &call(i, o)) }
             },
             true,
         )?;
-        let theirs = match &nccl {
-            Some(n) if (c.nccl_supports)(n, opts.dtype, opts.accum) => Some(measure_side(
-                opts,
-                &comm,
-                &stream,
-                &bufs,
-                &mut host,
-                &expect,
-                |i, o| (c.nccl)(n, &call(i, o)),
-                false,
-            )?),
-            _ => None,
+        // NCCL on the same buffers (its default mode), then on buffers in symmetric
+        // windows (its symmetric-memory kernels, NCCL 2.27+).
+        let (theirs, theirs_symmetric) = match &nccl {
+            Some(n) if (c.nccl_supports)(n, opts.dtype, opts.accum) => {
+                let nccl_side = |send, recv, host: &mut Host| {
+                    measure_side(
+                        opts,
+                        comm,
+                        stream,
+                        (send, recv),
+                        host,
+                        &expect,
+                        |i, o| (c.nccl)(n, &call(i, o)),
+                        false,
+                    )
+                };
+                let default = nccl_side(bufs.send.ptr(), bufs.recv.ptr(), &mut host)?;
+                let symmetric = match &symmetric {
+                    Some(w) => Some(nccl_side(w.send(), w.recv(), &mut host)?),
+                    None => None,
+                };
+                (Some(default), symmetric)
+            }
+            _ => (None, None),
         };
         // Every rank's verdict and the slowest rank's time.
-        let ours = report::agree(&comm, ours)?;
-        let theirs = match theirs {
-            Some(t) => Some(report::agree(&comm, t)?),
-            None => None,
-        };
+        let ours = report::agree(comm, ours)?;
+        let agree = |side: Option<Side>| side.map(|t| report::agree(comm, t)).transpose();
         let row = Row {
             bytes: shape.size,
             count,
             algorithm: choice.algorithm.name(),
             bus_factor,
             ours,
-            nccl: theirs,
+            nccl: agree(theirs)?,
+            nccl_symmetric: agree(theirs_symmetric)?,
         };
         all_ok &= row.ours.wrong == 0;
         if rank == 0 {
-            report::print_row(&row);
+            report::print_row(opts, &row);
         }
         rows.push(row);
     }
     if rank == 0 {
         if let Some(path) = &opts.json {
-            report::write_json(path, opts, &comm, &rows)?;
+            report::write_json(path, opts, comm, &rows)?;
         }
         if let Some(path) = &opts.plot {
             // A failed plot fails the run but must not skip the collective teardown.
-            let fig = plot::Figure::from_rows(opts, &comm, &rows);
+            let fig = plot::Figure::from_rows(opts, comm, &rows);
             match plot::write_png(std::path::Path::new(path), &fig) {
                 Ok(()) => println!("# plot: {path}"),
                 Err(e) => {
@@ -274,55 +326,39 @@ fn run(opts: &Options) -> Result<bool> {
             }
         );
     }
+    // The vendor's windows and communicator go before our buffers.
     stream.synchronize()?;
-    if !opts.no_register {
-        comm.deregister(&bufs.send)?;
-        comm.deregister(&bufs.recv)?;
-    }
-    drop(bufs);
+    drop(symmetric);
     drop(nccl);
-    comm.destroy()?;
     Ok(all_ok && plot_ok)
 }
 
 /// Checks then times one implementation (`call(input, output)` queues one call of the
-/// collective).
+/// collective) on one pair of buffers (sized for the largest row).
 #[allow(clippy::too_many_arguments)]
 fn measure_side(
     opts: &Options,
     comm: &Communicator,
     stream: &AnyStream,
-    bufs: &Buffers,
+    (send, recv): (DevicePtr, DevicePtr),
     host: &mut Host,
     expect: &Expect,
     call: impl Fn(DevicePtr, DevicePtr) -> Result<()>,
     exact: bool,
 ) -> Result<Side> {
     let c = opts.collective;
-    let (send, recv) = (bufs.send.ptr(), bufs.recv.ptr());
     let (count, dtype, rank) = (expect.count, expect.dtype, comm.rank());
-    let (input, output) = c.pointers(send, recv, count, dtype, rank, opts.in_place)?;
-    check::fill(dtype, expect.seed, rank, &mut host.input);
-    // Poison the whole output first: in place the input is then written into it.
-    // SAFETY: the receive buffer holds the output (sized for the largest row).
-    unsafe { stream.fill(output, 0xff, host.output.len()) }?;
-    stream.write(input, &host.input)?;
-    call(input, output)?;
-    stream.synchronize()?;
-    if exact {
-        comm.check_error(stream)?;
-    }
-    stream.read(output, &mut host.output)?;
-    let mut verdict = (c.check)(expect, &host.output, exact);
-    if let (true, Some((i, got, want))) = (exact, verdict.first_wrong) {
-        eprintln!(
-            "oxccl-perf: rank {rank}: {} wrong of {} checked at {} bytes; first at element {i}: \
-             {got:#x}, want {want:#x}",
-            verdict.wrong,
-            verdict.checked,
-            host.output.len()
-        );
-    }
+    let (input, output, mut verdict) = check_once(
+        c,
+        opts.in_place,
+        comm,
+        stream,
+        (send, recv),
+        host,
+        expect,
+        &call,
+        exact,
+    )?;
     if exact {
         // Back to back on the output just checked, as the collective allows (see
         // `Collective::repeat_in_place`).
@@ -365,6 +401,49 @@ fn measure_side(
         checked: verdict.checked,
         max_rel_err: verdict.max_rel_err,
     })
+}
+
+/// One checked call: fresh input (`host.input`, sized for the call), the output
+/// (`host.output`, sized for it) poisoned, one call, then the output read back into
+/// `host.output` and compared with the reference (`exact`: bit for bit; otherwise only the
+/// error is measured). Returns the call's (input, output) and the verdict.
+#[allow(clippy::too_many_arguments)]
+fn check_once(
+    c: &collective::Collective,
+    in_place: bool,
+    comm: &Communicator,
+    stream: &AnyStream,
+    (send, recv): (DevicePtr, DevicePtr),
+    host: &mut Host,
+    expect: &Expect,
+    call: &dyn Fn(DevicePtr, DevicePtr) -> Result<()>,
+    exact: bool,
+) -> Result<(DevicePtr, DevicePtr, check::Verdict)> {
+    let (count, dtype, rank) = (expect.count, expect.dtype, comm.rank());
+    let (input, output) = c.pointers(send, recv, count, dtype, rank, in_place)?;
+    check::fill(dtype, expect.seed, rank, &mut host.input);
+    // Poison the whole output first: in place the input is then written into it.
+    // SAFETY: the receive buffer holds the output (sized for the largest row).
+    unsafe { stream.fill(output, 0xff, host.output.len()) }?;
+    stream.write(input, &host.input)?;
+    call(input, output)?;
+    stream.synchronize()?;
+    if exact {
+        comm.check_error(stream)?;
+    }
+    stream.read(output, &mut host.output)?;
+    let verdict = (c.check)(expect, &host.output, exact);
+    if let (true, Some((i, got, want))) = (exact, verdict.first_wrong) {
+        eprintln!(
+            "oxccl-perf: rank {rank}: {} {} wrong of {} checked at {} bytes; first at element \
+             {i}: {got:#x}, want {want:#x}",
+            c.name,
+            verdict.wrong,
+            verdict.checked,
+            host.output.len()
+        );
+    }
+    Ok((input, output, verdict))
 }
 
 /// In-place calls [`check_back_to_back`] queues after the checked one.

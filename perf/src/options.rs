@@ -36,7 +36,17 @@ usage: oxccl-perf [options]
                           force (measure again); tables live in OXCCL_TUNE_DIR (allreduce)
       --compare nccl      measure the vendor's library on the same buffers, loaded at run time:
                           NCCL (libnccl.so.2) on CUDA, RCCL (librccl.so.1) on ROCm; `rccl` is
-                          accepted too; OXCCL_NCCL_LIB_PATH names another file
+                          accepted too; OXCCL_NCCL_LIB_PATH names another file. Where
+                          the library has symmetric windows (NCCL 2.27+) allreduce,
+                          allgather and reducescatter are measured twice: NCCL's default
+                          mode on our buffers, and its symmetric-memory kernels on
+                          ncclMemAlloc buffers registered as symmetric windows; the
+                          speedup is against the faster of the two
+      --nccl-default-only compare NCCL's default mode only
+      --soak SECONDS      instead of the table: random collectives, types, ops, placements
+                          and sizes between -b and -e for that long, every call checked
+                          against the reference; resident memory, descriptors and mappings
+                          printed each minute and required flat (--json: the samples)
       --json FILE         write every row as JSON
       --plot FILE.png     draw latency and busbw against the size (oxccl, and NCCL when
                           compared) into a PNG
@@ -44,6 +54,29 @@ usage: oxccl-perf [options]
                           (to --plot FILE.png, default: FILE with .png for .json)
   -h, --help              this text
 environment: OXCCL_ALGO, OXCCL_TUNE, OXCCL_TUNE_DIR, OXCCL_ONESHOT_MAX_BYTES, OXCCL_ZC_THRESHOLD_BYTES, OXCCL_BACKEND, OXCCL_LOG, OXCCL_TIMEOUT_MS, launcher variables";
+
+/// Flags `--soak` refuses.
+const SOAK_REFUSES: [&str; 19] = [
+    "-c",
+    "--collective",
+    "-d",
+    "--datatype",
+    "-o",
+    "--op",
+    "--in-place",
+    "-r",
+    "--root",
+    "-f",
+    "--graph",
+    "--compare",
+    "--nccl-default-only",
+    "--tune",
+    "--plot",
+    "--plot-from",
+    "-w",
+    "--warmup",
+    "--iters",
+];
 
 /// Parsed options.
 #[derive(Debug, Clone)]
@@ -64,6 +97,10 @@ pub struct Options {
     pub nprocs: Option<u32>,
     pub graph: bool,
     pub compare_nccl: bool,
+    /// `--nccl-default-only`: compare NCCL's default mode alone (no symmetric windows).
+    pub nccl_default_only: bool,
+    /// `--soak SECONDS`: random checked collectives for that long instead of the table.
+    pub soak: Option<u64>,
     /// Tune before the sweep: `Some(force)`.
     pub tune: Option<bool>,
     pub json: Option<String>,
@@ -123,6 +160,8 @@ impl Options {
             nprocs: None,
             graph: false,
             compare_nccl: false,
+            nccl_default_only: false,
+            soak: None,
             tune: None,
             json: None,
             plot: None,
@@ -130,11 +169,16 @@ impl Options {
             help: false,
         };
         let mut it = args.into_iter();
+        // Flags the soak draws itself or has no use for (refused with --soak).
+        let mut not_for_soak = Vec::new();
         while let Some(arg) = it.next() {
             let (flag, inline) = match arg.split_once('=') {
                 Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
                 _ => (arg.clone(), None),
             };
+            if SOAK_REFUSES.contains(&flag.as_str()) {
+                not_for_soak.push(flag.clone());
+            }
             let mut value = || -> Result<String> {
                 inline
                     .clone()
@@ -179,6 +223,14 @@ impl Options {
                     }
                     o.compare_nccl = true;
                 }
+                "--nccl-default-only" => o.nccl_default_only = true,
+                "--soak" => {
+                    let v = number(&value()?, "--soak")?;
+                    if v == 0 {
+                        return Err(Error::InvalidArgument("--soak 0: at least 1 second".into()));
+                    }
+                    o.soak = Some(v as u64);
+                }
                 "--tune" => {
                     o.tune = Some(match value()?.to_ascii_lowercase().as_str() {
                         "cache" | "cached" => false,
@@ -213,6 +265,13 @@ impl Options {
         }
         if o.factor < 2 {
             return Err(Error::InvalidArgument("-f must be at least 2".into()));
+        }
+        if o.soak.is_some() && !not_for_soak.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "--soak draws the collective, type, op, placement and root of every call and \
+                 times nothing, so {} mean nothing with it",
+                not_for_soak.join(", ")
+            )));
         }
         o.check_collective()?;
         Ok(o)
@@ -290,6 +349,27 @@ mod tests {
     }
 
     #[test]
+    fn soak_takes_sizes_and_refuses_what_it_draws_itself() {
+        let o = parse("--soak 600 -b 1 -e 64M -N 2 --json s.json").unwrap();
+        assert_eq!(o.soak, Some(600));
+        assert_eq!((o.min_bytes, o.max_bytes), (1, 64 << 20));
+        assert!(parse("--soak 0").is_err());
+        for extra in [
+            "-c allgather",
+            "-d f32",
+            "--graph",
+            "--compare nccl",
+            "-r 1",
+            "--iters 3",
+        ] {
+            let e = parse(&format!("--soak 10 {extra}"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("--soak draws"), "{extra}: {e}");
+        }
+    }
+
+    #[test]
     fn sizes_and_flags() {
         let o = parse("-N 2 -b 1K -e 1M -f 4 -d f32 -o max --iters 3 --json=x.json").unwrap();
         assert_eq!(o.sizes(), vec![1024, 4096, 16384, 65536, 262144, 1 << 20]);
@@ -308,6 +388,8 @@ mod tests {
         assert!(parse("-b 1X").is_err());
         assert!(parse("-b 2M -e 1M").is_err());
         assert!(parse("--compare mpi").is_err());
+        let o = parse("--compare nccl --nccl-default-only").unwrap();
+        assert!(o.compare_nccl && o.nccl_default_only);
         assert!(parse("-N 9").is_err());
         assert!(parse("--bogus").is_err());
         assert_eq!(o.collective.name, "allreduce");

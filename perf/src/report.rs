@@ -32,7 +32,20 @@ pub struct Row {
     /// busbw / algbw of the collective on this many ranks.
     pub bus_factor: f64,
     pub ours: Side,
+    /// The vendor's library in its default mode, on our buffers.
     pub nccl: Option<Side>,
+    /// NCCL's symmetric-memory kernels, on buffers in symmetric windows (NCCL 2.27+).
+    pub nccl_symmetric: Option<Side>,
+}
+
+impl Row {
+    /// The faster of the vendor's modes measured at this size.
+    pub fn best_nccl(&self) -> Option<Side> {
+        match (self.nccl, self.nccl_symmetric) {
+            (Some(d), Some(s)) => Some(if s.us > 0.0 && s.us < d.us { s } else { d }),
+            (d, s) => d.or(s),
+        }
+    }
 }
 
 impl Side {
@@ -182,12 +195,33 @@ pub fn header(opts: &Options, comm: &Communicator) {
             "maxerr",
             "speedup"
         );
+        if symmetric_columns(opts) {
+            let _ = write!(
+                h,
+                " | {:>10} {:>9} {:>9} {:>8}",
+                "sym(us)", "busbw", "maxerr", "vs best"
+            );
+        }
     }
     println!("{h}");
 }
 
+/// Whether the table has the symmetric-mode columns: the collective has NCCL symmetric
+/// kernels and they were not turned off (a library without windows prints "-" there).
+pub fn symmetric_columns(opts: &Options) -> bool {
+    opts.compare_nccl && opts.collective.nccl_symmetric && !opts.nccl_default_only
+}
+
+fn speedup(ours: &Side, theirs: &Side) -> f64 {
+    if ours.us > 0.0 {
+        theirs.us / ours.us
+    } else {
+        0.0
+    }
+}
+
 /// One row (rank 0).
-pub fn print_row(r: &Row) {
+pub fn print_row(opts: &Options, r: &Row) {
     let mut line = format!(
         "{:>12} {:>12} {:>w$} {:>10.2} {:>9.2} {:>9.2} {:>7} {:>9.2e}",
         r.bytes,
@@ -207,12 +241,25 @@ pub fn print_row(r: &Row) {
             n.us,
             n.busbw(r.bytes, r.bus_factor),
             n.max_rel_err,
-            if r.ours.us > 0.0 {
-                n.us / r.ours.us
-            } else {
-                0.0
-            }
+            speedup(&r.ours, n)
         );
+    }
+    if symmetric_columns(opts) {
+        match (&r.nccl_symmetric, r.best_nccl()) {
+            (Some(s), Some(best)) => {
+                let _ = write!(
+                    line,
+                    " | {:>10.2} {:>9.2} {:>9.2e} {:>7.2}x",
+                    s.us,
+                    s.busbw(r.bytes, r.bus_factor),
+                    s.max_rel_err,
+                    speedup(&r.ours, &best)
+                );
+            }
+            _ => {
+                let _ = write!(line, " | {:>10} {:>9} {:>9} {:>8}", "-", "-", "-", "-");
+            }
+        }
     }
     println!("{line}");
 }
@@ -251,6 +298,10 @@ pub fn write_json(path: &str, opts: &Options, comm: &Communicator, rows: &[Row])
                 algorithm: r.algorithm.to_string(),
                 oxccl: side_json(&r.ours, r.bytes, r.bus_factor),
                 nccl: r.nccl.as_ref().map(|n| side_json(n, r.bytes, r.bus_factor)),
+                nccl_symmetric: r
+                    .nccl_symmetric
+                    .as_ref()
+                    .map(|n| side_json(n, r.bytes, r.bus_factor)),
             })
             .collect(),
     };
@@ -261,4 +312,38 @@ pub fn write_json(path: &str, opts: &Options, comm: &Communicator, rows: &[Row])
         call: "write (--json)",
         source: e,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn side(us: f64) -> Side {
+        Side {
+            us,
+            ..Side::default()
+        }
+    }
+
+    #[test]
+    fn best_nccl_is_the_faster_mode_measured() {
+        let row = |d: Option<f64>, s: Option<f64>| Row {
+            bytes: 1024,
+            count: 512,
+            algorithm: "oneshot_ll",
+            bus_factor: 1.0,
+            ours: side(2.0),
+            nccl: d.map(side),
+            nccl_symmetric: s.map(side),
+        };
+        let best = |r: Row| r.best_nccl().map(|s| s.us);
+        assert_eq!(best(row(Some(6.0), Some(4.0))), Some(4.0));
+        assert_eq!(best(row(Some(6.0), Some(8.0))), Some(6.0));
+        assert_eq!(best(row(Some(6.0), None)), Some(6.0));
+        assert_eq!(best(row(None, Some(5.0))), Some(5.0));
+        assert_eq!(best(row(None, None)), None);
+        // A symmetric side that measured nothing never wins.
+        assert_eq!(best(row(Some(6.0), Some(0.0))), Some(6.0));
+        assert_eq!(speedup(&side(2.0), &side(6.0)), 3.0);
+    }
 }

@@ -9,14 +9,21 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 
 use libloading::Library;
 use oxccl_collectives::backend::{vendor, AnyDevice, AnyStream};
-use oxccl_collectives::hal::{AccumType, BackendKind, DataType, Device, Error, ReduceOp, Result};
+use oxccl_collectives::hal::{
+    AccumType, BackendKind, DataType, Device, DevicePtr, Error, ReduceOp, Result,
+};
 use oxccl_collectives::Communicator;
 
 use crate::collective::Call;
 
 type Comm = *mut c_void;
 type Stream = *mut c_void;
+type Window = *mut c_void;
 type Rc = c_int;
+
+/// `NCCL_WIN_COLL_SYMMETRIC` of nccl.h (2.27+): the window is registered by every rank at
+/// the same offsets, so NCCL may run its symmetric-memory kernels on it.
+const WIN_COLL_SYMMETRIC: c_int = 0x01;
 
 /// `ncclUniqueId`: 128 opaque bytes, passed by value.
 #[repr(C)]
@@ -73,6 +80,29 @@ struct Fns {
     recv: unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, Comm, Stream) -> Rc,
     group_start: unsafe extern "C" fn() -> Rc,
     group_end: unsafe extern "C" fn() -> Rc,
+    /// NCCL 2.27+'s symmetric-memory calls; `None` where the library lacks them (older
+    /// NCCL, RCCL).
+    windows: Option<WindowFns>,
+}
+
+/// `ncclMemAlloc`, `ncclMemFree`, `ncclCommWindowRegister`, `ncclCommWindowDeregister`.
+#[derive(Clone, Copy)]
+struct WindowFns {
+    mem_alloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> Rc,
+    mem_free: unsafe extern "C" fn(*mut c_void) -> Rc,
+    register: unsafe extern "C" fn(Comm, *mut c_void, usize, *mut Window, c_int) -> Rc,
+    deregister: unsafe extern "C" fn(Comm, Window) -> Rc,
+}
+
+impl WindowFns {
+    fn resolve(lib: &Library, path: &str) -> Option<WindowFns> {
+        Some(WindowFns {
+            mem_alloc: symbol(lib, path, "ncclMemAlloc").ok()?,
+            mem_free: symbol(lib, path, "ncclMemFree").ok()?,
+            register: symbol(lib, path, "ncclCommWindowRegister").ok()?,
+            deregister: symbol(lib, path, "ncclCommWindowDeregister").ok()?,
+        })
+    }
 }
 
 /// Resolves `name` from `lib` as a `T` (a function pointer type of nccl.h's prototype).
@@ -101,6 +131,7 @@ impl Fns {
             recv: symbol(lib, path, "ncclRecv")?,
             group_start: symbol(lib, path, "ncclGroupStart")?,
             group_end: symbol(lib, path, "ncclGroupEnd")?,
+            windows: WindowFns::resolve(lib, path),
         })
     }
 }
@@ -431,6 +462,92 @@ impl Nccl {
             )
         };
         self.check("ncclAllReduce", rc)
+    }
+}
+
+/// Send and receive buffers from `ncclMemAlloc`, each registered by every rank as a
+/// symmetric window (`ncclCommWindowRegister(..., NCCL_WIN_COLL_SYMMETRIC)`): what NCCL
+/// 2.27+ needs to run its symmetric-memory kernels. Deregistered and freed on drop, before
+/// the communicator (it borrows it).
+pub struct SymmetricBuffers<'a> {
+    nccl: &'a Nccl,
+    fns: WindowFns,
+    /// (pointer, window) per buffer; the window is null until registered.
+    buffers: Vec<(*mut c_void, Window)>,
+}
+
+impl std::fmt::Debug for SymmetricBuffers<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SymmetricBuffers")
+            .field("buffers", &self.buffers)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SymmetricBuffers<'_> {
+    /// The send buffer's address.
+    pub fn send(&self) -> DevicePtr {
+        DevicePtr(self.buffers.first().map_or(0, |b| b.0 as u64))
+    }
+
+    /// The receive buffer's address.
+    pub fn recv(&self) -> DevicePtr {
+        DevicePtr(self.buffers.get(1).map_or(0, |b| b.0 as u64))
+    }
+}
+
+impl Drop for SymmetricBuffers<'_> {
+    fn drop(&mut self) {
+        for &(ptr, win) in self.buffers.iter().rev() {
+            if !win.is_null() {
+                // SAFETY: the window was registered on this communicator by every rank,
+                // which all drop it here in the same order; its work was synchronized.
+                let rc = unsafe { (self.fns.deregister)(self.nccl.comm, win) };
+                if let Err(e) = self.nccl.check("ncclCommWindowDeregister", rc) {
+                    eprintln!("oxccl-perf: {e}");
+                }
+            }
+            // SAFETY: `ptr` came from ncclMemAlloc and nothing uses it any more.
+            let rc = unsafe { (self.fns.mem_free)(ptr) };
+            if let Err(e) = self.nccl.check("ncclMemFree", rc) {
+                eprintln!("oxccl-perf: {e}");
+            }
+        }
+    }
+}
+
+impl Nccl {
+    /// A send buffer of `send_bytes` and a receive buffer of `recv_bytes` in symmetric
+    /// windows (collective: every rank calls it with the same sizes). `None` where the
+    /// library has no windows.
+    pub fn symmetric_buffers(
+        &self,
+        send_bytes: usize,
+        recv_bytes: usize,
+    ) -> Result<Option<SymmetricBuffers<'_>>> {
+        let Some(fns) = self.fns.windows else {
+            return Ok(None);
+        };
+        let mut bufs = SymmetricBuffers {
+            nccl: self,
+            fns,
+            buffers: Vec::with_capacity(2),
+        };
+        for bytes in [send_bytes, recv_bytes] {
+            let mut ptr: *mut c_void = std::ptr::null_mut();
+            // SAFETY: a valid out-pointer; the current device is the communicator's.
+            self.check("ncclMemAlloc", unsafe { (fns.mem_alloc)(&mut ptr, bytes) })?;
+            bufs.buffers.push((ptr, std::ptr::null_mut()));
+            let mut win: Window = std::ptr::null_mut();
+            // SAFETY: `ptr` holds `bytes` from ncclMemAlloc; every rank registers the same
+            // sizes in the same order (a collective call); `win` is a valid out-pointer.
+            let rc = unsafe { (fns.register)(self.comm, ptr, bytes, &mut win, WIN_COLL_SYMMETRIC) };
+            self.check("ncclCommWindowRegister", rc)?;
+            if let Some(last) = bufs.buffers.last_mut() {
+                last.1 = win;
+            }
+        }
+        Ok(Some(bufs))
     }
 }
 

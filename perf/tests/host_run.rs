@@ -143,7 +143,7 @@ fn allgather_sizes_round_like_nccl_tests_and_the_algorithm_follows_registration(
         (&[][..], "allgather_direct"),
         (&["--no-register"][..], "allgather_staged"),
     ] {
-        let mut args = vec!["-c", "allgather", "-b", "1001", "-e", "3M", "-f", "7"];
+        let mut args = vec!["-c", "allgather", "-b", "1001", "-e", "20M", "-f", "7"];
         args.extend(flags);
         let (stdout, rows) = host_run(&args);
         let got: Vec<(&str, &str, &str)> = rows
@@ -157,7 +157,8 @@ fn allgather_sizes_round_like_nccl_tests_and_the_algorithm_follows_registration(
                 ("7004", "1751", "allgather_oneshot_ll"),
                 ("49048", "12262", "allgather_oneshot_ll"),
                 ("343340", "85835", "allgather_oneshot_ll"),
-                ("2403400", "600850", large),
+                ("2403400", "600850", "allgather_oneshot_ll"),
+                ("16823804", "4205951", large),
             ],
             "{stdout}"
         );
@@ -277,7 +278,8 @@ fn reducescatter_alltoall_and_broadcast_on_two_ranks_pass() {
 fn reduce_on_two_ranks_passes_at_either_root_in_and_out_of_place() {
     // nccl-tests' reduce: the size is the message, busbw = algbw. The root's output is the
     // reduction bit for bit; the other rank's output must stay poisoned (in place: its
-    // input). Registered buffers take the direct kernel, unregistered ones the staged one.
+    // input). Up to 2 MiB the one-shot serves; above, registered buffers take the direct
+    // kernel, unregistered ones the staged one.
     let cases: [(&[&str], &str); 4] = [
         (&["-d", "f32", "--root", "1"], "reduce_direct"),
         (
@@ -313,7 +315,7 @@ fn reduce_on_two_ranks_passes_at_either_root_in_and_out_of_place() {
             "-b",
             "1000",
             "-e",
-            "100000",
+            "2401000",
             "-f",
             "7",
             "--json",
@@ -328,9 +330,16 @@ fn reduce_on_two_ranks_passes_at_either_root_in_and_out_of_place() {
             _ => 2,
         };
         let elt = size(flags[1]);
-        let want: Vec<(String, String, &str)> = [1000usize, 7000, 49000]
+        let want: Vec<(String, String, &str)> = [1000usize, 7000, 49000, 343_000, 2_401_000]
             .iter()
-            .map(|b| (b.to_string(), (b / elt).to_string(), algorithm))
+            .map(|b| {
+                let algorithm = if *b <= 2 << 20 {
+                    "reduce_oneshot_ll"
+                } else {
+                    algorithm
+                };
+                (b.to_string(), (b / elt).to_string(), algorithm)
+            })
             .collect();
         let got: Vec<(String, String, &str)> = rows
             .iter()
@@ -415,4 +424,43 @@ fn integer_and_f64_reductions_on_two_ranks_pass() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("own type"), "{err}");
+}
+
+#[test]
+fn soak_on_two_host_ranks_checks_every_call_and_stays_flat() {
+    let json = std::env::temp_dir().join(format!("oxccl-soak-{}.json", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_oxccl-perf"))
+        .args(["-N", "2", "--soak", "4", "-b", "1", "-e", "256K", "--json"])
+        .arg(&json)
+        .env("OXCCL_BACKEND", "host")
+        .env("OXCCL_TIMEOUT_MS", "60000")
+        .env("OXCCL_SOAK_SAMPLE_SECS", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "soak failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("# PASS: soak"), "{stdout}");
+    // Samples from both ranks, each second.
+    for rank in 0..2 {
+        let samples = stdout
+            .lines()
+            .filter(|l| l.starts_with(&format!("# soak rank {rank} at")))
+            .count();
+        assert!(samples >= 2, "rank {rank}: {stdout}");
+    }
+    let text = std::fs::read_to_string(&json).unwrap();
+    let _ = std::fs::remove_file(&json);
+    assert!(text.contains("\"mode\": \"soak\""), "{text}");
+    assert!(text.contains("\"wrong\": 0"), "{text}");
+    assert!(text.contains("\"flat_on_every_rank\": true"), "{text}");
+    let calls: u64 = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("\"calls\": "))
+        .and_then(|v| v.trim_end_matches(',').parse().ok())
+        .unwrap();
+    assert!(calls > 20, "{text}");
 }

@@ -230,6 +230,30 @@ fn dlpack_dtype(code: u8, bits: u8) -> Option<DataType> {
     })
 }
 
+/// A DLPack device as a [`Place`].
+fn place_of(device_type: i32, device_id: i32) -> Place {
+    match device_type {
+        DL_CPU | DL_CUDA_HOST | DL_ROCM_HOST => Place::Host,
+        DL_CUDA | DL_CUDA_MANAGED => Place::Cuda(device_id),
+        DL_ROCM => Place::Rocm(device_id),
+        other => Place::Other(other),
+    }
+}
+
+/// Where a DLPack producer's memory is, from `__dlpack_device__` alone, without exporting
+/// it: torch refuses to export a tensor of another GPU than the current one (BufferError),
+/// so the device is checked first. `None` for objects [`view`] does not read through
+/// DLPack.
+pub fn dlpack_place(obj: &Bound<'_, PyAny>) -> PyResult<Option<Place>> {
+    if obj.hasattr("__array_interface__")?
+        || !(obj.hasattr("__dlpack__")? && obj.hasattr("__dlpack_device__")?)
+    {
+        return Ok(None);
+    }
+    let (dev_type, device_id): (i32, i32) = obj.call_method0("__dlpack_device__")?.extract()?;
+    Ok(Some(place_of(dev_type, device_id)))
+}
+
 fn dlpack_view(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<View> {
     let (dev_type, _device_id): (i32, i32) = obj.call_method0("__dlpack_device__")?.extract()?;
     // On a GPU, stream -1 asks the producer not to synchronize anything: the call runs on
@@ -280,12 +304,7 @@ fn dlpack_view(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<View> {
             return Err(not_contiguous(what, &shape, &strides));
         }
     }
-    let place = match t.device.device_type {
-        DL_CPU | DL_CUDA_HOST | DL_ROCM_HOST => Place::Host,
-        DL_CUDA | DL_CUDA_MANAGED => Place::Cuda(t.device.device_id),
-        DL_ROCM => Place::Rocm(t.device.device_id),
-        other => Place::Other(other),
-    };
+    let place = place_of(t.device.device_type, t.device.device_id);
     Ok(View {
         ptr: (t.data as u64).wrapping_add(t.byte_offset),
         count: element_count(&shape, what)?,

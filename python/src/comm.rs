@@ -220,24 +220,37 @@ impl PyCommunicator {
             })
     }
 
-    /// The array `obj` as a view on this communicator's device.
-    fn take(&self, ctx: &Ctx, obj: &Bound<'_, PyAny>, name: &str, write: bool) -> PyResult<View> {
-        let v = buffer::view(obj, &ctx.arg(name))?;
-        let here = match (self.backend, v.place) {
+    /// Whether memory at `place` is on this communicator's device.
+    fn on_this_device(&self, place: Place) -> bool {
+        match (self.backend, place) {
             (BackendKind::Host, Place::Host) => true,
             (BackendKind::Cuda, Place::Cuda(d)) => d < 0 || d as u32 == self.device,
             (BackendKind::Rocm, Place::Rocm(d)) => d as u32 == self.device,
             _ => false,
+        }
+    }
+
+    fn elsewhere(&self, ctx: &Ctx, name: &str, place: Place) -> PyErr {
+        let mine = match self.backend {
+            BackendKind::Host => "host memory (the host backend)".to_string(),
+            other => format!("{}:{}", backend_name(other), self.device),
         };
-        if !here {
-            let mine = match self.backend {
-                BackendKind::Host => "host memory (the host backend)".to_string(),
-                other => format!("{}:{}", backend_name(other), self.device),
-            };
-            return Err(ctx.value(format!(
-                "{name} is in {}, but this communicator runs on {mine}",
-                v.place
-            )));
+        ctx.value(format!(
+            "{name} is in {place}, but this communicator runs on {mine}"
+        ))
+    }
+
+    /// The array `obj` as a view on this communicator's device.
+    fn take(&self, ctx: &Ctx, obj: &Bound<'_, PyAny>, name: &str, write: bool) -> PyResult<View> {
+        // The device first, before the producer is asked to export.
+        if let Some(place) = buffer::dlpack_place(obj)? {
+            if !self.on_this_device(place) {
+                return Err(self.elsewhere(ctx, name, place));
+            }
+        }
+        let v = buffer::view(obj, &ctx.arg(name))?;
+        if !self.on_this_device(v.place) {
+            return Err(self.elsewhere(ctx, name, v.place));
         }
         if write && v.readonly {
             return Err(ctx.value(format!("{name} is read-only")));

@@ -166,6 +166,8 @@ fn pick_ip() -> Result<IpAddr> {
 struct MailState {
     queues: HashMap<(u32, u64), VecDeque<Vec<u8>>>,
     dead: HashMap<u32, String>,
+    /// Set by [`Bootstrap::abort`]: every wait ends with it.
+    aborted: Option<String>,
 }
 
 struct Mailbox {
@@ -521,6 +523,9 @@ impl Bootstrap {
                     )));
                 }
             }
+            if let Some(why) = &state.aborted {
+                return Err(Error::Aborted(format!("waiting for rank {peer}: {why}")));
+            }
             if let Some(why) = state.dead.get(&peer) {
                 return Err(Error::PeerLost(format!("rank {peer}: {why}")));
             }
@@ -538,6 +543,18 @@ impl Bootstrap {
                 .map(|(g, _)| g)
                 .unwrap_or_else(|p| p.into_inner().0);
         }
+    }
+
+    /// Ends every wait of this bootstrap, now and later, with [`Error::Aborted`] naming
+    /// `why` (a communicator aborted while a host-side exchange waits on a dead peer).
+    /// Sends still go out; the connections stay open for the peers.
+    pub fn abort(&self, why: &str) {
+        let mut state = self.mailbox.lock();
+        if state.aborted.is_none() {
+            state.aborted = Some(why.to_string());
+        }
+        drop(state);
+        self.mailbox.arrived.notify_all();
     }
 
     /// Gathers every rank's `data` (lengths may differ); entry `r` is rank `r`'s.

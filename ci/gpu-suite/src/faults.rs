@@ -11,7 +11,12 @@
 //! - `skip`: the victim skips the last call, then exits normally;
 //! - `count`, `dtype`, `op`: the victim's last call differs in count, type or op (one-shot
 //!   size with `small-` in front, e.g. `small-count`);
-//! - `exit`: the victim returns without destroying its communicator after a call.
+//! - `exit`: the victim returns without destroying its communicator after a call;
+//! - `abort`: the victim skips the last call; each survivor's kernel waits for it and
+//!   another thread of the survivor aborts its communicator ([`Communicator::abort`], what
+//!   `ncclCommAbort` does) after 200 ms: the call must end with `Error::Aborted` within 2 s
+//!   of the abort, not at the timeout, and the communicator must then be destroyed
+//!   (without waiting for the victim); the next job on the GPUs shows they are usable.
 
 use std::time::{Duration, Instant};
 
@@ -42,7 +47,13 @@ enum Fault {
     Dtype,
     Op,
     Exit,
+    Abort,
 }
+
+/// When a survivor of `abort` aborts its communicator, after its call started.
+const ABORT_AFTER: Duration = Duration::from_millis(200);
+/// How long after the abort the aborted call may take.
+const ABORT_PROMPT: Duration = Duration::from_secs(2);
 
 fn parse(case: &str) -> Result<(Fault, bool)> {
     let (small, name) = match case.strip_prefix("small-") {
@@ -56,10 +67,11 @@ fn parse(case: &str) -> Result<(Fault, bool)> {
         "dtype" => Fault::Dtype,
         "op" => Fault::Op,
         "exit" => Fault::Exit,
+        "abort" => Fault::Abort,
         other => {
             return Err(Error::InvalidArgument(format!(
-                "unknown fault case {other} (kill, skip, count, dtype, op, exit; small- in front \
-                 for one-shot sizes)"
+                "unknown fault case {other} (kill, skip, count, dtype, op, exit, abort; small- \
+                 in front for one-shot sizes)"
             )))
         }
     };
@@ -123,6 +135,15 @@ pub fn run(case: &str) -> Result<bool> {
                 println!("victim rank {rank}: done ({case})");
                 return Ok(true);
             }
+            Fault::Abort => {
+                // Silent until every survivor has aborted, then aborts its own
+                // communicator (it never ran the call) and destroys it without a barrier.
+                std::thread::sleep(ABORT_AFTER + ABORT_PROMPT + Duration::from_secs(1));
+                comm.abort();
+                comm.destroy()?;
+                println!("victim rank {rank}: done ({case})");
+                return Ok(true);
+            }
             Fault::Count | Fault::Dtype | Fault::Op => {
                 let odd = match fault {
                     Fault::Count => (n - 64, DataType::F32, ReduceOp::Sum),
@@ -131,11 +152,33 @@ pub fn run(case: &str) -> Result<bool> {
                 };
                 let t = Instant::now();
                 let outcome = call(&comm, &stream, buf.ptr(), odd, true);
-                let ok = report(case, rank, t, outcome, timeout);
+                let ok = report(case, rank, t, outcome, timeout + Duration::from_secs(2));
                 drain(&stream);
                 return Ok(ok);
             }
         }
+    }
+    if fault == Fault::Abort {
+        let t = Instant::now();
+        let outcome = std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(ABORT_AFTER);
+                comm.abort();
+            });
+            call(&comm, &stream, buf.ptr(), normal, true)
+        });
+        let ok = match outcome {
+            Err(e) if !matches!(e.root(), Error::Aborted(_)) => {
+                println!("FAULT-WRONG {case} rank {rank}: not an abort: {e}");
+                false
+            }
+            other => report(case, rank, t, other, ABORT_AFTER + ABORT_PROMPT),
+        };
+        drain(&stream);
+        // Destroy works after the abort, without the victim.
+        let destroyed = comm.destroy();
+        println!("destroyed after the abort: {destroyed:?}");
+        return Ok(ok && destroyed.is_ok());
     }
     let t = Instant::now();
     let outcome = match fault {
@@ -145,7 +188,7 @@ pub fn run(case: &str) -> Result<bool> {
             .and_then(|()| comm.check_error(&stream)),
         _ => call(&comm, &stream, buf.ptr(), normal, true),
     };
-    let ok = report(case, rank, t, outcome, timeout);
+    let ok = report(case, rank, t, outcome, timeout + Duration::from_secs(2));
     drain(&stream);
     Ok(ok)
 }
@@ -160,10 +203,9 @@ fn drain(stream: &oxccl_collectives::backend::AnyStream) {
     println!("drained the stream in {} ms", t.elapsed().as_millis());
 }
 
-/// Prints the survivor's verdict: an error within the bound is what the case expects.
-fn report(case: &str, rank: u32, t: Instant, outcome: Result<()>, timeout: Duration) -> bool {
+/// Prints the survivor's verdict: an error within `bound` of `t` is what the case expects.
+fn report(case: &str, rank: u32, t: Instant, outcome: Result<()>, bound: Duration) -> bool {
     let ms = t.elapsed().as_millis();
-    let bound = timeout + Duration::from_secs(2);
     match outcome {
         Err(e) if t.elapsed() <= bound => {
             println!("FAULT-OK {case} rank {rank} after {ms} ms: {e}");

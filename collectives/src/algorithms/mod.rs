@@ -26,8 +26,11 @@
 //! | `alltoall_oneshot_ll` | all-to-all | `alltoall_oneshot_ll` | small messages: every chunk as LL16 packets into its owner's packet half, no barrier |
 //! | `alltoall_staged` | all-to-all | `alltoall_staged` | any size on unregistered buffers: chunks pushed into their owners' staging, copied out locally |
 //! | `alltoall_direct` | all-to-all | `alltoall_direct` | registered outputs: every chunk stored straight into its owner's output between two barriers |
+//! | `broadcast_oneshot_ll` | broadcast | `broadcast_oneshot_ll` | small messages: the root's LL16 packets into every peer's packet half, acknowledgements back, no barrier |
 //! | `broadcast_staged` | broadcast | `broadcast_staged` | any size on unregistered buffers: the root pushes into the peers' staging, they copy out |
 //! | `broadcast_direct` | broadcast | `broadcast_direct` | registered outputs: the root stores into every rank's output between two barriers |
+//! | `broadcast_copy` | broadcast | `broadcast_barrier` | registered outputs, large messages: the root's copy engine copies into the peers' outputs between two barrier kernels |
+//! | `reduce_oneshot_ll` | reduce | `reduce_oneshot_ll` | small messages: every rank's LL16 packets into the root's packet half, acknowledgements back, no barrier |
 //! | `reduce_staged` | reduce | `reduce_staged` | any size on unregistered buffers: the other ranks push into the root's staging, the root reduces locally |
 //! | `reduce_direct` | reduce | `reduce_direct` | registered inputs: the root reduces straight from every rank's input between two barriers |
 //!
@@ -72,8 +75,11 @@ use all_gather::{
 use all_reduce::port_channel::PORT_CHANNEL;
 use all_reduce::{nvls, one_shot, one_shot_ll128, two_shot, two_shot_push, two_shot_zc};
 use all_to_all::{direct::ALLTOALL_DIRECT, one_shot::ALLTOALL_ONESHOT_LL, staged::ALLTOALL_STAGED};
-use broadcast::{direct::BROADCAST_DIRECT, staged::BROADCAST_STAGED};
-use reduce::{direct::REDUCE_DIRECT, staged::REDUCE_STAGED};
+use broadcast::{
+    copy_engine::BROADCAST_COPY, direct::BROADCAST_DIRECT, one_shot::BROADCAST_ONESHOT_LL,
+    staged::BROADCAST_STAGED,
+};
+use reduce::{direct::REDUCE_DIRECT, one_shot::REDUCE_ONESHOT_LL, staged::REDUCE_STAGED};
 use reduce_scatter::{
     direct::REDUCESCATTER_DIRECT, one_shot::REDUCESCATTER_ONESHOT_LL,
     port_channel::REDUCESCATTER_PORT, staged::REDUCESCATTER_STAGED,
@@ -102,8 +108,11 @@ pub const ALGORITHMS: &[Algorithm] = &[
     ALLTOALL_ONESHOT_LL,
     ALLTOALL_STAGED,
     ALLTOALL_DIRECT,
+    BROADCAST_ONESHOT_LL,
     BROADCAST_STAGED,
     BROADCAST_DIRECT,
+    BROADCAST_COPY,
+    REDUCE_ONESHOT_LL,
     REDUCE_STAGED,
     REDUCE_DIRECT,
 ];
@@ -586,6 +595,10 @@ pub struct SetupContext<'a> {
     pub forced: Forced,
     /// Bound of every wait inside a kernel.
     pub timeout: Duration,
+    /// The communicator's abort word as the device sees it (8 bytes of host memory mapped
+    /// for the device): every kernel with bounded waits gets it in its argument block and
+    /// ends its waits once it is non-zero.
+    pub abort_flag: DevicePtr,
     /// Launch kernels early where the device can ([`oxccl_hal::LaunchConfig::early_launch`]).
     pub early_launch: bool,
     /// The layout of the shared scratch, made on the first [`SetupContext::shared_scratch`].
@@ -612,7 +625,7 @@ impl<'a> SetupContext<'a> {
         bootstrap: &'a Bootstrap,
         device: &'a AnyDevice,
         forced: Forced,
-        timeout: Duration,
+        (timeout, abort_flag): (Duration, DevicePtr),
         early_launch: bool,
         layout: ScratchLayout,
         (port, hosts): (&'a port_channel::PortConfig, &'a Hosts),
@@ -623,6 +636,7 @@ impl<'a> SetupContext<'a> {
             device,
             forced,
             timeout,
+            abort_flag,
             early_launch,
             layout,
             scratch: std::cell::RefCell::new(None),
@@ -688,7 +702,7 @@ impl<'a> SetupContext<'a> {
             self.device,
             self.hosts,
             self.port,
-            self.timeout,
+            (self.timeout, self.abort_flag),
         )?);
         *self.port_state.borrow_mut() = Some(Arc::clone(&s));
         Ok(s)
@@ -756,17 +770,24 @@ pub(crate) fn staged_plan(kernel: &'static str, s: &CallShape<'_>) -> Plan {
 /// Fewest 16-byte units per block of a direct kernel before another block is added.
 const DIRECT_UNITS_PER_BLOCK: usize = 256;
 
+/// Why an algorithm that reaches the peers' buffers cannot serve a call whose buffers
+/// (`needs`) are not registered on every rank, or `Ok`.
+pub(crate) fn require_registered(name: &str, needs: &str, s: &CallShape<'_>) -> Result<()> {
+    if !s.zero_copy {
+        return Err(Error::Unsupported(format!(
+            "{name}: {needs} must lie 16-byte aligned inside buffers registered on every \
+             rank (Communicator::register), at the same offset"
+        )));
+    }
+    Ok(())
+}
+
 /// The launch of a direct (zero-copy) kernel over one rank's `bytes`, or why it cannot
 /// serve the call (`needs`: which buffers must be registered). Many SMs reach the peers
 /// (each SM's NVLink throughput is limited): one block per 256 units up to the chip,
 /// threads sized to about one pass.
 pub(crate) fn direct_plan(kernel: &'static str, needs: &str, s: &CallShape<'_>) -> Result<Plan> {
-    if !s.zero_copy {
-        return Err(Error::Unsupported(format!(
-            "{kernel}: {needs} must lie 16-byte aligned inside buffers registered on every \
-             rank (Communicator::register), at the same offset"
-        )));
-    }
+    require_registered(kernel, needs, s)?;
     if s.host {
         return Ok(Plan {
             kernel,

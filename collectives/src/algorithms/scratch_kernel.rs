@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use oxccl_backend::{AnyKernel, AnyStream};
-use oxccl_hal::{Error, Result, Stream};
+use oxccl_hal::{DevicePtr, Error, Result, Stream};
 use oxccl_kernels::abi::{self, KernelArgs, OxcclAllreduceArgs, OXCCL_ALLREDUCE_MAX_RANKS};
 
 use super::{Algorithm, Buffers, Call, Instance, Plan, SetupContext};
@@ -22,6 +22,8 @@ pub struct ScratchKernel {
     region: FlagRegion,
     scratch: Arc<SharedScratch>,
     timeout_ns: u64,
+    /// The communicator's abort word as the device sees it.
+    abort_flag: DevicePtr,
     early_launch: bool,
 }
 
@@ -37,14 +39,36 @@ impl ScratchKernel {
         if !ctx.wanted(algorithm) {
             return Ok(None);
         }
-        Ok(Some(Box::new(ScratchKernel {
+        Ok(Some(Box::new(Self::load(ctx, algorithm, region)?)))
+    }
+
+    /// The instance itself, for an algorithm whose own instance launches this kernel among
+    /// other work (the copy-engine broadcast's barriers).
+    pub(crate) fn load(
+        ctx: &SetupContext<'_>,
+        algorithm: Algorithm,
+        region: FlagRegion,
+    ) -> Result<ScratchKernel> {
+        Ok(ScratchKernel {
             algorithm,
             kernel: ctx.kernel(algorithm)?,
             region,
             scratch: ctx.shared_scratch()?,
             timeout_ns: u64::try_from(ctx.timeout.as_nanos()).unwrap_or(u64::MAX),
+            abort_flag: ctx.abort_flag,
             early_launch: ctx.early_launch,
-        })))
+        })
+    }
+
+    /// This rank and the world size of the communicator.
+    pub(crate) fn rank_and_world(&self) -> (u32, u32) {
+        (self.scratch.rank, self.scratch.world)
+    }
+
+    /// Launches are never early: the kernel follows copies, not a kernel that lets it start.
+    pub(crate) fn without_early_launch(mut self) -> ScratchKernel {
+        self.early_launch = false;
+        self
     }
 }
 
@@ -80,6 +104,7 @@ impl Instance for ScratchKernel {
             data_offset: s.layout.data_offset as u64,
             data_bytes: s.layout.staging as u64,
             timeout_ns: self.timeout_ns,
+            abort_flag: abi::ptr::<u64>(self.abort_flag).cast_const(),
             rank: s.rank,
             world_size: s.world,
             dtype: call.dtype.code(),
@@ -92,8 +117,9 @@ impl Instance for ScratchKernel {
         // Asked for as configured: the backend launches as usual where the device cannot.
         let config = plan.config.with_early_launch(self.early_launch);
         // SAFETY: the argument block matches the kernel (abi_allreduce.h); the scratch
-        // pointers are the communicator's live mappings (kept until it drops, after this
-        // instance); input, output and the plan are the caller's obligation (this trait
+        // pointers are the communicator's live mappings and the abort word its live
+        // host-mapped allocation (both kept until it drops, after this instance); input,
+        // output and the plan are the caller's obligation (this trait
         // method's contract). Every scratch kernel waits for the previous grid before it
         // touches memory (`run_call` in allreduce_device.hpp), which an early launch requires.
         unsafe { stream.launch(&self.kernel, &config, args.as_bytes()) }

@@ -4,7 +4,10 @@ use std::time::Duration;
 
 use oxccl_hal::{DataType, Error, Result};
 
-use super::auto_register::{AUTO_REGISTER_MAX_VAR, AUTO_REGISTER_VAR, DEFAULT_MAX_ENTRIES};
+use super::auto_register::{
+    AUTO_REGISTER_MAX_VAR, AUTO_REGISTER_MIN_VAR, AUTO_REGISTER_VAR, DEFAULT_MAX_ENTRIES,
+    DEFAULT_MIN_BYTES,
+};
 use crate::algorithms::port_channel::PortConfig;
 use crate::algorithms::Forced;
 use crate::selector::{ALGO_VAR, ONESHOT_MAX_VAR, ZC_THRESHOLD_VAR};
@@ -62,6 +65,10 @@ pub struct CommConfig {
     pub auto_register: bool,
     /// Most allocations (all ranks' together) kept mapped for that (`OXCCL_AUTO_REGISTER_MAX`).
     pub auto_register_max: usize,
+    /// Smallest call (bytes per rank) that does that (`OXCCL_AUTO_REGISTER_MIN_BYTES`): each
+    /// such call exchanges its buffers through the bootstrap, which smaller calls do not
+    /// repay; they stage through the scratch.
+    pub auto_register_min_bytes: usize,
 }
 
 impl Default for CommConfig {
@@ -80,6 +87,7 @@ impl Default for CommConfig {
             port: PortConfig::default(),
             auto_register: true,
             auto_register_max: DEFAULT_MAX_ENTRIES,
+            auto_register_min_bytes: DEFAULT_MIN_BYTES,
         }
     }
 }
@@ -154,6 +162,9 @@ impl CommConfig {
         }
         if let Some(n) = env_number(AUTO_REGISTER_MAX_VAR)? {
             c.auto_register_max = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        if let Some(n) = env_number(AUTO_REGISTER_MIN_VAR)? {
+            c.auto_register_min_bytes = usize::try_from(n).unwrap_or(usize::MAX);
         }
         Ok(c)
     }

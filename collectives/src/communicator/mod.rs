@@ -26,8 +26,12 @@
 //! A rank that then calls with a different count, or skips a call, makes its peers' waits
 //! time out (`timeout`, default 30 s): the kernel records the failure in device memory
 //! ([`Communicator::check_error`]) on GPUs, and the host backend's stream reports it.
+//! [`Communicator::abort`] (NCCL's `ncclCommAbort`) ends such waits promptly instead
+//! ([`abort`]: an abort word in host memory that the kernels' waits read).
 
+mod abort;
 pub mod auto_register;
+pub mod call_record;
 pub mod calls;
 pub mod check;
 pub mod config;
@@ -46,11 +50,12 @@ use oxccl_hal::{
     AccumType, Backend, BackendKind, DataType, Device, DevicePtr, Error, ReduceOp, Result, Stream,
 };
 
-use crate::algorithms::{Algorithm, Call, CallShape, Collective, Instance, PeerBuffers, Plan};
+use crate::algorithms::{Algorithm, Call, CallShape, Collective, Instance, Plan};
 use crate::scratch::{ScratchLayout, SharedScratch};
 use crate::selector::{Choice, Selector};
 use crate::tuner::TuneTable;
 use auto_register::{AutoCall, AutoRegistry};
+use call_record::{BufferPath, CallRecord};
 use check::{check_call, CallSite, Signature, Signatures};
 pub use config::{CommConfig, EARLY_LAUNCH_VAR, STAGING_VAR, TIMEOUT_VAR};
 use premul::{PreMul, PreMulState, PREMUL_SIGNATURE_OP};
@@ -102,8 +107,13 @@ pub struct Communicator {
     tuned: Mutex<HashMap<DataType, Arc<TuneTable>>>,
     /// Every rank's shared scratch as mapped here, when an algorithm set up here uses it.
     scratch: Option<Arc<SharedScratch>>,
+    /// The abort word every kernel's waits read ([`abort`]; after the instances: their
+    /// argument blocks point at it).
+    abort: abort::AbortWord,
     /// PreMulSum's scale kernel and the buffers it writes into ([`premul`]).
     premul: PreMulState,
+    /// What the most recent call did ([`Communicator::last_call`]).
+    last_call: Mutex<Option<CallRecord>>,
     _modules: Vec<AnyModule>,
     bootstrap: Bootstrap,
     device: AnyDevice,
@@ -200,67 +210,6 @@ impl Communicator {
         self.select(&self.shape(collective, count, dtype, bytes, zc))
     }
 
-    /// Every rank's view of this call's registered buffers, those the collective's
-    /// zero-copy algorithms reach on the peers ([`Collective::peer_views`]); `None` unless
-    /// all of them are registered.
-    pub(crate) fn registered_view(
-        &self,
-        collective: Collective,
-        input: DevicePtr,
-        output: DevicePtr,
-        bytes: usize,
-    ) -> Option<PeerBuffers> {
-        let (in_bytes, out_bytes) = collective.buffer_bytes(bytes, self.world).ok()?;
-        let (inputs, outputs) = collective.peer_views();
-        self.registry.peer_buffers(
-            inputs.then_some((input, in_bytes)),
-            outputs.then_some((output, out_bytes)),
-            self.world,
-        )
-    }
-
-    /// Every rank's view of this call's buffers through [`auto_register`], when the call
-    /// would take a zero-copy algorithm on them and auto-registration is on (collective:
-    /// one all-gather, every rank decides alike).
-    fn auto_view(
-        &self,
-        call: AutoCall,
-        (count, dtype): (usize, DataType),
-        input: DevicePtr,
-        output: DevicePtr,
-        bytes: usize,
-        stream: &AnyStream,
-    ) -> Result<Option<PeerBuffers>> {
-        let at = |e: Error| e.at_rank(self.rank);
-        let collective = call.collective;
-        if !self.config.auto_register || Device::backend(&self.device) == BackendKind::Rocm {
-            return Ok(None);
-        }
-        let zc = self
-            .select(&self.shape(collective, count, dtype, bytes, true))
-            .map_err(at)?;
-        if !zc.algorithm.uses_registered() {
-            return Ok(None);
-        }
-        let (in_bytes, out_bytes) = collective.buffer_bytes(bytes, self.world).map_err(at)?;
-        let (inputs, outputs) = collective.peer_views();
-        let capturing = stream.is_capturing().map_err(at)?;
-        let ctx = auto_register::Ctx {
-            rank: self.rank,
-            world: self.world,
-            device: &self.device,
-            bootstrap: &self.bootstrap,
-            timeout: Some(self.config.timeout).filter(|t| !t.is_zero()),
-        };
-        self.auto.peer_buffers(
-            &ctx,
-            call,
-            inputs.then_some((input, in_bytes)),
-            outputs.then_some((output, out_bytes)),
-            capturing,
-        )
-    }
-
     /// The state of an algorithm set up in this communicator, if it is (for what it
     /// reports about itself; e.g. downcast to
     /// [`crate::algorithms::all_reduce::port_channel::PortAllreduce`]).
@@ -355,6 +304,7 @@ impl Communicator {
         stream: &AnyStream,
     ) -> Result<()> {
         let at = |e: Error| e.at_rank(self.rank);
+        self.check_not_aborted()?;
         if collective.has_root() && root >= self.world {
             return Err(at(Error::InvalidArgument(format!(
                 "{collective}: root {root} is not a rank of {} ranks",
@@ -381,7 +331,13 @@ impl Communicator {
                 .map_err(at)?,
             None => (input, output),
         };
-        let peers = match self.registered_view(collective, input, output, bytes) {
+        let registered = self.registered_view(collective, input, output, bytes);
+        let path = if registered.is_some() {
+            BufferPath::Registered
+        } else {
+            BufferPath::Mapped
+        };
+        let peers = match registered {
             Some(p) => Some(p),
             None => {
                 let call = AutoCall {
@@ -446,37 +402,17 @@ impl Communicator {
         };
         // SAFETY: the caller's obligations (this function's contract); the plan came from
         // the selector for this call, which every rank made alike (signature checked).
-        unsafe { self.launch(choice.algorithm, &choice.plan, &call, stream) }
-    }
-
-    /// Where a PreMulSum call of `collective` puts the products and runs its sum: the
-    /// (input, output) the sum then takes in place of the caller's (see [`premul`]).
-    fn premul_buffers(
-        &self,
-        collective: Collective,
-        op: ReduceOp,
-        output: DevicePtr,
-        bytes: usize,
-        root: u32,
-    ) -> Result<(DevicePtr, DevicePtr)> {
-        if op != ReduceOp::Sum || !collective.reduces() {
-            return Err(Error::InvalidArgument(format!(
-                "{collective}: PreMulSum multiplies the inputs of a sum, not of a {op} or a \
-                 collective that does not reduce"
-            )));
-        }
-        match collective {
-            Collective::AllReduce => Ok((output, output)),
-            Collective::ReduceScatter => {
-                let (in_bytes, _) = collective.buffer_bytes(bytes, self.world)?;
-                Ok((self.premul.buffer(&self.device, in_bytes)?, output))
-            }
-            _ => {
-                let buf = self.premul.buffer(&self.device, bytes)?;
-                // The other ranks' output is their input (`used_buffers`): never written.
-                Ok((buf, if self.rank == root { output } else { buf }))
-            }
-        }
+        unsafe { self.launch(choice.algorithm, &choice.plan, &call, stream) }?;
+        *self.last_call.lock().unwrap_or_else(|p| p.into_inner()) = Some(CallRecord {
+            collective,
+            algorithm: choice.algorithm,
+            path: if peers.is_some() {
+                path
+            } else {
+                BufferPath::Scratch
+            },
+        });
+        Ok(())
     }
 
     /// One launch of `algorithm` with `plan` (no selection, no cross-rank check).
@@ -491,6 +427,7 @@ impl Communicator {
         stream: &AnyStream,
     ) -> Result<()> {
         let at = |e: Error| e.at_rank(self.rank);
+        self.check_not_aborted()?;
         let instance = self.instance(algorithm).ok_or_else(|| {
             at(Error::Unsupported(format!(
                 "{algorithm}: not set up in this communicator ({})",
@@ -501,10 +438,12 @@ impl Communicator {
         unsafe { instance.launch(call, plan, stream) }.map_err(at)
     }
 
-    /// Reads the failure words the kernels leave in device memory (a wait that timed out,
-    /// a bad argument block): the shared scratch's, then each algorithm's own.
-    /// Synchronizes `stream` first; not allowed while capturing. After a failure the
-    /// communicator must be dropped: its counters no longer agree.
+    /// Reads the failure words the kernels leave in device memory (a wait that timed out
+    /// or was aborted, a bad argument block): the shared scratch's, then each algorithm's
+    /// own; then [`Error::Aborted`] if the communicator was aborted
+    /// ([`Communicator::abort`]) even where no kernel failed. Synchronizes `stream` first;
+    /// not allowed while capturing. After a failure the communicator must be dropped: its
+    /// counters no longer agree.
     pub fn check_error(&self, stream: &AnyStream) -> Result<()> {
         let at = |e: Error| e.at_rank(self.rank);
         stream.synchronize().map_err(at)?;
@@ -516,15 +455,20 @@ impl Communicator {
         for (_, instance) in &self.instances {
             instance.check_error(stream).map_err(at)?;
         }
-        Ok(())
+        self.check_not_aborted()
     }
 
     /// Tears down collectively: waits until every rank got here (so no peer still reads
     /// this rank's scratch), then releases imports, scratch, module and device in order.
-    /// Streams that ran this communicator's work must be synchronized first.
+    /// Streams that ran this communicator's work must be synchronized first. An aborted
+    /// communicator ([`Communicator::abort`]) is released at once, without waiting for the
+    /// peers (they may be dead), as NCCL's `ncclCommAbort` does; every peer holds its own
+    /// reference to the memory it mapped from this rank.
     pub fn destroy(self) -> Result<()> {
         let rank = self.rank;
-        self.bootstrap.barrier().map_err(|e| e.at_rank(rank))?;
+        if !self.is_aborted() {
+            self.bootstrap.barrier().map_err(|e| e.at_rank(rank))?;
+        }
         drop(self);
         Ok(())
     }

@@ -21,10 +21,13 @@
 
 use std::sync::Mutex;
 
+use super::Communicator;
+use crate::algorithms::Collective;
 use oxccl_backend::{AnyDevice, AnyKernel, AnyMemory, AnyStream};
 use oxccl_hal::{
     BackendKind, DataType, Device, DevicePtr, LaunchConfig, Memory, MemoryKind, Result, Stream,
 };
+use oxccl_hal::{Error, ReduceOp};
 use oxccl_kernels::abi::{self, KernelArgs, OxcclScaleArgs};
 
 /// The kernel's name in the device image and in the host kernel table.
@@ -136,5 +139,37 @@ impl PreMulState {
         // SAFETY: the argument block is the one `oxccl_scale` takes; its pointers satisfy
         // this function's contract, which is the kernel's.
         unsafe { stream.launch(&self.kernel, &config, args.as_bytes()) }
+    }
+}
+
+impl Communicator {
+    /// Where a PreMulSum call of `collective` puts the products and runs its sum: the
+    /// (input, output) the sum then takes in place of the caller's (see this module).
+    pub(super) fn premul_buffers(
+        &self,
+        collective: Collective,
+        op: ReduceOp,
+        output: DevicePtr,
+        bytes: usize,
+        root: u32,
+    ) -> Result<(DevicePtr, DevicePtr)> {
+        if op != ReduceOp::Sum || !collective.reduces() {
+            return Err(Error::InvalidArgument(format!(
+                "{collective}: PreMulSum multiplies the inputs of a sum, not of a {op} or a \
+                 collective that does not reduce"
+            )));
+        }
+        match collective {
+            Collective::AllReduce => Ok((output, output)),
+            Collective::ReduceScatter => {
+                let (in_bytes, _) = collective.buffer_bytes(bytes, self.world)?;
+                Ok((self.premul.buffer(&self.device, in_bytes)?, output))
+            }
+            _ => {
+                let buf = self.premul.buffer(&self.device, bytes)?;
+                // The other ranks' output is their input (`used_buffers`): never written.
+                Ok((buf, if self.rank == root { output } else { buf }))
+            }
+        }
     }
 }

@@ -11,6 +11,7 @@ use oxccl_kernels::abi::OXCCL_ALLREDUCE_MAX_RANKS;
 
 use super::registry::Registered;
 use super::Communicator;
+use crate::algorithms::{Collective, PeerBuffers};
 
 /// A window's record in the all-gather: its length, its offset in the exported
 /// allocation, and the export (empty when this rank's window cannot be shared).
@@ -56,6 +57,8 @@ impl Communicator {
     /// algorithms copy through their own registered scratch, so registering is a no-op.
     pub fn register(&self, memory: &AnyMemory) -> Result<()> {
         let at = |e: Error| e.at_rank(self.rank);
+        // Collective: the peers of an aborted communicator may be gone.
+        self.check_not_aborted()?;
         let (base, len) = (memory.ptr(), memory.len());
         if self.multi_node {
             tracing::debug!(rank = self.rank, base = %base, len, "ranks on several nodes: nothing to register");
@@ -120,6 +123,7 @@ impl Communicator {
     /// nodes map nothing (as [`Communicator::register`]).
     pub fn register_window(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
         let at = |e: Error| e.at_rank(self.rank);
+        self.check_not_aborted()?;
         if bytes == 0 {
             return Err(at(Error::InvalidArgument("a window of zero bytes".into())));
         }
@@ -220,5 +224,26 @@ impl Communicator {
     /// Allocations mapped or known for zero-copy on unregistered buffers (all ranks').
     pub fn auto_registered(&self) -> usize {
         self.auto.len()
+    }
+}
+
+impl Communicator {
+    /// Every rank's view of this call's registered buffers, those the collective's
+    /// zero-copy algorithms reach on the peers ([`Collective::peer_views`]); `None` unless
+    /// all of them are registered.
+    pub(crate) fn registered_view(
+        &self,
+        collective: Collective,
+        input: DevicePtr,
+        output: DevicePtr,
+        bytes: usize,
+    ) -> Option<PeerBuffers> {
+        let (in_bytes, out_bytes) = collective.buffer_bytes(bytes, self.world).ok()?;
+        let (inputs, outputs) = collective.peer_views();
+        self.registry.peer_buffers(
+            inputs.then_some((input, in_bytes)),
+            outputs.then_some((output, out_bytes)),
+            self.world,
+        )
     }
 }

@@ -12,6 +12,7 @@ use oxccl_channels::hosts::Hosts;
 use oxccl_hal::{BackendKind, Device, DeviceId, Error, Module, Result};
 use oxccl_kernels::abi::OXCCL_ALLREDUCE_MAX_RANKS;
 
+use super::abort::AbortWord;
 use super::auto_register::AutoRegistry;
 use super::check::Signatures;
 use super::config::{CommConfig, MIN_ONESHOT_CAPACITY};
@@ -92,13 +93,15 @@ impl Communicator {
         // OXCCL_SEPARATE_HOSTS=1) map no peer memory; the PortChannel algorithms serve them.
         let hosts = Hosts::gather(&bootstrap).map_err(at)?;
         let multi_node = !hosts.single_node();
+        // The word Communicator::abort sets and every kernel's waits read.
+        let abort = AbortWord::new(&device).map_err(at)?;
         // Each algorithm's setup takes what it needs: the scratch-protocol ones the shared
         // scratch (made on the first request), the PortChannel one its own channels.
         let ctx = SetupContext::new(
             &bootstrap,
             &device,
             config.forced,
-            config.timeout,
+            (config.timeout, abort.device_ptr()),
             config.early_launch,
             layout,
             (&config.port, &hosts),
@@ -150,9 +153,11 @@ impl Communicator {
             multi_node,
             layout,
             scratch,
+            abort,
             premul: PreMulState::new(scale),
             instances,
             signatures: Signatures::default(),
+            last_call: Mutex::new(None),
             registry: Registry::default(),
             auto,
             tuned: Mutex::new(HashMap::new()),

@@ -26,6 +26,7 @@ impl Communicator {
         force: bool,
     ) -> Result<Vec<(Arc<TuneTable>, TuneSource)>> {
         let at = |e: Error| e.at_rank(self.rank);
+        self.check_not_aborted()?;
         if self.multi_node {
             tracing::info!(rank = self.rank, "ranks on several nodes: nothing to tune");
             return Ok(Vec::new());

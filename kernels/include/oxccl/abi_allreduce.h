@@ -49,7 +49,9 @@
 enum {
   OXCCL_ALLREDUCE_OK = 0,
   OXCCL_ALLREDUCE_ERR_TIMEOUT = 1,
-  OXCCL_ALLREDUCE_ERR_ARGS = 2
+  OXCCL_ALLREDUCE_ERR_ARGS = 2,
+  /* a wait ended because the communicator's abort word was set (Communicator::abort) */
+  OXCCL_ALLREDUCE_ERR_ABORTED = 3
 };
 
 /* allreduce_oneshot_ll: every rank writes its input as LL16 packets (8 data bytes and the
@@ -87,6 +89,10 @@ typedef struct OxcclAllreduceArgs {
   uint64_t data_offset;       /* byte offset of the staging region */
   uint64_t data_bytes;        /* bytes of each staging buffer, a multiple of 16 */
   uint64_t timeout_ns;        /* bound of every wait; 0 = wait forever */
+  /* The communicator's abort word as the device sees it (8 bytes of host memory mapped
+   * for the device); non-zero ends every wait with OXCCL_ALLREDUCE_ERR_ABORTED. Read only
+   * by a wait that has lasted 1 ms (Deadline::kAbortCheckNs). Null: no abort word. */
+  const uint64_t* abort_flag;
   uint32_t rank;
   uint32_t world_size;
   uint32_t dtype; /* OXCCL_DTYPE_* */
@@ -99,7 +105,7 @@ typedef struct OxcclAllreduceArgs {
   void* peer_output[OXCCL_ALLREDUCE_MAX_RANKS];
 } OxcclAllreduceArgs;
 
-OXCCL_STATIC_ASSERT(sizeof(OxcclAllreduceArgs) == 280, "OxcclAllreduceArgs");
+OXCCL_STATIC_ASSERT(sizeof(OxcclAllreduceArgs) == 288, "OxcclAllreduceArgs");
 
 /* ---- PortChannel kernels (allreduce_port, reducescatter_port, allgather_port in
  * kernels/src/device/allreduce_port.cu; host stand-ins in
@@ -133,6 +139,7 @@ typedef struct OxcclPortAllreduceArgs {
   uint64_t send_offset;
   uint64_t recv_offset;
   uint64_t timeout_ns; /* bound of every wait; 0 = the semaphores' spin limit only */
+  const uint64_t* abort_flag; /* as in OxcclAllreduceArgs; null: none */
   uint32_t rank;
   uint32_t world_size;
   uint32_t dtype; /* OXCCL_DTYPE_* */
@@ -141,6 +148,6 @@ typedef struct OxcclPortAllreduceArgs {
   uint32_t _pad0;
 } OxcclPortAllreduceArgs;
 
-OXCCL_STATIC_ASSERT(sizeof(OxcclPortAllreduceArgs) == 96, "OxcclPortAllreduceArgs");
+OXCCL_STATIC_ASSERT(sizeof(OxcclPortAllreduceArgs) == 104, "OxcclPortAllreduceArgs");
 
 #endif /* OXCCL_ABI_ALLREDUCE_H_ */

@@ -31,21 +31,41 @@ OXCCL_DEVICE_INLINE uint64_t now_ns() {
 #endif
 }
 
-/// The bound of every wait: `limit_ns == 0` never expires. A wait reads the clock only
-/// once it has lasted 256 polls (where its bound starts) and every 256 polls after that, so
-/// a call whose waits end at once never reads it: a clock read by every thread at the start
-/// of a call cost 0.06-0.1 us per call on H200s (ci/gpu/probe). Each wait keeps its own
-/// `since` (0 until its bound starts).
+/// The bound of every wait: its time limit (`limit_ns == 0` never expires) and the
+/// communicator's abort word (`abort`, host memory mapped for the device; null: none). A
+/// wait reads the clock only once it has lasted 256 polls (where its bound starts) and every
+/// 256 polls after that, so a call whose waits end at once never reads it: a clock read by
+/// every thread at the start of a call cost 0.06-0.1 us per call on H200s (ci/gpu/probe).
+/// The abort word, a round trip to host memory, is read only by a wait that has lasted
+/// `kAbortCheckNs`. Each wait keeps its own `since` (0 until its bound starts). The abort
+/// word is read also without a time limit: an abort must end a wait that would otherwise
+/// never end.
 struct Deadline {
   uint64_t limit_ns;
+  const uint64_t* abort;
+  /// A wait reads the abort word only once it has lasted this long. The word is in host
+  /// memory: every read crosses PCIe, and a multi-block one-shot whose 33,000 threads each
+  /// read it every 256 polls took 175-700 us instead of 4-13 us at 128 KB-2 MB (2 H100s).
+  /// A wait of a millisecond is already a peer that is late or gone.
+  static constexpr uint64_t kAbortCheckNs = 1000000;
   OXCCL_DEVICE_INLINE bool expired(uint64_t polls, uint64_t& since) const {
-    if (limit_ns == 0 || (polls & 255) != 255) return false;
+    if ((polls & 255) != 255 || (limit_ns == 0 && abort == nullptr)) return false;
     const uint64_t t = now_ns();
     if (since == 0) {
       since = t;
       return false;
     }
-    return t - since > limit_ns;
+    const uint64_t waited = t - since;
+    if (waited > kAbortCheckNs && aborted()) return true;
+    return limit_ns != 0 && waited > limit_ns;
+  }
+  /// Whether the communicator was aborted (a system-scope relaxed load: the host sets the
+  /// word while the kernel runs; nothing else is ordered by it).
+  OXCCL_DEVICE_INLINE bool aborted() const { return abort != nullptr && atomic_load_relaxed(abort) != 0; }
+  /// The failure code of a wait that `expired`: aborted, else timed out. The abort word
+  /// never goes back to 0, so reading it again here gives the reason `expired` saw.
+  OXCCL_DEVICE_INLINE uint32_t failure() const {
+    return aborted() ? OXCCL_ALLREDUCE_ERR_ABORTED : OXCCL_ALLREDUCE_ERR_TIMEOUT;
   }
 };
 
@@ -158,7 +178,8 @@ OXCCL_DEVICE_INLINE uint32_t flag_of(uint64_t epoch) {
 }
 
 /// Barrier of block `blockIdx.x` of every rank: signal every peer, wait for every peer.
-/// Needs blockDim.x >= world_size. Returns false (and reports) when a wait timed out.
+/// Needs blockDim.x >= world_size. Returns false (and reports) when a wait timed out or
+/// the communicator was aborted.
 OXCCL_DEVICE_INLINE bool block_barrier(const OxcclAllreduceArgs& a, const Deadline& d,
                                        int* failed) {
   __syncthreads();
@@ -185,7 +206,7 @@ OXCCL_DEVICE_INLINE bool block_barrier(const OxcclAllreduceArgs& a, const Deadli
       *expected = want;
     } else {
       *failed = 1;
-      report(own, OXCCL_ALLREDUCE_ERR_TIMEOUT, p);
+      report(own, d.failure(), p);
     }
   }
   __syncthreads();
@@ -276,7 +297,7 @@ OXCCL_DEVICE_INLINE uint32_t ll16_peer_bits(uint32_t w, uint32_t me) {
 /// not 2(w-1)); the groups are polled one after the other (one group of every rank on
 /// CUDA; two groups of 4 on HIP, whose 64-lane waves have 128 VGPRs per lane for the whole
 /// kernel: 16 packets in flight took 64 of them, see platform.hpp). Returns false, after
-/// reporting the first missing peer, when the wait timed out.
+/// reporting the first missing peer, when the wait timed out or was aborted.
 OXCCL_DEVICE_INLINE bool ll16_read_peers(const char* mine, uint64_t u, uint64_t slot_bytes, uint32_t flag,
                                          uint32_t all_peers, Vec16 (&in)[OXCCL_ALLREDUCE_MAX_RANKS],
                                          const CallState call) {
@@ -305,12 +326,33 @@ OXCCL_DEVICE_INLINE bool ll16_read_peers(const char* mine, uint64_t u, uint64_t 
         }
       }
       if (pending != 0 && call.deadline.expired(polls, since)) {
-        report(call.own, OXCCL_ALLREDUCE_ERR_TIMEOUT, g + static_cast<uint32_t>(__ffs(pending) - 1) / 2);
+        report(call.own, call.deadline.failure(), g + static_cast<uint32_t>(__ffs(pending) - 1) / 2);
         return false;
       }
     }
   }
   return true;
+}
+
+/// The rooted one-shots (broadcast, reduce) send some peers no data. To such a peer a rank
+/// writes one packet instead, the first of unit 0 of its slot in the peer's current half: an
+/// acknowledgement that this rank's call has started. Every rank waits for every peer's data
+/// or acknowledgement, so, as in the one-shots where everyone sends to everyone, no rank
+/// finishes a call before every peer has started it, and none can run two calls ahead into
+/// a packet half a peer is still reading.
+OXCCL_DEVICE_INLINE void ll16_ack(const OxcclAllreduceArgs& a, uint32_t to, uint64_t half, uint64_t slot_bytes,
+                                  uint32_t flag) {
+  ll16_write(reinterpret_cast<OxcclLL16Packet*>(static_cast<char*>(a.scratch[to]) + half + a.rank * slot_bytes), 0, 0,
+             flag);
+}
+
+/// Waits for the acknowledgement (`ll16_ack`) of every peer in `peers` (a `ll16_peer_bits`
+/// mask) in this rank's half `mine`. False, after reporting, when the wait timed out or
+/// was aborted.
+OXCCL_DEVICE_INLINE bool ll16_wait_acks(const char* mine, uint64_t slot_bytes, uint32_t flag, uint32_t peers,
+                                        const CallState call) {
+  Vec16 unused[OXCCL_ALLREDUCE_MAX_RANKS];
+  return ll16_read_peers(mine, 0, slot_bytes, flag, peers & 0x55555555u, unused, call);
 }
 
 /// Whether an argument block is one the scratch kernels can run.
@@ -348,7 +390,7 @@ __device__ __forceinline__ void run_call(const OxcclAllreduceArgs& a, bool kerne
   if (atomic_load_relaxed(sync_word(own, OXCCL_ALLREDUCE_SYNC_ERROR)) != 0) return;
   __shared__ int failed;
   if (threadIdx.x == 0) failed = 0;
-  const CallState call{own, Deadline{a.timeout_ns}, &failed};
+  const CallState call{own, Deadline{a.timeout_ns, a.abort_flag}, &failed};
   body(call);
   finish_call(own, kReadsEpoch);
 }

@@ -153,7 +153,7 @@ OXCCL_DEVICE_INLINE void oneshot_ll128_body(const Reducer reduce, const OxcclAll
       pending &= ~ok;
       if (__all_sync(0xffffffffu, pending == 0)) break;
       if (__any_sync(0xffffffffu, pending != 0 && call.deadline.expired(polls, since))) {
-        if (pending != 0) report(a.scratch[me], OXCCL_ALLREDUCE_ERR_TIMEOUT, static_cast<uint32_t>(__ffs(pending) - 1));
+        if (pending != 0) report(a.scratch[me], call.deadline.failure(), static_cast<uint32_t>(__ffs(pending) - 1));
         return;
       }
     }

@@ -39,7 +39,8 @@ OXCCL_DEVICE_INLINE void port_report(void* scratch, uint32_t code, uint32_t peer
 }
 
 /// Waits for the peer's next signal on a PortChannel's host-to-device semaphore, bounded by
-/// the call's deadline and by the semaphore's spin limit. On timeout nothing is consumed.
+/// the call's deadline (time limit and abort word) and by the semaphore's spin limit. On
+/// failure nothing is consumed.
 OXCCL_DEVICE_INLINE bool wait_signal(const OxcclHostDeviceSemaphore& s, const Deadline& d) {
   const uint64_t want = *s.expected_inbound + 1;
   uint64_t since = 0;
@@ -115,11 +116,13 @@ OXCCL_DEVICE_OUTLINED bool port_exchange(const OxcclPortAllreduceArgs& a, uint64
     const PortChannelDevice ch{a.channels[p]};
     const uint64_t dst = a.recv_offset + (round.parity * w + me) * c;
     const uint64_t src = group + (scatter ? p : 0) * c;
+    // A full FIFO ends at the FIFO's own spin limit (it does not read the abort word);
+    // either failure is reported as an abort once the communicator was aborted.
     if (ch.put_with_signal(dst, src, units * 16) == ~uint64_t{0}) {
-      port_report(a.scratch, OXCCL_ALLREDUCE_ERR_TIMEOUT, p);
+      port_report(a.scratch, d.failure(), p);
       *failed = 1;
     } else if (!wait_signal(ch.h.semaphore, d)) {
-      port_report(a.scratch, OXCCL_ALLREDUCE_ERR_TIMEOUT, p);
+      port_report(a.scratch, d.failure(), p);
       *failed = 1;
     }
   }
@@ -217,7 +220,7 @@ OXCCL_DEVICE_INLINE void port_entry(const OxcclPortAllreduceArgs& args, Body bod
   const uint64_t round0 =
       atomic_load_relaxed(port_word(args.scratch, OXCCL_PORT_ALLREDUCE_SYNC_ROUND));
   __syncthreads();
-  const Deadline d{args.timeout_ns};
+  const Deadline d{args.timeout_ns, args.abort_flag};
   body(round0, d, &failed);
 }
 

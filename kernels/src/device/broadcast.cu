@@ -3,15 +3,21 @@
 // (include/oxccl/abi_allreduce.h); data only moves, so the kernels see bytes. Host stand-ins
 // with the same protocol: collectives/src/algorithms/broadcast/.
 //
-// No LL one-shot: its epoch-parity halves are safe only when every rank also receives from
-// every peer (a rank cannot then run two calls ahead of a peer); a broadcast root receives
-// nothing, so both kernels order reuse with barriers.
-//
+// - broadcast_oneshot_ll: small messages, no barrier. The root writes its input as LL16
+//   packets into slot `root` of every peer's packet half; every other rank writes an
+//   acknowledgement into slot `me` of every peer's half (`ll16_ack`: the root receives no
+//   data, and the epoch-parity halves are safe only while every rank receives from every
+//   peer); then every rank reads the root's packets into its output and waits for the
+//   other acknowledgements.
 // - broadcast_staged: any size on buffers nobody registered. The root pushes its input into
 //   every peer's staging; barrier; every peer copies its staging into its output; barrier
 //   (the staging is free again). In rounds when it does not fit.
 // - broadcast_direct: registered outputs. Barrier (every peer's output is free); the root
 //   stores its input into every rank's output; barrier.
+//
+// - broadcast_barrier: the two barriers of the copy-engine broadcast (broadcast_copy in
+//   collectives/src/algorithms/broadcast/copy_engine.rs), which moves the data itself with
+//   the copy engine between them: one block, one barrier.
 //
 // In place (input == output), the root's own copy is skipped.
 
@@ -22,6 +28,62 @@ namespace oxccl {
 namespace broadcast {
 
 using namespace oxccl::allreduce;
+
+OXCCL_DEVICE_INLINE void oneshot_body(const OxcclAllreduceArgs& a, const CallState call) {
+  const uint64_t total = a.count * dtype_bytes(a.dtype);
+  const uint64_t units = (total + 15) / 16;
+  const uint32_t w = a.world_size;
+  const uint32_t me = a.rank;
+  const uint32_t root = a.root;
+  const uint64_t first = thread_index();
+  const uint64_t stride = thread_count();
+  // The first unit's load and the epoch read go out together: the packets need both.
+  Vec16 v = me == root && first < units ? load_unit(a.input, first * 16, total) : Vec16{{0, 0, 0, 0}};
+  const uint64_t epoch = read_epoch(call.own);
+  const uint32_t flag = flag_of(epoch);
+  const uint64_t half = a.packet_offset + (epoch & 1) * a.packet_half_bytes;
+  const uint64_t slot_bytes = units * 32;  // two LL16 packets per 16-byte unit
+
+  if (me == root) {
+    const bool in_place = a.input == a.output;
+    for (uint64_t u = first; u < units; u += stride) {
+      if (u != first) v = load_unit(a.input, u * 16, total);
+      for (uint32_t k = 1; k < w; ++k) {
+        const uint32_t p = me + k < w ? me + k : me + k - w;
+        OxcclLL16Packet* dst = reinterpret_cast<OxcclLL16Packet*>(
+                                   static_cast<char*>(a.scratch[p]) + half + root * slot_bytes) +
+                               2 * u;
+        ll16_write(dst, v.w[0], v.w[1], flag);
+        ll16_write(dst + 1, v.w[2], v.w[3], flag);
+      }
+      if (!in_place) store_unit(a.output, u * 16, v, total);
+    }
+  } else if (first == 0) {
+    for (uint32_t k = 1; k < w; ++k) ll16_ack(a, me + k < w ? me + k : me + k - w, half, slot_bytes, flag);
+  }
+  call.count_block(epoch);
+
+  const char* mine = static_cast<const char*>(a.scratch[me]) + half;
+  const uint32_t peers = ll16_peer_bits(w, me);
+  if (me == root) {
+    if (first == 0) ll16_wait_acks(mine, slot_bytes, flag, peers, call);
+    return;
+  }
+  const uint32_t from_root = 3u << (2 * root);
+  for (uint64_t u = first; u < units; u += stride) {
+    Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
+    if (!ll16_read_peers(mine, u, slot_bytes, flag, from_root, in, call)) return;
+    // The root's unit, picked with constant indices (a variable index would put `in` on
+    // the stack).
+    Vec16 got = in[0];
+#pragma unroll
+    for (uint32_t r = 1; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
+      if (r == root) got = in[r];
+    }
+    store_unit(a.output, u * 16, got, total);
+  }
+  if (first == 0 && (peers & ~from_root) != 0) ll16_wait_acks(mine, slot_bytes, flag, peers & ~from_root, call);
+}
 
 OXCCL_DEVICE_INLINE void staged_body(const OxcclAllreduceArgs& a, const CallState call) {
   const uint64_t total = a.count * dtype_bytes(a.dtype);
@@ -88,6 +150,13 @@ OXCCL_DEVICE_INLINE void direct_body(const OxcclAllreduceArgs& a, const CallStat
 }  // namespace broadcast
 }  // namespace oxccl
 
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void broadcast_oneshot_ll(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {
+  const OxcclAllreduceArgs& args = oxccl::kernel_args(param);
+  using namespace oxccl::allreduce;
+  run_call<true>(args, args.root < args.world_size,
+                 [&](const CallState call) OXCCL_INLINE_LAMBDA { oxccl::broadcast::oneshot_body(args, call); });
+}
+
 OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void broadcast_staged(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {
   const OxcclAllreduceArgs& args = oxccl::kernel_args(param);
   using namespace oxccl::allreduce;
@@ -101,4 +170,11 @@ OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void broadcast_direct(const OXCCL_GRID_CON
   const bool registered = args.rank < OXCCL_ALLREDUCE_MAX_RANKS && args.peer_output[args.rank] == args.output;
   run_call<false>(args, registered && args.root < args.world_size,
                   [&](const CallState call) OXCCL_INLINE_LAMBDA { oxccl::broadcast::direct_body(args, call); });
+}
+
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void broadcast_barrier(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {
+  const OxcclAllreduceArgs& args = oxccl::kernel_args(param);
+  using namespace oxccl::allreduce;
+  run_call<false>(args, gridDim.x == 1 && args.root < args.world_size,
+                  [&](const CallState call) OXCCL_INLINE_LAMBDA { block_barrier(args, call.deadline, call.failed); });
 }

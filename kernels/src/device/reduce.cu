@@ -6,11 +6,12 @@
 // the bits of the host reference. Host stand-ins with the same protocol:
 // collectives/src/algorithms/reduce/.
 //
-// No LL one-shot: its epoch-parity halves are safe only when every rank also receives from
-// every peer (a rank cannot then run two calls ahead of a peer). In a reduce only the root
-// receives, so a non-root rank could run two calls ahead and overwrite the packet half the
-// root is still reading; both kernels order reuse with barriers instead.
-//
+// - reduce_oneshot_ll: small messages, no barrier. Every other rank writes its input as LL16
+//   packets into slot `me` of the root's packet half and an acknowledgement into slot `me`
+//   of the other ranks' halves; the root acknowledges to every peer (`ll16_ack`: only the
+//   root receives data, and the epoch-parity halves are safe only while every rank
+//   receives from every peer). The root reduces its input and every peer's packets in rank
+//   order; the others wait for the acknowledgements.
 // - reduce_staged: any size on buffers nobody registered. Every non-root rank pushes its
 //   input into slot `me` of the root's staging; barrier; the root reduces its own input and
 //   every slot of its staging, in rank order, into its output; barrier (the staging is free
@@ -29,6 +30,56 @@ namespace oxccl {
 namespace reduce_to_root {
 
 using namespace oxccl::allreduce;
+
+template <typename Fmt, typename Reducer>
+OXCCL_DEVICE_INLINE void oneshot_body(const Reducer reduce, const OxcclAllreduceArgs& a, const CallState call) {
+  const uint64_t total = a.count * sizeof(typename Fmt::Storage);
+  const uint64_t units = (total + 15) / 16;
+  const uint32_t w = a.world_size;
+  const uint32_t me = a.rank;
+  const uint32_t root = a.root;
+  const uint64_t first = thread_index();
+  const uint64_t stride = thread_count();
+  // A sender's first unit load and the epoch read go out together: the packets need both.
+  Vec16 v = me != root && first < units ? load_unit(a.input, first * 16, total) : Vec16{{0, 0, 0, 0}};
+  const uint64_t epoch = read_epoch(call.own);
+  const uint32_t flag = flag_of(epoch);
+  const uint64_t half = a.packet_offset + (epoch & 1) * a.packet_half_bytes;
+  const uint64_t slot_bytes = units * 32;  // two LL16 packets per 16-byte unit
+
+  if (me != root) {
+    for (uint64_t u = first; u < units; u += stride) {
+      if (u != first) v = load_unit(a.input, u * 16, total);
+      OxcclLL16Packet* dst = reinterpret_cast<OxcclLL16Packet*>(
+                                 static_cast<char*>(a.scratch[root]) + half + me * slot_bytes) +
+                             2 * u;
+      ll16_write(dst, v.w[0], v.w[1], flag);
+      ll16_write(dst + 1, v.w[2], v.w[3], flag);
+    }
+  }
+  if (first == 0) {
+    for (uint32_t k = 1; k < w; ++k) {
+      const uint32_t p = me + k < w ? me + k : me + k - w;
+      if (p != root) ll16_ack(a, p, half, slot_bytes, flag);
+    }
+  }
+  call.count_block(epoch);
+
+  const char* mine = static_cast<const char*>(a.scratch[me]) + half;
+  const uint32_t peers = ll16_peer_bits(w, me);
+  if (me != root) {
+    if (first == 0) ll16_wait_acks(mine, slot_bytes, flag, peers, call);
+    return;
+  }
+  for (uint64_t u = first; u < units; u += stride) {
+    const Vec16 own_unit = load_unit(a.input, u * 16, total);
+    Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
+#pragma unroll
+    for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) in[r] = own_unit;  // peers' replaced below
+    if (!ll16_read_peers(mine, u, slot_bytes, flag, peers, in, call)) return;
+    store_unit(a.output, u * 16, reduce_ranks(reduce, in, w), total);
+  }
+}
 
 template <typename Fmt, typename Reducer>
 OXCCL_DEVICE_INLINE void staged_body(const Reducer reduce, const OxcclAllreduceArgs& a, const CallState call) {
@@ -97,6 +148,14 @@ OXCCL_DEVICE_INLINE void direct_body(const Reducer reduce, const OxcclAllreduceA
 
 }  // namespace reduce_to_root
 }  // namespace oxccl
+
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void reduce_oneshot_ll(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {
+  const OxcclAllreduceArgs& args = oxccl::kernel_args(param);
+  using namespace oxccl::allreduce;
+  run_reducing<true>(args, args.root < args.world_size, [&]<typename Fmt>(auto reducer, const CallState call) OXCCL_INLINE_LAMBDA {
+    oxccl::reduce_to_root::oneshot_body<Fmt>(reducer, args, call);
+  });
+}
 
 OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void reduce_staged(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {
   const OxcclAllreduceArgs& args = oxccl::kernel_args(param);

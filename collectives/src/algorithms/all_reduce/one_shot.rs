@@ -52,19 +52,18 @@ pub fn slot_bytes(bytes: usize) -> usize {
 
 /// The launch for a call, or why one-shot cannot serve it (packet capacity).
 pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
-    check_capacity(
-        "oneshot_ll",
-        "packet",
-        slot_bytes(s.bytes),
-        s.packet_half_bytes,
-        s,
-    )?;
-    // Many small blocks: every block's packets go out and come back in parallel, which is
-    // what the tuner picked on 2 H200s (64 threads per block up to the whole chip, then
-    // wider blocks).
+    ll16_plan("oneshot_ll", KERNEL, s)
+}
+
+/// The launch of any collective's LL16 one-shot kernel over `s.bytes` per rank, after its
+/// packet capacity check (`name` in the error). Many small blocks: every block's packets
+/// go out and come back in parallel, which is what the tuner picked on 2 H200s (64 threads
+/// per block up to the whole chip, then wider blocks).
+pub(crate) fn ll16_plan(name: &str, kernel: &'static str, s: &CallShape<'_>) -> Result<Plan> {
+    check_capacity(name, "packet", slot_bytes(s.bytes), s.packet_half_bytes, s)?;
     let units = s.bytes.div_ceil(16).max(1);
     let per_block = units.div_ceil(max_blocks(s.caps) as usize);
-    Ok(spread(KERNEL, units, per_block, s))
+    Ok(spread(kernel, units, per_block, s))
 }
 
 /// A one-shot's capacity: `world` slots of `slot` bytes must fit one parity half of

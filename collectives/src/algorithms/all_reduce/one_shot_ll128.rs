@@ -148,7 +148,7 @@ fn host_kernel(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
             let f = unsafe { packet(c.scratch(c.me), off + UNITS * 16) };
             let mut polls = 0u32;
             while !f.iter().all(|w| w.load(Ordering::Acquire) == flag) {
-                if c.timed_out() {
+                if c.expired() {
                     return Err(c.fail(r, "one-shot LL128 lines"));
                 }
                 backoff(&mut polls);

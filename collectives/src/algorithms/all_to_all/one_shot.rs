@@ -5,9 +5,9 @@
 
 use oxccl_hal::{HostKernelTable, LaunchConfig, Result};
 
-use crate::algorithms::all_reduce::one_shot::{check_capacity, slot_bytes, spread};
+use crate::algorithms::all_reduce::one_shot::ll16_plan;
 use crate::algorithms::scratch_kernel::ScratchKernel;
-use crate::algorithms::{max_blocks, Algorithm, Buffers, CallShape, Collective, Descriptor, Plan};
+use crate::algorithms::{Algorithm, Buffers, CallShape, Collective, Descriptor, Plan};
 use crate::host_kernels::{ll16_read_unit, ll16_write_unit, Call};
 use crate::scratch::FlagRegion;
 
@@ -36,16 +36,7 @@ pub const ALLTOALL_ONESHOT_LL: Algorithm = Algorithm::new(&Descriptor {
 
 /// The launch for a call, or why one-shot cannot serve it (packet capacity).
 pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
-    check_capacity(
-        "alltoall_oneshot_ll",
-        "packet",
-        slot_bytes(s.bytes),
-        s.packet_half_bytes,
-        s,
-    )?;
-    let units = s.bytes.div_ceil(16).max(1);
-    let per_block = units.div_ceil(max_blocks(s.caps) as usize);
-    Ok(spread(KERNEL, units, per_block, s))
+    ll16_plan("alltoall_oneshot_ll", KERNEL, s)
 }
 
 /// The kernel on the host backend: the device kernel's steps on one thread.

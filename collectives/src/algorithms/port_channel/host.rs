@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 use oxccl_channels::port_channel as port;
 use oxccl_hal::{AccumType, DataType, Error, ReduceOp, Result};
 use oxccl_kernels::abi::{
-    self, OxcclPortAllreduceArgs, OxcclPortChannel, OXCCL_ALLREDUCE_ERR_ARGS,
-    OXCCL_ALLREDUCE_ERR_TIMEOUT, OXCCL_ALLREDUCE_MAX_RANKS, OXCCL_PORT_ALLREDUCE_SYNC_ERROR,
-    OXCCL_PORT_ALLREDUCE_SYNC_ROUND,
+    self, OxcclPortAllreduceArgs, OxcclPortChannel, OXCCL_ALLREDUCE_ERR_ABORTED,
+    OXCCL_ALLREDUCE_ERR_ARGS, OXCCL_ALLREDUCE_ERR_TIMEOUT, OXCCL_ALLREDUCE_MAX_RANKS,
+    OXCCL_PORT_ALLREDUCE_SYNC_ERROR, OXCCL_PORT_ALLREDUCE_SYNC_ROUND,
 };
 
-use crate::host_kernels::{read_unit, reduce_unit, write_unit};
+use crate::host_kernels::{aborted, read_unit, reduce_unit, write_unit};
 
 /// What a PortChannel kernel does with the chunks it exchanges.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,7 +120,18 @@ impl Call {
         unsafe { std::ptr::read(self.a.channels.add(p)) }
     }
 
+    /// Records a failed wait for `peer` (an abort once the communicator's abort word is
+    /// set, else a timeout) and returns it as an error.
     fn fail(&self, peer: usize, what: &str) -> Error {
+        if aborted(self.a.abort_flag) {
+            // SAFETY: the live scratch (launch contract).
+            unsafe { report(self.scratch(), OXCCL_ALLREDUCE_ERR_ABORTED, peer as u32) };
+            return Error::Aborted(format!(
+                "{}: the communicator of rank {} was aborted while it waited for rank {peer} \
+                 ({what})",
+                self.kernel, self.me
+            ));
+        }
         // SAFETY: the live scratch (launch contract).
         unsafe { report(self.scratch(), OXCCL_ALLREDUCE_ERR_TIMEOUT, peer as u32) };
         Error::Timeout {
@@ -133,8 +144,9 @@ impl Call {
         }
     }
 
-    /// Waits for the next signal of `h`'s semaphore, bounded by the deadline and the
-    /// semaphore's spin limit (the device's `wait_signal`).
+    /// Waits for the next signal of `h`'s semaphore, bounded by the deadline, the
+    /// communicator's abort word and the semaphore's spin limit (the device's
+    /// `wait_signal`).
     fn wait_signal(&self, h: &OxcclPortChannel, peer: usize) -> Result<()> {
         let s = &h.semaphore;
         // SAFETY: launch contract: the handle's counters are live host-backend memory,
@@ -150,7 +162,9 @@ impl Call {
         while inbound.load(Ordering::Acquire) < want {
             polls += 1;
             if (s.max_spins != 0 && polls >= s.max_spins)
-                || (polls % 64 == 0 && self.deadline.is_some_and(|d| Instant::now() >= d))
+                || (polls % 64 == 0
+                    && (aborted(self.a.abort_flag)
+                        || self.deadline.is_some_and(|d| Instant::now() >= d)))
             {
                 return Err(self.fail(peer, "its data signal"));
             }
@@ -338,12 +352,12 @@ mod tests {
 
     #[test]
     fn argument_block_has_the_header_layout() {
-        assert_eq!(size_of::<OxcclPortAllreduceArgs>(), 96);
+        assert_eq!(size_of::<OxcclPortAllreduceArgs>(), 104);
         assert_eq!(size_of::<OxcclPortChannel>(), 80);
         let a = OxcclPortAllreduceArgs::default();
-        assert_eq!(a.as_bytes().len(), 96);
+        assert_eq!(a.as_bytes().len(), 104);
         for kind in [Kind::AllReduce, Kind::AllGather, Kind::ReduceScatter] {
-            assert!(Call::new(&[0u8; 95], "k", kind).is_err());
+            assert!(Call::new(&[0u8; 103], "k", kind).is_err());
             // A null scratch is refused before anything is read through it.
             assert!(Call::new(a.as_bytes(), "k", kind).is_err());
         }

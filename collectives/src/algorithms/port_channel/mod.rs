@@ -27,8 +27,9 @@
 //! which a peer sends only after it finished round g - 1; so when a rank writes round g + 1
 //! into `p.recv[(g + 1) & 1]`, p is done reading that slot (round g - 1), and p has
 //! received (so the transport has read) this rank's round g - 1 data from
-//! `send[(g + 1) & 1]`. Every wait is bounded (the call's timeout and the semaphores' spin
-//! limit); a timeout is recorded in the sync area's error word
+//! `send[(g + 1) & 1]`. Every wait is bounded (the call's timeout, the communicator's
+//! abort word and the semaphores' spin limit); a timeout or an abort is recorded in the sync
+//! area's error word
 //! ([`PortAlgorithm::check_error`]) and, on the host backend, returned by the stream.
 //!
 //! Serves any count and world sizes 1..=8 (one GPU per rank, any number of nodes among
@@ -48,8 +49,8 @@ use oxccl_channels::port_channel::PortChannel;
 use oxccl_channels::proxy::{Proxy, ProxyBuilder};
 use oxccl_channels::registered_memory::RegisteredMemory;
 use oxccl_hal::{
-    AccumType, Device, Error, HostKernelTable, LaunchConfig, Memory, MemoryKind, ReduceOp, Result,
-    Stream,
+    AccumType, Device, DevicePtr, Error, HostKernelTable, LaunchConfig, Memory, MemoryKind,
+    ReduceOp, Result, Stream,
 };
 use oxccl_kernels::abi::{
     self, KernelArgs, OxcclPortAllreduceArgs, OxcclPortChannel, OXCCL_ALLREDUCE_MAX_RANKS,
@@ -171,6 +172,8 @@ pub struct PortState {
     world: u32,
     layout: Layout,
     timeout: Duration,
+    /// The communicator's abort word as the device sees it.
+    abort_flag: DevicePtr,
     transports: Vec<Option<Transport>>,
     // Drop order: the proxy first (stops its thread, then releases channels, semaphores
     // and connections), then the handles, the registration and the scratch.
@@ -182,13 +185,14 @@ pub struct PortState {
 
 impl PortState {
     /// Sets the machinery up (collective: every rank calls it with the same
-    /// configuration). World sizes 1..=8.
+    /// configuration). World sizes 1..=8. The kernels' waits are bounded by `timeout` and
+    /// end when the abort word at `abort_flag` is set.
     pub(crate) fn new(
         bootstrap: &Bootstrap,
         device: &AnyDevice,
         hosts: &Hosts,
         config: &PortConfig,
-        timeout: Duration,
+        (timeout, abort_flag): (Duration, DevicePtr),
     ) -> Result<PortState> {
         let rank = bootstrap.rank();
         let world = bootstrap.world_size();
@@ -216,12 +220,15 @@ impl PortState {
                 .alloc(layout.total, MemoryKind::Coherent)
                 .map_err(at)?,
         );
-        // The sync area must start at zero; slots need no initial value.
+        // The sync area must start at zero. The slots need no value, but the proxy's copies
+        // (host API calls) read send slots only kernels wrote, which compute-sanitizer's
+        // initcheck counted as uninitialized (2 H100s, every byte of every put): zeroing
+        // them once here costs one memset at setup.
         if Device::backend(device) != oxccl_hal::BackendKind::Host {
             let stream = device.create_stream().map_err(at)?;
             // SAFETY: inside the allocation just made, which outlives the fill (synchronized
             // right below).
-            unsafe { stream.fill(scratch.ptr(), 0, layout.send) }.map_err(at)?;
+            unsafe { stream.fill(scratch.ptr(), 0, layout.total) }.map_err(at)?;
             stream.synchronize().map_err(at)?;
         }
         let registration =
@@ -272,6 +279,7 @@ impl PortState {
             world,
             layout,
             timeout,
+            abort_flag,
             transports,
             proxy,
             handles,
@@ -310,6 +318,7 @@ impl PortState {
             send_offset: self.layout.send as u64,
             recv_offset: self.layout.recv as u64,
             timeout_ns: u64::try_from(self.timeout.as_nanos()).unwrap_or(u64::MAX),
+            abort_flag: abi::ptr::<u64>(self.abort_flag).cast_const(),
             rank: self.rank,
             world_size: self.world,
             dtype: call.dtype.code(),
@@ -365,8 +374,9 @@ impl Instance for PortAlgorithm {
         let args = self.state.args(call, op, accum);
         // SAFETY: the block matches the kernel (abi_allreduce.h); scratch and channel
         // handles are the shared state's live allocations (the proxy and its FIFO and
-        // semaphores live as long as `self.state`); input, output and plan are the
-        // caller's obligation (the trait method's contract).
+        // semaphores live as long as `self.state`), the abort word the communicator's
+        // (dropped after its instances); input, output and plan are the caller's
+        // obligation (the trait method's contract).
         unsafe { stream.launch(&self.kernel, &plan.config, args.as_bytes()) }
     }
 

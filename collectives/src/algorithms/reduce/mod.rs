@@ -4,13 +4,16 @@
 //! the root; the other ranks' output is not used (NCCL: `recvbuff` matters at the root only;
 //! the communicator passes their input as output, and the kernels never write it). The
 //! kernels (`kernels/src/device/reduce.cu`) take the allreduce argument block (its `root`)
-//! and the shared scratch. No LL one-shot: its alternating packet halves need every rank to
-//! receive from every peer, and only the root receives (see the kernel file).
+//! and the shared scratch. The one-shot's alternating packet halves need every rank to
+//! receive from every peer; the ranks that get no data get an acknowledgement instead (see
+//! the kernel file).
 //!
 //! | name | kernel | serves |
 //! |---|---|---|
+//! | `reduce_oneshot_ll` | `reduce_oneshot_ll` | small messages: the other ranks write LL16 packets into the root's packet half, the root acknowledges; no barrier |
 //! | `reduce_staged` | `reduce_staged` | any size, buffers nobody registered: the other ranks push into their slots of the root's staging, the root reduces locally, two barriers per round |
 //! | `reduce_direct` | `reduce_direct` | registered inputs: the root reduces straight from every rank's input between two barriers |
 
 pub mod direct;
+pub mod one_shot;
 pub mod staged;
