@@ -1,7 +1,9 @@
 //! # oxccl-channels: how GPUs of a job find and talk to each other
 //!
 //! Setup is collective and goes through the [`bootstrap`] (TCP rendezvous, all-gather,
-//! tagged send/recv, barrier; every wait bounded and naming the ranks it waited for).
+//! tagged send/recv, barrier; every wait bounded and naming the ranks it waited for); the
+//! ranks of one node exchange small per-call records through shared host memory instead
+//! ([`local_exchange`]).
 //! Memory is made reachable by peers through [`registered_memory`] and moved by a
 //! [`connection`] (chosen per peer from [`hosts`], every rank's node): same-node IPC (the
 //! copy engine on GPUs), TCP, or InfiniBand RC queue pairs behind the `ib` feature (without
@@ -21,6 +23,7 @@ pub mod connection;
 pub mod fifo;
 pub mod host_kernels;
 pub mod hosts;
+pub mod local_exchange;
 pub mod memory_channel;
 pub mod port_channel;
 pub mod proxy;

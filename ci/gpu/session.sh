@@ -275,15 +275,18 @@ copyengine)
         "${BIN}/oxccl-perf" -c broadcast -N 2 -b 1003 -e 256M -f 7 -d bf16 -r 1 --in-place -w 1 --iters 2
     ;;
 autoreg)
-    # Unregistered buffers, eager calls (no graph): zero-copy through a bootstrap exchange per
-    # call (OXCCL_AUTO_REGISTER_MIN_BYTES=0) against staging through the scratch (the minimum
-    # above every size), each vs NCCL in the same run: where the exchange starts to pay
-    # (the default of OXCCL_AUTO_REGISTER_MIN_BYTES).
+    # Unregistered buffers, eager calls (no graph): zero-copy with an exchange per call
+    # (OXCCL_AUTO_REGISTER_MIN_BYTES=0, the default on one node: through the shared exchange
+    # region) against staging through the scratch (the minimum above every size), each vs
+    # NCCL in the same run: whether the exchange pays from the one-shot sizes on.
     export CUDA_VISIBLE_DEVICES="$(devices 2)"
     for min in 0 1099511627776; do
         step "autoreg 2gpu bf16 eager unregistered min ${min}" 120 env OXCCL_AUTO_REGISTER_MIN_BYTES="${min}" \
             "${BIN}/oxccl-perf" -N 2 -b 512K -e 512M -f 2 -d bf16 -w 5 --iters 20 --no-register \
             --compare nccl --nccl-default-only --json "${out}/autoreg-min${min}-2gpu.json"
+        step "autoreg 2gpu bf16 eager unregistered min ${min} 3M..24M" 120 env OXCCL_AUTO_REGISTER_MIN_BYTES="${min}" \
+            "${BIN}/oxccl-perf" -N 2 -b 3M -e 24M -f 2 -d bf16 -w 5 --iters 20 --no-register \
+            --compare nccl --nccl-default-only --json "${out}/autoreg-min${min}-odd-2gpu.json"
     done
     ;;
 perf)

@@ -274,7 +274,7 @@ fn small_calls_on_unregistered_buffers_stage_without_an_exchange() {
     let cfg = |_| CommConfig {
         zc_threshold_bytes: Some(4096),
         oneshot_max_bytes: Some(4096),
-        auto_register_min_bytes: 64 << 10,
+        auto_register_min_bytes: Some(64 << 10),
         ..config(None)
     };
     threads_with(2, cfg, |r| {
@@ -296,6 +296,34 @@ fn small_calls_on_unregistered_buffers_stage_without_an_exchange() {
     });
 }
 
+/// With the default floor, ranks of one node exchange their records through the shared
+/// region, so every call on unregistered buffers that would take a zero-copy algorithm
+/// (above the one-shot sizes) does: nothing larger stages through the scratch.
+#[test]
+fn by_default_every_call_above_one_shot_sizes_is_zero_copy() {
+    let cfg = |_| CommConfig {
+        zc_threshold_bytes: Some(4096),
+        oneshot_max_bytes: Some(4096),
+        ..config(None)
+    };
+    threads_with(2, cfg, |r| {
+        assert_eq!(r.comm.auto_register_min_bytes(), 0);
+        let pool: AnyMemory = r.comm.device().alloc(1 << 20, MemoryKind::Plain).unwrap();
+        let (dtype, op, accum) = (DataType::F32, ReduceOp::Sum, AccumType::Auto);
+        // 4 KB: the one-shot, through the scratch; 4 KB + 4 and 20 KB: zero-copy.
+        for (salt, count, path) in [
+            (1, 1_024usize, BufferPath::Scratch),
+            (2, 1_025, BufferPath::Mapped),
+            (3, 5_003, BufferPath::Mapped),
+        ] {
+            r.check_at(pool.ptr(), pool.ptr(), dtype, op, accum, count, salt)
+                .unwrap();
+            let last = r.comm.last_call().unwrap();
+            assert_eq!(last.path, path, "{count} elements: {last}");
+        }
+    });
+}
+
 /// Zero-copy without registration: the allocations holding the callers' buffers are
 /// mapped at the first call that would take a zero-copy algorithm, at each rank's own
 /// offset, kept in a bounded cache, never served stale after a free, and any rank whose
@@ -307,7 +335,7 @@ fn zero_copy_on_unregistered_buffers() {
             zc_threshold_bytes: Some(4096),
             oneshot_max_bytes: Some(4096),
             auto_register_max: 2 * world as usize,
-            auto_register_min_bytes: 4096,
+            auto_register_min_bytes: Some(4096),
             ..config(None)
         };
         threads_with(world, cfg, move |r| {

@@ -69,7 +69,7 @@ fn run(ops: Vec<Op>) {
         zc_threshold_bytes: Some(4096),
         oneshot_max_bytes: Some(4096),
         auto_register_max: MAX_ENTRIES,
-        auto_register_min_bytes: 4096,
+        auto_register_min_bytes: Some(4096),
         ..CommConfig::default()
     };
     threads_with(2, cfg, move |r| {

@@ -3,6 +3,11 @@
 //! numpy's `__array_interface__`, DLPack (`__dlpack__` / `__dlpack_device__`: torch, CuPy,
 //! JAX, numpy) and `__cuda_array_interface__` (CuPy, Numba, torch except bf16), tried in
 //! that order. Only C-contiguous arrays are taken (a strided view is refused, never copied).
+//!
+//! The Python package hands contiguous torch CUDA tensors over as a described array, a
+//! tuple `(address, elements, data type code, CUDA device)` it reads with torch's own
+//! accessors: the two DLPack calls per array cost more host time than the rest of an
+//! eager call.
 
 use std::ffi::{c_void, CStr};
 
@@ -61,6 +66,9 @@ impl View {
 /// Reads `obj`'s array description; `what` names the argument in errors
 /// ("all_reduce: input").
 pub fn view(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<View> {
+    if let Ok(described) = obj.cast::<PyTuple>() {
+        return described_view(described, what);
+    }
     if let Ok(iface) = obj.getattr("__array_interface__") {
         return interface_view(&iface, Place::Host, what);
     }
@@ -78,6 +86,31 @@ pub fn view(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<View> {
             obj.get_type().name()?
         ))),
     }
+}
+
+/// A described array: `(address, elements, data type code, CUDA device)`, the code being
+/// [`DataType::code`] (`oxccl._oxccl.dtype_code`).
+fn described_view(t: &Bound<'_, PyTuple>, what: &str) -> PyResult<View> {
+    let (ptr, count, code, device): (u64, usize, u32, i32) = t.extract().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "{what}: a tuple is taken only as (address, elements, data type code, CUDA \
+             device), all integers"
+        ))
+    })?;
+    let dtype = DataType::from_code(code)
+        .map_err(|_| PyValueError::new_err(format!("{what}: {code} is not a data type code")))?;
+    if device < 0 {
+        return Err(PyValueError::new_err(format!(
+            "{what}: CUDA device {device} is not a device"
+        )));
+    }
+    Ok(View {
+        ptr,
+        count,
+        dtype,
+        place: Place::Cuda(device),
+        readonly: false,
+    })
 }
 
 /// numpy's type strings (`<f4`), for the data types numpy and CUDA array interfaces have.
@@ -245,7 +278,8 @@ fn place_of(device_type: i32, device_id: i32) -> Place {
 /// so the device is checked first. `None` for objects [`view`] does not read through
 /// DLPack.
 pub fn dlpack_place(obj: &Bound<'_, PyAny>) -> PyResult<Option<Place>> {
-    if obj.hasattr("__array_interface__")?
+    if obj.is_instance_of::<PyTuple>()
+        || obj.hasattr("__array_interface__")?
         || !(obj.hasattr("__dlpack__")? && obj.hasattr("__dlpack_device__")?)
     {
         return Ok(None);

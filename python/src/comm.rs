@@ -252,7 +252,15 @@ impl PyCommunicator {
         if !self.on_this_device(v.place) {
             return Err(self.elsewhere(ctx, name, v.place));
         }
-        if write && v.readonly {
+        if write {
+            self.writable(ctx, v, name)
+        } else {
+            Ok(v)
+        }
+    }
+
+    fn writable(&self, ctx: &Ctx, v: View, name: &str) -> PyResult<View> {
+        if v.readonly {
             return Err(ctx.value(format!("{name} is read-only")));
         }
         Ok(v)
@@ -269,7 +277,11 @@ impl PyCommunicator {
         let ctx = self.ctx(kind.name());
         let inner = self.live(&ctx)?;
         let i = self.take(&ctx, input, "input", false)?;
-        let o = self.take(&ctx, output, "output", true)?;
+        let o = if output.is(input) {
+            self.writable(&ctx, i, "output")?
+        } else {
+            self.take(&ctx, output, "output", true)?
+        };
         if i.dtype != o.dtype {
             return Err(PyTypeError::new_err(format!(
                 "{}: input is {} but output is {}",
@@ -777,4 +789,12 @@ pub fn backends() -> Vec<&'static str> {
 #[pyfunction]
 pub fn dtypes() -> Vec<String> {
     DataType::ALL.iter().map(|d| d.to_string()).collect()
+}
+
+/// The code of data type `name` (a name `dtypes()` lists), as a described array carries it.
+#[pyfunction]
+pub fn dtype_code(name: &str) -> PyResult<u32> {
+    name.parse::<DataType>()
+        .map(DataType::code)
+        .map_err(|e| PyValueError::new_err(format!("oxccl: {e}")))
 }

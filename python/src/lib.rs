@@ -28,6 +28,7 @@ fn _oxccl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(comm::unique_id, m)?)?;
     m.add_function(wrap_pyfunction!(comm::backends, m)?)?;
     m.add_function(wrap_pyfunction!(comm::dtypes, m)?)?;
+    m.add_function(wrap_pyfunction!(comm::dtype_code, m)?)?;
     m.add(
         "UNIQUE_ID_BYTES",
         oxccl_collectives::channels::bootstrap::UNIQUE_ID_BYTES,

@@ -57,6 +57,11 @@ def solo():
 def test_module_surface():
     assert "host" in oxccl.backends()
     assert "bf16" in oxccl.dtypes()
+    codes = {oxccl.dtype_code(n) for n in oxccl.dtypes()}
+    assert len(codes) == len(oxccl.dtypes())
+    assert oxccl.dtype_code("bfloat16") == oxccl.dtype_code("bf16")
+    with pytest.raises(ValueError, match="unknown data type"):
+        oxccl.dtype_code("complex64")
     assert len(oxccl.unique_id()) == oxccl.UNIQUE_ID_BYTES
 
 
@@ -88,6 +93,11 @@ def test_unknown_backend():
         (lambda c, x: c.all_reduce(x, np.frombuffer(x.tobytes(), np.float32)), "read-only"),
         (lambda c, x: c.all_reduce(FakeCuda(x)), "is in cuda"),
         (lambda c, x: c.all_reduce(x, stream="s"), "not a stream"),
+        # Described arrays (what the package passes for torch CUDA tensors).
+        (lambda c, x: c.all_reduce((x.ctypes.data, x.size, oxccl.dtype_code("f32"), 0)), "is in cuda:0"),
+        (lambda c, x: c.all_reduce((x.ctypes.data, x.size)), "a tuple is taken only as"),
+        (lambda c, x: c.all_reduce((x.ctypes.data, x.size, 9999, 0)), "9999 is not a data type code"),
+        (lambda c, x: c.all_reduce((x.ctypes.data, x.size, oxccl.dtype_code("f32"), -1)), "device -1"),
     ],
 )
 def test_bad_input_is_a_clear_error(solo, call, match):

@@ -557,6 +557,20 @@ impl Bootstrap {
         self.mailbox.arrived.notify_all();
     }
 
+    /// Why waiting on `peer` is futile: this bootstrap was aborted, or the peer's
+    /// connection closed (it exited or died). `None` while neither happened. For waits
+    /// outside the bootstrap, e.g. [`crate::local_exchange::LocalExchange`]'s.
+    pub fn peer_failure(&self, peer: u32) -> Option<Error> {
+        let state = self.mailbox.lock();
+        if let Some(why) = &state.aborted {
+            return Some(Error::Aborted(format!("waiting for rank {peer}: {why}")));
+        }
+        state
+            .dead
+            .get(&peer)
+            .map(|why| Error::PeerLost(format!("rank {peer}: {why}")))
+    }
+
     /// Gathers every rank's `data` (lengths may differ); entry `r` is rank `r`'s.
     pub fn all_gather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
         self.collective(Collective::AllGather, data, self.timeout)

@@ -3,10 +3,12 @@
 //! every peer maps it once, and later calls on any buffer inside it reach the peers'
 //! buffers directly instead of staging through the shared scratch.
 //!
-//! Every call of at least [`DEFAULT_MIN_BYTES`] (`OXCCL_AUTO_REGISTER_MIN_BYTES`) that would
-//! take a zero-copy algorithm does one all-gather through the bootstrap (host side only;
-//! fine while capturing); smaller calls stage through the scratch, which costs less than the
-//! round trip (the size is the same on every rank, so every rank makes the same choice).
+//! Every call that would take a zero-copy algorithm does one all-gather (host side only;
+//! fine while capturing): through the node's shared exchange region
+//! ([`LocalExchange`]) when every rank mapped it, else through the bootstrap, and then only
+//! from [`DEFAULT_MIN_BYTES`] (`OXCCL_AUTO_REGISTER_MIN_BYTES` sets the floor either way);
+//! smaller calls stage through the scratch, which costs less than a TCP round trip (the
+//! size is the same on every rank, so every rank makes the same choice).
 //! Each rank sends what its buffers are
 //! (allocation identity, base, length, the buffer's offset in it) and the export of an
 //! allocation its peers have not mapped yet. Every rank then holds the same records, so
@@ -29,6 +31,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use oxccl_backend::{AnyDevice, AnyImported};
 use oxccl_channels::bootstrap::Bootstrap;
+use oxccl_channels::local_exchange::LocalExchange;
 use oxccl_hal::{Device, DevicePtr, Error, ForeignAllocation, IpcHandle, Memory, Result};
 use oxccl_kernels::abi::OXCCL_ALLREDUCE_MAX_RANKS;
 
@@ -46,9 +49,9 @@ pub const DEFAULT_MAX_ENTRIES: usize = 512;
 /// Environment variable: the smallest call (bytes per rank) that goes through the
 /// all-gather above; smaller calls on unregistered buffers take oxccl's scratch.
 pub const AUTO_REGISTER_MIN_VAR: &str = "OXCCL_AUTO_REGISTER_MIN_BYTES";
-/// Default of [`AUTO_REGISTER_MIN_VAR`]. The all-gather is a round trip through the
-/// bootstrap's TCP connections on every call; the scratch costs one more local copy of the
-/// message. 2 H100s, eager bf16 allreduce on unregistered buffers (`session.sh autoreg`):
+/// Default of [`AUTO_REGISTER_MIN_VAR`] where the all-gather goes through the bootstrap (no
+/// shared exchange region): a round trip over TCP on every call, where the scratch costs
+/// one more local copy of the message. 2 H100s, eager bf16 allreduce on unregistered buffers (`session.sh autoreg`):
 /// at 4 MiB the exchange took 34.5 us against the scratch's 28.5, at 8 and 16 MiB they were
 /// level, from 32 MiB the exchange led by 8-10% (109 against 119 us at 32 MiB). PyTorch
 /// through the preloaded library went from 0.66-0.70x NCCL at 2-4 MB (an exchange per call)
@@ -254,6 +257,8 @@ pub(crate) struct Ctx<'a> {
     pub(crate) world: u32,
     pub(crate) device: &'a AnyDevice,
     pub(crate) bootstrap: &'a Bootstrap,
+    /// The node's shared-memory exchange, where every rank mapped it.
+    pub(crate) local: Option<&'a LocalExchange>,
     /// Bound of the exchanges (the communicator's wait bound; `None`: the bootstrap's).
     pub(crate) timeout: Option<std::time::Duration>,
 }
@@ -262,9 +267,12 @@ impl Ctx<'_> {
     /// One all-gather within the call's bound: a peer that skipped the call, or died, is
     /// an error as fast as a kernel's wait would be.
     fn all_gather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
-        match self.timeout {
-            Some(t) => self.bootstrap.all_gather_within(data, t),
-            None => self.bootstrap.all_gather(data),
+        match (self.local, self.timeout) {
+            (Some(local), t) => {
+                local.all_gather(self.bootstrap, data, t.unwrap_or(self.bootstrap.timeout()))
+            }
+            (None, Some(t)) => self.bootstrap.all_gather_within(data, t),
+            (None, None) => self.bootstrap.all_gather(data),
         }
     }
 }
@@ -619,6 +627,15 @@ impl AutoRegistry {
 }
 
 impl Communicator {
+    /// The smallest call that exchanges its buffers (`CommConfig::auto_register_min_bytes`).
+    pub fn auto_register_min_bytes(&self) -> usize {
+        match (self.config.auto_register_min_bytes, &self.local) {
+            (Some(n), _) => n,
+            (None, Some(_)) => 0,
+            (None, None) => DEFAULT_MIN_BYTES,
+        }
+    }
+
     /// Every rank's view of this call's buffers through this module, when the call
     /// would take a zero-copy algorithm on them, auto-registration is on and the call is
     /// large enough to repay it (collective: one all-gather, every rank decides alike).
@@ -634,7 +651,7 @@ impl Communicator {
         let at = |e: Error| e.at_rank(self.rank);
         let collective = call.collective;
         if !self.config.auto_register
-            || bytes < self.config.auto_register_min_bytes
+            || bytes < self.auto_register_min_bytes()
             || Device::backend(&self.device) == BackendKind::Rocm
         {
             return Ok(None);
@@ -653,6 +670,7 @@ impl Communicator {
             world: self.world,
             device: &self.device,
             bootstrap: &self.bootstrap,
+            local: self.local.as_ref(),
             timeout: Some(self.config.timeout).filter(|t| !t.is_zero()),
         };
         self.auto.peer_buffers(

@@ -6,7 +6,6 @@ use oxccl_hal::{DataType, Error, Result};
 
 use super::auto_register::{
     AUTO_REGISTER_MAX_VAR, AUTO_REGISTER_MIN_VAR, AUTO_REGISTER_VAR, DEFAULT_MAX_ENTRIES,
-    DEFAULT_MIN_BYTES,
 };
 use crate::algorithms::port_channel::PortConfig;
 use crate::algorithms::Forced;
@@ -65,10 +64,12 @@ pub struct CommConfig {
     pub auto_register: bool,
     /// Most allocations (all ranks' together) kept mapped for that (`OXCCL_AUTO_REGISTER_MAX`).
     pub auto_register_max: usize,
-    /// Smallest call (bytes per rank) that does that (`OXCCL_AUTO_REGISTER_MIN_BYTES`): each
-    /// such call exchanges its buffers through the bootstrap, which smaller calls do not
-    /// repay; they stage through the scratch.
-    pub auto_register_min_bytes: usize,
+    /// Smallest call (bytes per rank) that does that (`OXCCL_AUTO_REGISTER_MIN_BYTES`):
+    /// each such call exchanges a record about its buffers with the peers; smaller calls
+    /// stage through the scratch. `None`: every such call where the ranks of one node
+    /// share the exchange region, [`super::auto_register::DEFAULT_MIN_BYTES`] where it goes
+    /// through the bootstrap.
+    pub auto_register_min_bytes: Option<usize>,
 }
 
 impl Default for CommConfig {
@@ -87,7 +88,7 @@ impl Default for CommConfig {
             port: PortConfig::default(),
             auto_register: true,
             auto_register_max: DEFAULT_MAX_ENTRIES,
-            auto_register_min_bytes: DEFAULT_MIN_BYTES,
+            auto_register_min_bytes: None,
         }
     }
 }
@@ -164,7 +165,7 @@ impl CommConfig {
             c.auto_register_max = usize::try_from(n).unwrap_or(usize::MAX);
         }
         if let Some(n) = env_number(AUTO_REGISTER_MIN_VAR)? {
-            c.auto_register_min_bytes = usize::try_from(n).unwrap_or(usize::MAX);
+            c.auto_register_min_bytes = Some(usize::try_from(n).unwrap_or(usize::MAX));
         }
         Ok(c)
     }

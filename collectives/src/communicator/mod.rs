@@ -46,6 +46,7 @@ use std::sync::{Arc, Mutex};
 
 use oxccl_backend::{AnyBackend, AnyDevice, AnyModule, AnyStream};
 use oxccl_channels::bootstrap::Bootstrap;
+use oxccl_channels::local_exchange::LocalExchange;
 use oxccl_hal::{
     AccumType, Backend, BackendKind, DataType, Device, DevicePtr, Error, ReduceOp, Result, Stream,
 };
@@ -103,6 +104,9 @@ pub struct Communicator {
     registry: Registry,
     /// Callers' allocations mapped for zero-copy without registration.
     auto: AutoRegistry,
+    /// The per-call exchanges of `auto` on one node, through shared host memory (`None`:
+    /// through the bootstrap).
+    local: Option<LocalExchange>,
     /// Tuned tables by data type ([`Communicator::tune`]).
     tuned: Mutex<HashMap<DataType, Arc<TuneTable>>>,
     /// Every rank's shared scratch as mapped here, when an algorithm set up here uses it.

@@ -96,6 +96,27 @@ def test_collectives_bit_for_bit(comm, dtype, count):
     comm.check()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.int64], ids=str)
+def test_dlpack_and_described_routes_agree(comm, dtype):
+    """The package describes contiguous torch CUDA tensors itself (``oxccl._array``); the
+    extension's DLPack route, which other producers (CuPy, JAX) take, stays checked here
+    on the same data: both against the reference, bit for bit."""
+    r, n, count = comm.rank, comm.world_size, 12345
+    ins = [rank_data(p, count, dtype, 9) for p in range(n)]
+    x = ins[r].cuda()
+    stream = int(torch.cuda.current_stream().cuda_stream)
+    for route, arr in (("DLPack", lambda t: t), ("described", oxccl._array)):
+        out = poison(count, dtype, x.device)
+        comm._c.all_reduce(arr(x), arr(out), "sum", "auto", stream)
+        same_bits(out, reduced(ins, "sum"), f"all_reduce through {route} {dtype}")
+        out = poison(n * count, dtype, x.device)
+        comm._c.all_gather(arr(x), arr(out), stream)
+        same_bits(out, torch.cat(ins), f"all_gather through {route} {dtype}")
+    assert isinstance(oxccl._array(x[::2]), torch.Tensor)  # strided: left to the extension
+    with pytest.raises(ValueError, match="not contiguous"):
+        comm.all_reduce(x[::2])
+
+
 def test_registered_buffer(comm):
     r, n = comm.rank, comm.world_size
     count = 3 << 20
@@ -316,16 +337,22 @@ def test_timings(comm):
 def test_eager_overhead_breakdown(comm):
     """Not a pass/fail check: where an eager call's host time goes (printed by rank 0), one
     layer at a time on a registered 1 KB bf16 tensor: the custom op, the Python method, the
-    extension's method with the stream handle given, and the pieces the Python layer adds
-    (current stream lookup, DLPack export)."""
+    extension's method with the stream handle given (the tensor described by the package, or
+    exported through DLPack), and the pieces the Python layer adds (describing the tensor,
+    the current stream lookup) or takes away (DLPack export)."""
     h = oxt.handle(comm)
     x = torch.ones(512, dtype=torch.bfloat16, device="cuda")
     comm.register(x)
     stream = int(torch.cuda.current_stream().cuda_stream)
+    d = oxccl._array(x)
+    assert d == (x.data_ptr(), x.numel(), oxccl.dtype_code("bf16"), x.get_device()), d
     layers = [
         ("torch.ops.oxccl.all_reduce_", lambda: torch.ops.oxccl.all_reduce_(x, h, "sum")),
         ("comm.all_reduce", lambda: comm.all_reduce(x)),
-        ("comm._c.all_reduce (stream given)", lambda: comm._c.all_reduce(x, x, "sum", "auto", stream)),
+        ("comm._c.all_reduce (described, stream)", lambda: comm._c.all_reduce(d, d, "sum", "auto", stream)),
+        ("comm._c.all_reduce (DLPack, stream)", lambda: comm._c.all_reduce(x, x, "sum", "auto", stream)),
+        ("oxccl._array(x) (describe the tensor)", lambda: oxccl._array(x)),
+        ("oxccl._stream_handle(None, x)", lambda: oxccl._stream_handle(None, x)),
         ("torch.cuda.current_stream()", lambda: torch.cuda.current_stream(x.device).cuda_stream),
         ("x.__dlpack__(stream=-1)", lambda: x.__dlpack__(stream=-1)),
         ("x.__dlpack_device__()", lambda: x.__dlpack_device__()),
