@@ -21,6 +21,7 @@
 #     ci/gpu/session.sh tune       # tuner (graph replay), then bf16 vs NCCL with the tuned
 #                                  # table and checks of every dtype with it; port_channel
 #     ci/gpu/session.sh torch      # PyTorch with liboxccl_nccl.so preloaded vs plain NCCL
+#     ci/gpu/session.sh torchvmm   # the same with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 #     ci/gpu/session.sh faults     # ci/gpu/faults.sh: injected faults, one per case
 #     ci/gpu/session.sh multinode  # ci/gpu/multinode.sh: PortChannel paths vs NCCL on sockets
 #     ci/gpu/session.sh python     # ci/gpu/python.sh: the Python package's GPU suite
@@ -336,6 +337,17 @@ torch)
         ((ngpus >= n)) || continue
         export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
         step "torch ${n}gpu with and without liboxccl_nccl.so" 270 env OXCCL_STEP_TIMEOUT=120 \
+            bash ci/gpu/run-torch-nccl-api.sh "${repo_root}/${BIN}/liboxccl_nccl.so" "${n}"
+    done
+    ;;
+torchvmm)
+    # The same with PyTorch's expandable segments (its caching allocator on cuMem VMM
+    # chunks): zero-copy needs them exported as POSIX file descriptors (issue #17 item 4).
+    for n in ${OXCCL_SESSION_GPUS:-2}; do
+        ((ngpus >= n)) || continue
+        export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
+        step "torch ${n}gpu expandable_segments with and without liboxccl_nccl.so" 270 env OXCCL_STEP_TIMEOUT=120 \
+            PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True OUT="${out}/vmm" \
             bash ci/gpu/run-torch-nccl-api.sh "${repo_root}/${BIN}/liboxccl_nccl.so" "${n}"
     done
     ;;
