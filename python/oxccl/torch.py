@@ -209,17 +209,20 @@ broadcast_ = _define(
 # -- the torch.distributed backend -----------------------------------------------------
 
 
+try:
+    from torch._C._distributed_c10d import _create_work_from_future
+except ImportError:  # older torch: a Python Work
+    _create_work_from_future = None
+
+
 def _completed_work(result):
     """A Work that is already complete: oxccl queued the call on the caller's current
     stream, which is where NCCL's work would be waited for anyway."""
     fut = torch.futures.Future()
     fut.set_result(result)
-    try:
-        from torch._C._distributed_c10d import _create_work_from_future
-
+    if _create_work_from_future is not None:
         return _create_work_from_future(fut)
-    except ImportError:  # older torch: a Python Work
-        return _FutureWork(fut)
+    return _FutureWork(fut)
 
 
 class _FutureWork(dist._Work):
