@@ -35,8 +35,13 @@ use oxccl_channels::local_exchange::LocalExchange;
 use oxccl_hal::{Device, DevicePtr, Error, ForeignAllocation, IpcHandle, Memory, Result};
 use oxccl_kernels::abi::OXCCL_ALLREDUCE_MAX_RANKS;
 
+mod record;
+
+pub(crate) use record::AutoCall;
+use record::{BufferRecord, Record};
+
 use super::Communicator;
-use crate::algorithms::{Collective, PeerBuffers};
+use crate::algorithms::PeerBuffers;
 use oxccl_backend::AnyStream;
 use oxccl_hal::{BackendKind, DataType, Stream};
 
@@ -57,165 +62,6 @@ pub const AUTO_REGISTER_MIN_VAR: &str = "OXCCL_AUTO_REGISTER_MIN_BYTES";
 /// through the preloaded library went from 0.66-0.70x NCCL at 2-4 MB (an exchange per call)
 /// to 1.47-1.67x with the scratch there.
 pub const DEFAULT_MIN_BYTES: usize = 16 << 20;
-
-const MAGIC: &[u8; 4] = b"OXAR";
-const VERSION: u8 = 1;
-
-/// What a rank sends about one of its buffers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum BufferRecord {
-    /// The call does not reach this buffer on the peers.
-    NotNeeded,
-    /// It cannot be shared (not device memory, across allocations, not exportable).
-    Unshareable,
-    /// Inside this allocation, at `offset`; `handle` when the peers have not mapped it yet.
-    Found {
-        allocation: ForeignAllocation,
-        offset: u64,
-        pinned: bool,
-        handle: Option<Vec<u8>>,
-    },
-}
-
-/// What a rank sends for one call.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Record {
-    /// The call as this rank made it (collective, count, dtype, op, accum, root).
-    call: [u64; 6],
-    capturing: bool,
-    buffers: [BufferRecord; 2],
-}
-
-/// The call a record describes, for the cross-rank comparison.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct AutoCall {
-    pub(crate) collective: Collective,
-    pub(crate) count: u64,
-    pub(crate) dtype: u32,
-    pub(crate) op: u32,
-    pub(crate) accum: u32,
-    pub(crate) root: u32,
-}
-
-impl AutoCall {
-    fn words(&self) -> [u64; 6] {
-        [
-            self.collective as u64,
-            self.count,
-            u64::from(self.dtype),
-            u64::from(self.op),
-            u64::from(self.accum),
-            u64::from(self.root),
-        ]
-    }
-}
-
-fn malformed() -> Error {
-    Error::Ipc("a peer's zero-copy record is malformed".into())
-}
-
-/// Reads a record's fields in order.
-struct Reader<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
-        let end = self.at.checked_add(n).ok_or_else(malformed)?;
-        let s = self.bytes.get(self.at..end).ok_or_else(malformed)?;
-        self.at = end;
-        Ok(s)
-    }
-
-    fn word(&mut self) -> Result<u64> {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(self.take(8)?);
-        Ok(u64::from_le_bytes(a))
-    }
-}
-
-fn put_u64(out: &mut Vec<u8>, v: u64) {
-    out.extend_from_slice(&v.to_le_bytes());
-}
-
-impl Record {
-    fn to_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(128);
-        out.extend_from_slice(MAGIC);
-        out.push(VERSION);
-        for w in self.call {
-            put_u64(&mut out, w);
-        }
-        out.push(u8::from(self.capturing));
-        for b in &self.buffers {
-            match b {
-                BufferRecord::NotNeeded => out.push(0),
-                BufferRecord::Unshareable => out.push(1),
-                BufferRecord::Found {
-                    allocation,
-                    offset,
-                    pinned,
-                    handle,
-                } => {
-                    out.push(2);
-                    put_u64(&mut out, allocation.id);
-                    put_u64(&mut out, allocation.base.0);
-                    put_u64(&mut out, allocation.len as u64);
-                    put_u64(&mut out, *offset);
-                    out.push(u8::from(*pinned));
-                    let h = handle.as_deref().unwrap_or(&[]);
-                    put_u64(&mut out, h.len() as u64);
-                    out.extend_from_slice(h);
-                }
-            }
-        }
-        out
-    }
-
-    fn from_bytes(bytes: &[u8]) -> Result<Record> {
-        let mut r = Reader { bytes, at: 0 };
-        if r.take(4)? != MAGIC || r.take(1)?[0] != VERSION {
-            return Err(malformed());
-        }
-        let mut call = [0u64; 6];
-        for w in &mut call {
-            *w = r.word()?;
-        }
-        let capturing = r.take(1)?[0] != 0;
-        let mut buffers = [BufferRecord::NotNeeded, BufferRecord::NotNeeded];
-        for b in &mut buffers {
-            *b = match r.take(1)?[0] {
-                0 => BufferRecord::NotNeeded,
-                1 => BufferRecord::Unshareable,
-                2 => {
-                    let id = r.word()?;
-                    let base = DevicePtr(r.word()?);
-                    let len = usize::try_from(r.word()?).map_err(|_| malformed())?;
-                    let offset = r.word()?;
-                    let pinned = r.take(1)?[0] != 0;
-                    let hlen = usize::try_from(r.word()?).map_err(|_| malformed())?;
-                    let handle = r.take(hlen)?;
-                    BufferRecord::Found {
-                        allocation: ForeignAllocation { base, len, id },
-                        offset,
-                        pinned,
-                        handle: (hlen > 0).then(|| handle.to_vec()),
-                    }
-                }
-                _ => return Err(malformed()),
-            };
-        }
-        if r.at != bytes.len() {
-            return Err(malformed());
-        }
-        Ok(Record {
-            call,
-            capturing,
-            buffers,
-        })
-    }
-}
 
 /// Offsets reported in the [`PeerBuffers`] of a call served through this cache: each rank's
 /// buffers sit at their own offsets in their own allocations, so there is no common one
@@ -686,47 +532,6 @@ impl Communicator {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn record() -> Record {
-        Record {
-            call: [0, 20_011, 3, 0, 0, 0],
-            capturing: true,
-            buffers: [
-                BufferRecord::Found {
-                    allocation: ForeignAllocation {
-                        base: DevicePtr(0x7000_0000),
-                        len: 1 << 20,
-                        id: 42,
-                    },
-                    offset: 4096,
-                    pinned: true,
-                    handle: Some(vec![1, 2, 3]),
-                },
-                BufferRecord::Unshareable,
-            ],
-        }
-    }
-
-    #[test]
-    fn records_round_trip_and_malformed_ones_are_refused() {
-        let r = record();
-        assert_eq!(Record::from_bytes(&r.to_bytes()).unwrap(), r);
-        let plain = Record {
-            buffers: [BufferRecord::NotNeeded, BufferRecord::NotNeeded],
-            ..record()
-        };
-        assert_eq!(Record::from_bytes(&plain.to_bytes()).unwrap(), plain);
-        let bytes = r.to_bytes();
-        for cut in [0, 3, 5, bytes.len() - 1] {
-            assert!(Record::from_bytes(&bytes[..cut]).is_err(), "cut {cut}");
-        }
-        let mut long = bytes.clone();
-        long.push(0);
-        assert!(Record::from_bytes(&long).is_err());
-        let mut bad_kind = bytes;
-        bad_kind[4 + 1 + 48 + 1] = 7;
-        assert!(Record::from_bytes(&bad_kind).is_err());
-    }
 
     #[test]
     fn overlap_is_by_range() {
