@@ -4,7 +4,7 @@
 //! ends of a wait (a peer that never comes, an abort, a peer that leaves).
 
 // The whole file is test code: its helpers fail the test by unwrapping, like the tests do.
-#![allow(clippy::unwrap_used, clippy::panic)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Barrier};
