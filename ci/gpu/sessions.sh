@@ -5,6 +5,8 @@
 # slow phase makes the later ones skip steps instead of overrunning the call.
 #
 #     OXCCL_SESSION_GPUS=4 ci/gpu/sessions.sh 560 allreduce perf tune torch
+#     ci/gpu/sessions.sh 560 hal 'allreduce=bf16 in-place|graph'   # PHASE=REGEX: only the
+#                                  # steps of that phase whose names match (OXCCL_SESSION_MATCH)
 #
 # NVLS stays off (session.sh exports NCCL_NVLS_ENABLE=0 and unsets OXCCL_NVLS).
 set -uo pipefail
@@ -16,16 +18,21 @@ work="$(mktemp -d /tmp/oxccl-sessions.XXXXXX)"
 mkdir -p "${final_out}"
 start=${SECONDS}
 status=0
-for phase in "$@"; do
+for arg in "$@"; do
+    phase=${arg%%=*}
+    match=()
+    [[ ${arg} == *=* ]] && match=(OXCCL_SESSION_MATCH="${arg#*=}")
     left=$((total - (SECONDS - start)))
     if ((left < 30)); then
         echo "== phase ${phase}: skipped, ${left}s left" | tee -a "${work}/skipped.txt"
         continue
     fi
-    OUT="${work}" OXCCL_SESSION_BUDGET="${left}" bash "${repo_root}/ci/gpu/session.sh" "${phase}" || status=1
+    env OUT="${work}" OXCCL_SESSION_BUDGET="${left}" "${match[@]}" bash "${repo_root}/ci/gpu/session.sh" "${phase}" || status=1
 done
 echo "== all phases: $((SECONDS - start))s"
 cat "${work}"/summary-*.txt 2>/dev/null | grep -E '^(==|FAIL|SKIP)' || true
-name="$(IFS=-; echo "$*")"
+phases=()
+for arg in "$@"; do phases+=("${arg%%=*}"); done
+name="$(IFS=-; echo "${phases[*]}")"
 tar czf "${final_out}/results-${name}.tar.gz" --exclude='*.pt' -C "${work}" .
 exit "${status}"
