@@ -332,23 +332,19 @@ tune)
             -b 1K -e 256M -f 4 -d bf16 -w 3 --iters 10 --graph --json "${out}/port-channel-bf16-${n}gpu.json"
     done
     ;;
-torch)
+torch | torchvmm)
+    # torchvmm: the same with PyTorch's expandable segments (its caching allocator on cuMem
+    # VMM chunks): zero-copy needs them exported as POSIX file descriptors (issue #17 item 4).
+    alloc=() label="" results="${out}"
+    if [[ ${phase} == torchvmm ]]; then
+        alloc=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) label=" expandable_segments"
+        results="${out}/vmm"
+    fi
     for n in ${OXCCL_SESSION_GPUS:-2 4}; do
         ((ngpus >= n)) || continue
         export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
-        step "torch ${n}gpu with and without liboxccl_nccl.so" 270 env OXCCL_STEP_TIMEOUT=120 \
-            bash ci/gpu/run-torch-nccl-api.sh "${repo_root}/${BIN}/liboxccl_nccl.so" "${n}"
-    done
-    ;;
-torchvmm)
-    # The same with PyTorch's expandable segments (its caching allocator on cuMem VMM
-    # chunks): zero-copy needs them exported as POSIX file descriptors (issue #17 item 4).
-    for n in ${OXCCL_SESSION_GPUS:-2}; do
-        ((ngpus >= n)) || continue
-        export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
-        step "torch ${n}gpu expandable_segments with and without liboxccl_nccl.so" 270 env OXCCL_STEP_TIMEOUT=120 \
-            PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True OUT="${out}/vmm" \
-            bash ci/gpu/run-torch-nccl-api.sh "${repo_root}/${BIN}/liboxccl_nccl.so" "${n}"
+        step "torch ${n}gpu${label} with and without liboxccl_nccl.so" 270 env OXCCL_STEP_TIMEOUT=120 \
+            "${alloc[@]}" OUT="${results}" bash ci/gpu/run-torch-nccl-api.sh "${repo_root}/${BIN}/liboxccl_nccl.so" "${n}"
     done
     ;;
 faults)
