@@ -43,21 +43,31 @@ OXCCL_DEVICE_INLINE uint64_t now_ns() {
 struct Deadline {
   uint64_t limit_ns;
   const uint64_t* abort;
-  /// A wait reads the abort word only once it has lasted this long. The word is in host
-  /// memory: every read crosses PCIe, and a multi-block one-shot whose 33,000 threads each
-  /// read it every 256 polls took 175-700 us instead of 4-13 us at 128 KB-2 MB (2 H100s).
-  /// A wait of a millisecond is already a peer that is late or gone.
+  /// This rank's failure word (null: not watched): set when an earlier call of the
+  /// communicator failed, so its peers are out of step and this wait would only time out.
+  const uint64_t* earlier_failure = nullptr;
+  /// A wait reads the abort word (and the failure word) only once it has lasted this long.
+  /// The abort word is in host memory: every read crosses PCIe, and a multi-block one-shot
+  /// whose 33,000 threads each read it every 256 polls took 175-700 us instead of 4-13 us
+  /// at 128 KB-2 MB (2 H100s). A wait of a millisecond is already a peer that is late or
+  /// gone.
   static constexpr uint64_t kAbortCheckNs = 1000000;
   OXCCL_DEVICE_INLINE bool expired(uint64_t polls, uint64_t& since) const {
-    if ((polls & 255) != 255 || (limit_ns == 0 && abort == nullptr)) return false;
+    if ((polls & 255) != 255 || (limit_ns == 0 && abort == nullptr && earlier_failure == nullptr)) return false;
     const uint64_t t = now_ns();
     if (since == 0) {
       since = t;
       return false;
     }
     const uint64_t waited = t - since;
-    if (waited > kAbortCheckNs && aborted()) return true;
+    if (waited > kAbortCheckNs && (aborted() || failed_before())) return true;
     return limit_ns != 0 && waited > limit_ns;
+  }
+  /// Whether this rank's failure word is set (by an earlier call, or by another block of
+  /// this one): `report` keeps the first failure, so the wait that stops for it records
+  /// nothing new.
+  OXCCL_DEVICE_INLINE bool failed_before() const {
+    return earlier_failure != nullptr && atomic_load_relaxed(earlier_failure) != 0;
   }
   /// Whether the communicator was aborted (a system-scope relaxed load: the host sets the
   /// word while the kernel runs; nothing else is ordered by it).
@@ -384,13 +394,18 @@ __device__ __forceinline__ void run_call(const OxcclAllreduceArgs& a, bool kerne
     if (thread_index() == 0) report(own, OXCCL_ALLREDUCE_ERR_ARGS, a.rank);
     return;
   }
-  // An earlier call of this communicator failed (its peers are out of step): return at
-  // once instead of waiting out the bound again; the failure word already says why. Every
-  // block reads the same value: the previous kernel on the stream has finished.
-  if (atomic_load_relaxed(sync_word(own, OXCCL_ALLREDUCE_SYNC_ERROR)) != 0) return;
+  // An earlier call of this communicator failed (its peers are out of step): end instead
+  // of waiting out the bound again; the failure word already says why. The barrier kernels
+  // return before their first signal, which a peer out of step would count. The one-shots
+  // start at once: that dependent load before their first write cost about 0.4 us per call
+  // (1 KB allreduce 2.87 us on 2 H200s before it, 3.26-3.37 with it), and what they write
+  // before waiting is packets whose flag (the call's epoch) no peer of another call
+  // accepts; their waits then stop at the failure word after 1 ms (Deadline).
+  uint64_t* failure = sync_word(own, OXCCL_ALLREDUCE_SYNC_ERROR);
+  if (!kReadsEpoch && atomic_load_relaxed(failure) != 0) return;
   __shared__ int failed;
   if (threadIdx.x == 0) failed = 0;
-  const CallState call{own, Deadline{a.timeout_ns, a.abort_flag}, &failed};
+  const CallState call{own, Deadline{a.timeout_ns, a.abort_flag, failure}, &failed};
   body(call);
   finish_call(own, kReadsEpoch);
 }
