@@ -96,11 +96,15 @@ fn one_shot(shape: &CallShape<'_>) -> Result<(Algorithm, Plan)> {
 /// the direct kernels at every size up to its packet capacity of 2 MiB per rank, e.g.
 /// all-gather 10.5 against 15.0 us at 1 MiB per rank and 17.1 against 18.2 at 2 MiB,
 /// broadcast 14.2 against 17.7 at 2 MiB; so 2 ranks keep it up to 2 MiB (where its packets
-/// fit). More ranks move `world - 1` copies and keep the 256 KiB that the allreduce
-/// one-shot held on 4 H200s (the other collectives not measured there).
-pub fn collective_oneshot_max(world_size: u32) -> usize {
-    match world_size {
-        0..=2 => 2 << 20,
+/// fit). All-gather is the exception: on 2 H200s its direct kernel took 13.35 us at 2 MiB
+/// per rank against the one-shot's 18.17 (10.84 against 10.73 at 1 MiB), so it hands over
+/// above 1 MiB, which costs 6% at 2 MiB on H100s. More ranks move `world - 1` copies and
+/// keep the 256 KiB that the allreduce one-shot held on 4 H200s (the other collectives not
+/// measured there).
+pub fn collective_oneshot_max(collective: Collective, world_size: u32) -> usize {
+    match (collective, world_size) {
+        (Collective::AllGather, 0..=2) => 1 << 20,
+        (_, 0..=2) => 2 << 20,
         _ => 256 << 10,
     }
 }
@@ -314,7 +318,7 @@ impl Selector {
         if shape.world_size == 1 {
             return choose(one_shot, "one rank: a local copy".into());
         }
-        let oneshot_max = collective_oneshot_max(shape.world_size);
+        let oneshot_max = collective_oneshot_max(shape.collective, shape.world_size);
         if shape.bytes <= oneshot_max {
             if let Ok(plan) = one_shot.plan(shape) {
                 return Ok(Choice {
@@ -531,5 +535,36 @@ mod tests {
             e.contains("forced") && e.contains("no multi-node algorithm"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn one_shot_thresholds_of_the_other_collectives() {
+        let caps = Capabilities::default();
+        let s = Selector {
+            forced: Forced::NONE,
+            oneshot_max_bytes: 256 << 10,
+            zc_threshold_bytes: 256 << 10,
+        };
+        // (collective, world, largest one-shot bytes per rank): all-gather hands over above
+        // 1 MiB on 2 ranks (2 H200s), the others above 2 MiB; more ranks above 256 KiB.
+        for (c, world, max) in [
+            (Collective::AllGather, 2, 1usize << 20),
+            (Collective::ReduceScatter, 2, 2 << 20),
+            (Collective::AllToAll, 2, 2 << 20),
+            (Collective::AllGather, 4, 256 << 10),
+            (Collective::Broadcast, 8, 256 << 10),
+        ] {
+            for (bytes, one_shot) in [(max, true), (max + 2, false)] {
+                let mut sh = shape(bytes, world, &caps);
+                sh.collective = c;
+                sh.zero_copy = true;
+                let choice = s.choose(&sh).unwrap();
+                assert_eq!(
+                    choice.algorithm.name().contains("oneshot"),
+                    one_shot,
+                    "{c} on {world} ranks, {bytes} bytes: {choice:?}"
+                );
+            }
+        }
     }
 }
