@@ -12,8 +12,8 @@ checked bit for bit against the inputs), reduce_scatter_tensor and reduce (sum, 
 against the float64 reference), and integer and float64 all_reduce (int32 sum, int64 max,
 uint8 sum: exact; float64 sum: within 2**-50 of the reference). Every all-reduce is
 checked in the script against a float64 reference computed from every rank's seeded input; results (full tensors up to 2**20+7 elements, a strided sample and a hash of
-larger ones) go to DIR/rank<r>.pt, allreduce timings (CUDA events, median) to
-DIR/timing.json. `compare` checks two runs: forwarded ops bit for bit, all-reduces within a
+larger ones) go to DIR/rank<r>.pt, allreduce timings (CUDA events: one eager call, a burst
+of eager calls, the burst replayed from a CUDA graph) to DIR/timing.json. `compare` checks two runs: forwarded ops bit for bit, all-reduces within a
 dtype tolerance (NCCL's ring order and oxccl's rank order may round differently; data
 movement and integer results bit for bit), and prints
 the timings side by side.
@@ -233,11 +233,16 @@ def run(args):
             errors.append(f"{key}: {int((err > tol).sum().item())} of {n} elements off the float64 reference")
         keep(results, key, mine[3])
 
-    # Timing: in-place all_reduce (sum) per size and dtype, CUDA events around each eager
-    # call, median of `iters` calls; that is repeated in `rounds` rounds that sweep every
-    # size and dtype, and the fastest round's median counts (eager per-call times on these
-    # machines switch between two levels, about 30 and 60 us, for plain NCCL as much as for
-    # the preload; one round alone can land on either). Then the slowest rank's figure.
+    # Timing: in-place all_reduce (sum) per size and dtype, three ways, each repeated in
+    # `rounds` rounds that sweep every size and dtype, the fastest round counting, then the
+    # slowest rank's figure:
+    # - "single": CUDA events around one eager call, median of `iters` calls. It includes
+    #   how far the other rank's host loop is behind, which settles at about 30 or 60 us
+    #   per process on these machines, for plain NCCL as much as for the preload.
+    # - "burst": `iters` eager calls back to back between two events, after a barrier: the
+    #   per-call cost a training loop sees (host path or GPU time, whichever is longer);
+    #   "host": the host time of those calls until the last one returned.
+    # - "graph": the same `iters` calls captured in one CUDA graph and replayed.
     bufs = {}
     for dname in DTYPES:
         for n in sizes:
@@ -245,12 +250,27 @@ def run(args):
             bufs[(dname, n)] = torch.zeros(n, dtype=DTYPES[dname], device=device)
             for _ in range(args.warmup):
                 dist.all_reduce(bufs[(dname, n)])
+    graphs = {}
+    for key, x in bufs.items():
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(args.iters):
+                dist.all_reduce(x)
+        g.replay()  # the first replay registers what the capture recorded
+        torch.cuda.synchronize()
+        graphs[key] = g
+    del g
     best = {}
+
+    def events():
+        return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
     for _ in range(args.rounds):
-        for (dname, n), x in bufs.items():
+        for key, x in bufs.items():
             samples = []
             for _ in range(args.iters):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start, end = events()
                 if args.barrier:
                     dist.barrier()
                 start.record()
@@ -258,13 +278,36 @@ def run(args):
                 end.record()
                 end.synchronize()
                 samples.append(start.elapsed_time(end) * 1000.0)
-            m = statistics.median(samples)
-            best[(dname, n)] = min(best.get((dname, n), m), m)
+            measured = {"single": statistics.median(samples)}
+            for mode in ("burst", "graph"):
+                dist.barrier()
+                torch.cuda.synchronize()
+                start, end = events()
+                start.record()
+                t0 = time.perf_counter()
+                if mode == "graph":
+                    graphs[key].replay()
+                else:
+                    for _ in range(args.iters):
+                        dist.all_reduce(x)
+                    # Host time per call until the last one returned (enqueue cost).
+                    measured["host"] = (time.perf_counter() - t0) * 1e6 / args.iters
+                end.record()
+                end.synchronize()
+                measured[mode] = start.elapsed_time(end) * 1000.0 / args.iters
+            old = best.setdefault(key, measured)
+            for mode, us in measured.items():
+                old[mode] = min(old[mode], us)
+    # NCCL's communicators must not outlive graphs that captured their kernels.
+    graphs.clear()
+    torch.cuda.synchronize()
     timing = {}
     for (dname, n), us in best.items():
-        t = torch.tensor([us], dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's figure
-        timing[f"{dname}/{n}"] = {"us": t.item(), "bytes": n * bufs[(dname, n)].element_size()}
+        modes = sorted(us)
+        t = torch.tensor([us[m] for m in modes], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's figures
+        timing[f"{dname}/{n}"] = {m: v for m, v in zip(modes, t.tolist())}
+        timing[f"{dname}/{n}"]["bytes"] = n * bufs[(dname, n)].element_size()
 
     torch.save({"results": results, "errors": errors, "worst": worst}, os.path.join(args.out, f"rank{rank}.pt"))
     if rank == 0:
@@ -328,11 +371,19 @@ def compare(args):
     ta = json.load(open(os.path.join(base_dir, "timing.json")))["timing"]
     tb = json.load(open(os.path.join(ox_dir, "timing.json")))["timing"]
     print()
-    print(f"{'dtype':>5} {'elements':>10} {'bytes':>11} {'NCCL us':>9} {'oxccl us':>9} {'NCCL/oxccl':>10}")
+    modes = ("burst", "host", "graph", "single")
+    head = " ".join(f"{m + ' NCCL':>11} {'oxccl':>7} {'x':>5}" for m in modes)
+    print(f"{'dtype':>5} {'elements':>10} {'bytes':>11} {head}")
     for key in ta:
         dname, n = key.split("/")
-        x, y = ta[key]["us"], tb.get(key, {}).get("us", float("nan"))
-        print(f"{dname:>5} {int(n):>10} {ta[key]['bytes']:>11} {x:>9.1f} {y:>9.1f} {x / y if y else float('nan'):>10.2f}")
+        cells = []
+        for m in modes:
+            x, y = ta[key].get(m, float("nan")), tb.get(key, {}).get(m, float("nan"))
+            cells.append(f"{x:>11.1f} {y:>7.1f} {x / y if y else float('nan'):>5.2f}")
+        print(f"{dname:>5} {int(n):>10} {ta[key]['bytes']:>11} {' '.join(cells)}")
+    print("(us per all_reduce; x = NCCL / oxccl. burst: back-to-back eager calls; host: the host"
+          " time of those calls until the last returned; graph: the same calls replayed from one"
+          " CUDA graph; single: one eager call between events)")
     print()
     print(f"compare: {failures} failures")
     return 1 if failures else 0
