@@ -17,6 +17,7 @@ use crate::algorithms::all_reduce::two_shot_zc::TWOSHOT_ZC;
 use crate::algorithms::all_to_all::{
     direct::ALLTOALL_DIRECT, one_shot::ALLTOALL_ONESHOT_LL, staged::ALLTOALL_STAGED,
 };
+use crate::algorithms::all_to_all_v::{copy::ALLTOALLV_COPY, staged::ALLTOALLV_STAGED};
 use crate::algorithms::broadcast::{
     direct::BROADCAST_DIRECT, one_shot::BROADCAST_ONESHOT_LL, staged::BROADCAST_STAGED,
 };
@@ -189,6 +190,7 @@ impl Selector {
                     shape,
                     [REDUCE_ONESHOT_LL, REDUCE_DIRECT, REDUCE_STAGED],
                 )?,
+                Collective::AllToAllV => Self::all_to_all_v(shape)?,
                 Collective::ReduceScatter => Self::one_shot_direct_staged(
                     shape,
                     [
@@ -237,6 +239,21 @@ impl Selector {
             algorithm,
             plan: algorithm.plan(shape)?,
             reason: format!("{why}: the PortChannel algorithm"),
+        })
+    }
+
+    /// The all_to_all_v policy: straight into the peers' outputs where every rank reaches
+    /// them, else through the staging.
+    fn all_to_all_v(shape: &CallShape<'_>) -> Result<Choice> {
+        let (algorithm, reason) = if shape.zero_copy {
+            (ALLTOALLV_COPY, "every rank's output reachable")
+        } else {
+            (ALLTOALLV_STAGED, "outputs not reachable by the peers")
+        };
+        Ok(Choice {
+            algorithm,
+            plan: algorithm.plan(shape)?,
+            reason: reason.into(),
         })
     }
 

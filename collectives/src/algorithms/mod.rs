@@ -26,6 +26,8 @@
 //! | `alltoall_oneshot_ll` | all-to-all | `alltoall_oneshot_ll` | small messages: every chunk as LL16 packets into its owner's packet half, no barrier |
 //! | `alltoall_staged` | all-to-all | `alltoall_staged` | any size on unregistered buffers: chunks pushed into their owners' staging, copied out locally |
 //! | `alltoall_direct` | all-to-all | `alltoall_direct` | registered outputs: every chunk stored straight into its owner's output between two barriers |
+//! | `alltoallv_copy` | all-to-all-v | `broadcast_barrier` | outputs every rank reaches (registered or auto-mapped): the copy engine copies each chunk into its place in the peer's output between two barrier kernels |
+//! | `alltoallv_staged` | all-to-all-v | `broadcast_barrier` | any buffers: the copy engine moves each chunk through its owner's staging, in rounds, between barrier kernels |
 //! | `broadcast_oneshot_ll` | broadcast | `broadcast_oneshot_ll` | small messages: the root's LL16 packets into every peer's packet half, acknowledgements back, no barrier |
 //! | `broadcast_staged` | broadcast | `broadcast_staged` | any size on unregistered buffers: the root pushes into the peers' staging, they copy out |
 //! | `broadcast_direct` | broadcast | `broadcast_direct` | registered outputs: the root stores into every rank's output between two barriers |
@@ -35,18 +37,19 @@
 //! | `reduce_direct` | reduce | `reduce_direct` | registered inputs: the root reduces straight from every rank's input between two barriers |
 //!
 //! Each collective's algorithms live in their own module ([`all_reduce`], [`all_gather`],
-//! [`reduce_scatter`], [`all_to_all`], [`broadcast`], [`reduce`]);
+//! [`reduce_scatter`], [`all_to_all`], [`all_to_all_v`], [`broadcast`], [`reduce`]);
 //! what several share lives beside them: the scratch-protocol launch ([`scratch_kernel`]),
 //! the PortChannel machinery ([`port_channel`]).
 //!
 //! Ranks on several nodes (gathered at setup; `OXCCL_SEPARATE_HOSTS=1` makes every process
 //! its own node): no algorithm that maps peer memory ([`Descriptor::maps_peers`]) is set
 //! up, the selector takes each collective's PortChannel algorithm, and a collective
-//! without one (all-to-all, broadcast, reduce) is refused with [`Error::Unsupported`].
+//! without one (all-to-all, all-to-all-v, broadcast, reduce) is refused with [`Error::Unsupported`].
 
 pub mod all_gather;
 pub mod all_reduce;
 pub mod all_to_all;
+pub mod all_to_all_v;
 pub mod broadcast;
 pub mod port_channel;
 pub mod reduce;
@@ -75,6 +78,7 @@ use all_gather::{
 use all_reduce::port_channel::PORT_CHANNEL;
 use all_reduce::{nvls, one_shot, one_shot_ll128, two_shot, two_shot_push, two_shot_zc};
 use all_to_all::{direct::ALLTOALL_DIRECT, one_shot::ALLTOALL_ONESHOT_LL, staged::ALLTOALL_STAGED};
+use all_to_all_v::{copy::ALLTOALLV_COPY, staged::ALLTOALLV_STAGED};
 use broadcast::{
     copy_engine::BROADCAST_COPY, direct::BROADCAST_DIRECT, one_shot::BROADCAST_ONESHOT_LL,
     staged::BROADCAST_STAGED,
@@ -108,6 +112,8 @@ pub const ALGORITHMS: &[Algorithm] = &[
     ALLTOALL_ONESHOT_LL,
     ALLTOALL_STAGED,
     ALLTOALL_DIRECT,
+    ALLTOALLV_STAGED,
+    ALLTOALLV_COPY,
     BROADCAST_ONESHOT_LL,
     BROADCAST_STAGED,
     BROADCAST_DIRECT,
@@ -133,22 +139,27 @@ pub enum Collective {
     Broadcast = 4,
     /// The root gets the reduction of every rank's input, in rank order.
     Reduce = 5,
+    /// Rank p gets every rank's chunk for it, each rank's chunks of their own sizes and at
+    /// their own displacements (MPI's `Alltoallv`).
+    AllToAllV = 6,
 }
 
 impl Collective {
     /// Every collective, in declaration order (index = `as usize`).
-    pub const ALL: [Collective; 6] = [
+    pub const ALL: [Collective; 7] = [
         Collective::AllReduce,
         Collective::AllGather,
         Collective::ReduceScatter,
         Collective::AllToAll,
         Collective::Broadcast,
         Collective::Reduce,
+        Collective::AllToAllV,
     ];
 
     /// Bytes of one rank's input and output buffers for a call of `bytes` (`count`
     /// elements of the call's type, NCCL's count: an all-gather's send count, a
-    /// reduce-scatter's receive count).
+    /// reduce-scatter's receive count; all-to-all-v: the larger of one rank's send and
+    /// receive extents).
     pub fn buffer_bytes(self, bytes: usize, world: u32) -> Result<(usize, usize)> {
         let all = || {
             bytes.checked_mul(world as usize).ok_or_else(|| {
@@ -156,9 +167,10 @@ impl Collective {
             })
         };
         match self {
-            Collective::AllReduce | Collective::Broadcast | Collective::Reduce => {
-                Ok((bytes, bytes))
-            }
+            Collective::AllReduce
+            | Collective::Broadcast
+            | Collective::Reduce
+            | Collective::AllToAllV => Ok((bytes, bytes)),
             Collective::AllGather => Ok((bytes, all()?)),
             Collective::ReduceScatter => Ok((all()?, bytes)),
             Collective::AllToAll => Ok((all()?, all()?)),
@@ -177,7 +189,7 @@ impl Collective {
             Collective::AllReduce | Collective::Broadcast | Collective::Reduce => Some(output),
             Collective::AllGather => output.0.checked_add(slot).map(DevicePtr),
             Collective::ReduceScatter => output.0.checked_sub(slot).map(DevicePtr),
-            Collective::AllToAll => None,
+            Collective::AllToAll | Collective::AllToAllV => None,
         }
     }
 
@@ -188,7 +200,7 @@ impl Collective {
             Collective::AllReduce => (true, true),
             Collective::AllGather => (false, true),
             Collective::ReduceScatter | Collective::Reduce => (true, false),
-            Collective::AllToAll | Collective::Broadcast => (false, true),
+            Collective::AllToAll | Collective::AllToAllV | Collective::Broadcast => (false, true),
         }
     }
 
@@ -196,7 +208,10 @@ impl Collective {
     pub fn reduces(self) -> bool {
         match self {
             Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce => true,
-            Collective::AllGather | Collective::AllToAll | Collective::Broadcast => false,
+            Collective::AllGather
+            | Collective::AllToAll
+            | Collective::AllToAllV
+            | Collective::Broadcast => false,
         }
     }
 
@@ -234,6 +249,7 @@ impl fmt::Display for Collective {
             Collective::AllToAll => "all_to_all",
             Collective::Broadcast => "broadcast",
             Collective::Reduce => "reduce",
+            Collective::AllToAllV => "all_to_all_v",
         })
     }
 }

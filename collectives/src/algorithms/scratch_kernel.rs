@@ -65,11 +65,32 @@ impl ScratchKernel {
         (self.scratch.rank, self.scratch.world)
     }
 
+    /// Every rank's staging region ("in", the one the copy-engine algorithms use) as
+    /// mapped here.
+    pub(crate) fn staging(&self) -> Staging {
+        Staging {
+            bases: self.scratch.bases,
+            offset: self.scratch.layout.data_offset,
+            bytes: self.scratch.layout.staging,
+        }
+    }
+
     /// Launches are never early: the kernel follows copies, not a kernel that lets it start.
     pub(crate) fn without_early_launch(mut self) -> ScratchKernel {
         self.early_launch = false;
         self
     }
+}
+
+/// Every rank's staging region as mapped in this process.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Staging {
+    /// Every rank's scratch (index = rank).
+    pub(crate) bases: [DevicePtr; OXCCL_ALLREDUCE_MAX_RANKS as usize],
+    /// Where the region starts in every scratch.
+    pub(crate) offset: usize,
+    /// Its bytes.
+    pub(crate) bytes: usize,
 }
 
 impl Instance for ScratchKernel {

@@ -30,6 +30,7 @@
 //! ([`abort`]: an abort word in host memory that the kernels' waits read).
 
 mod abort;
+pub mod all_to_all_v;
 pub mod auto_register;
 pub mod call_record;
 pub mod calls;

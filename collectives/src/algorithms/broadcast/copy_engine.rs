@@ -18,6 +18,8 @@ use crate::scratch::FlagRegion;
 
 /// Kernel symbol of the barriers (device image and host stand-in).
 const KERNEL: &str = "broadcast_barrier";
+/// The same barrier for the other copy-engine algorithms (all_to_all_v).
+pub(crate) const BARRIER_KERNEL: &str = KERNEL;
 
 /// The copy-engine broadcast.
 pub const BROADCAST_COPY: Algorithm = Algorithm::new(&Descriptor {
@@ -99,7 +101,7 @@ impl Instance for CopyBroadcast {
 }
 
 /// The barrier kernel on the host backend: one barrier of block 0, as on the device.
-fn host_kernel(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
+pub(crate) fn host_kernel(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     let c = KernelCall::new(bytes, KERNEL)?;
     c.root()?;
     barrier(&c, 1)?;

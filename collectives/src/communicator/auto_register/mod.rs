@@ -112,7 +112,7 @@ pub(crate) struct Ctx<'a> {
 impl Ctx<'_> {
     /// One all-gather within the call's bound: a peer that skipped the call, or died, is
     /// an error as fast as a kernel's wait would be.
-    fn all_gather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
+    pub(crate) fn all_gather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
         match (self.local, self.timeout) {
             (Some(local), t) => {
                 local.all_gather(self.bootstrap, data, t.unwrap_or(self.bootstrap.timeout()))
@@ -482,6 +482,27 @@ impl Communicator {
         }
     }
 
+    /// What a per-call exchange needs: the node's shared region where every rank mapped
+    /// it (else the bootstrap), within the communicator's wait bound.
+    pub(crate) fn exchange_ctx(&self) -> Ctx<'_> {
+        Ctx {
+            rank: self.rank,
+            world: self.world,
+            device: &self.device,
+            bootstrap: &self.bootstrap,
+            local: self.local.as_ref(),
+            timeout: Some(self.config.timeout).filter(|t| !t.is_zero()),
+        }
+    }
+
+    /// Whether calls of `bytes` (the same on every rank) on unregistered buffers may be
+    /// served zero-copy through this module.
+    pub(crate) fn auto_register_applies(&self, bytes: usize) -> bool {
+        self.config.auto_register
+            && bytes >= self.auto_register_min_bytes()
+            && Device::backend(&self.device) != BackendKind::Rocm
+    }
+
     /// Every rank's view of this call's buffers through this module, when the call
     /// would take a zero-copy algorithm on them, auto-registration is on and the call is
     /// large enough to repay it (collective: one all-gather, every rank decides alike).
@@ -496,10 +517,7 @@ impl Communicator {
     ) -> Result<Option<PeerBuffers>> {
         let at = |e: Error| e.at_rank(self.rank);
         let collective = call.collective;
-        if !self.config.auto_register
-            || bytes < self.auto_register_min_bytes()
-            || Device::backend(&self.device) == BackendKind::Rocm
-        {
+        if !self.auto_register_applies(bytes) {
             return Ok(None);
         }
         let zc = self
@@ -511,16 +529,8 @@ impl Communicator {
         let (in_bytes, out_bytes) = collective.buffer_bytes(bytes, self.world).map_err(at)?;
         let (inputs, outputs) = collective.peer_views();
         let capturing = stream.is_capturing().map_err(at)?;
-        let ctx = Ctx {
-            rank: self.rank,
-            world: self.world,
-            device: &self.device,
-            bootstrap: &self.bootstrap,
-            local: self.local.as_ref(),
-            timeout: Some(self.config.timeout).filter(|t| !t.is_zero()),
-        };
         self.auto.peer_buffers(
-            &ctx,
+            &self.exchange_ctx(),
             call,
             inputs.then_some((input, in_bytes)),
             outputs.then_some((output, out_bytes)),

@@ -1,0 +1,80 @@
+//! All-to-all with per-peer counts and displacements ([`crate::Communicator::all_to_all_v`],
+//! MPI's `Alltoallv`). Every rank's chunks have their own sizes, so the call's layout is
+//! exchanged once per call on the host ([`VLayout`]) and the data moves on the copy engine
+//! between one-block barrier kernels: no kernel reads a layout, and the same barriers serve
+//! every size.
+//!
+//! | algorithm | buffers | how |
+//! |---|---|---|
+//! | `alltoallv_copy` | outputs registered, or mapped by auto-registration | barrier; each chunk copied straight into its place in the peer's output; barrier |
+//! | `alltoallv_staged` | any | in rounds of a slot of every peer's staging: chunks into the slots, barrier, slots into the output, barrier |
+
+pub mod copy;
+pub mod staged;
+
+use oxccl_hal::{Error, LaunchConfig, Result};
+
+use crate::algorithms::{broadcast::copy_engine, Call, Instance, Plan};
+
+/// The barrier kernel (the copy-engine broadcast's: one block, one barrier over the
+/// shared scratch, nothing else read from the argument block).
+pub(crate) const BARRIER_KERNEL: &str = copy_engine::BARRIER_KERNEL;
+
+/// One call as its algorithms launch it, in bytes; every rank holds the same `max_chunk`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VLayout {
+    /// Index p: what this rank sends to rank p, as (offset in its input, bytes).
+    pub send: Vec<(usize, usize)>,
+    /// Index p: what this rank receives from rank p, as (offset in its output, bytes).
+    pub recv: Vec<(usize, usize)>,
+    /// Index p: where this rank's chunk for p lands in p's output (p's receive offset for
+    /// this rank).
+    pub remote: Vec<usize>,
+    /// The largest chunk any rank sends to another rank (the staged rounds).
+    pub max_chunk: usize,
+}
+
+/// The launch of each barrier: one block (a barrier needs a thread per rank).
+pub(crate) fn barrier_plan() -> Plan {
+    Plan {
+        kernel: BARRIER_KERNEL,
+        config: LaunchConfig::linear(1, 32),
+    }
+}
+
+/// What the generic launch of an all_to_all_v algorithm answers: its calls come with a
+/// layout, through [`crate::Communicator::all_to_all_v`].
+pub(crate) fn needs_layout(call: &Call, name: &str) -> Error {
+    Error::InvalidArgument(format!(
+        "{name}: an all_to_all_v algorithm is launched with its per-peer layout \
+         (Communicator::all_to_all_v), not as a call of {} elements",
+        call.count
+    ))
+}
+
+/// An all_to_all_v algorithm set up in a communicator.
+pub(crate) trait VInstance: Instance {
+    /// Queues one call: the layout's chunks of `call.input` into the peers' outputs
+    /// (`call.peers` where the algorithm uses them).
+    ///
+    /// # Safety
+    /// As [`Instance::launch`], with `layout` checked by the communicator against every
+    /// rank's (the same `max_chunk` and matching chunk sizes everywhere), its ranges inside
+    /// `call.input` and `call.output`.
+    unsafe fn launch_v(
+        &self,
+        call: &Call,
+        layout: &VLayout,
+        stream: &oxccl_backend::AnyStream,
+    ) -> Result<()>;
+}
+
+/// The [`VInstance`] behind an instance of an all_to_all_v algorithm.
+pub(crate) fn as_v(instance: &dyn Instance) -> Option<&dyn VInstance> {
+    let any = instance.as_any();
+    if let Some(c) = any.downcast_ref::<copy::CopyAllToAllV>() {
+        return Some(c);
+    }
+    any.downcast_ref::<staged::StagedAllToAllV>()
+        .map(|s| s as &dyn VInstance)
+}
