@@ -107,6 +107,15 @@ def _array(array: Any) -> Any:
     return array
 
 
+def _packed(counts) -> list:
+    """Displacements of ``counts`` laid end to end in rank order."""
+    out, at = [], 0
+    for c in counts:
+        out.append(at)
+        at += int(c)
+    return out
+
+
 def _arrays(input: Any, output: Any, stream: Any) -> tuple:
     """``(input, output, stream handle)`` for the extension; an in-place call's one array
     is read once."""
@@ -272,6 +281,19 @@ class Communicator:
         """Chunk p of rank r's ``input`` lands in chunk r of rank p's ``output`` (both
         ``world_size * n`` elements, not overlapping). Returns the output."""
         self._c.all_to_all(*_arrays(input, output, stream))
+        return output
+
+    def all_to_all_v(self, input, output, send_counts, recv_counts, send_displs=None, recv_displs=None, *, stream=None):
+        """All-to-all with per-peer sizes (MPI's Alltoallv): ``send_counts[p]`` elements of
+        this rank's ``input`` at ``send_displs[p]`` land at ``recv_displs[r]`` of rank p's
+        ``output``, where ``recv_counts[r]`` must equal that count (a mismatch is an error
+        on every rank). Counts and displacements are in elements, one per rank;
+        displacements default to the counts packed in rank order. Output elements no range
+        covers are left as they were. Returns the output."""
+        sd = _packed(send_counts) if send_displs is None else [int(d) for d in send_displs]
+        rd = _packed(recv_counts) if recv_displs is None else [int(d) for d in recv_displs]
+        i, o, h = _arrays(input, output, stream)
+        self._c.all_to_all_v(i, [int(c) for c in send_counts], sd, o, [int(c) for c in recv_counts], rd, h)
         return output
 
     def broadcast(self, tensor, output=None, *, root: int = 0, stream=None):

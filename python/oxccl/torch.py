@@ -18,7 +18,7 @@ Inputs that are not contiguous are copied to contiguous ones first (the raw
 Importing this module registers the ``torch.distributed`` backend ``"oxccl"`` for CUDA
 devices, so ``dist.init_process_group("cpu:gloo,cuda:oxccl")`` (or ``"oxccl"``) works: CUDA
 tensors go to oxccl, CPU tensors to a gloo group the backend makes beside it. Collectives
-oxccl does not serve (gather, scatter, send/recv, uneven all_to_all, coalesced calls) raise
+oxccl does not serve (gather, scatter, send/recv, coalesced calls) raise
 ``NotImplementedError`` naming them, or go to a NCCL group made beside it when
 ``OXCCL_TORCH_FALLBACK=nccl`` is set.
 """
@@ -257,7 +257,7 @@ def _op_name(reduce_op) -> str:
     raise NotImplementedError(f"oxccl process group: the reduction {reduce_op} is not served by oxccl (sum, product, min, max, avg are)")
 
 
-SERVED = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "all_to_all_single (even splits)", "all_to_all", "broadcast", "reduce", "barrier")
+SERVED = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "all_to_all_single", "all_to_all", "broadcast", "reduce", "barrier")
 
 
 class ProcessGroupOxccl(dist.ProcessGroup):
@@ -393,7 +393,18 @@ class ProcessGroupOxccl(dist.ProcessGroup):
             return self._gloo.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
         even = lambda s: not s or len(set(s)) == 1  # noqa: E731
         if not (even(output_split_sizes) and even(input_split_sizes)):
-            return self._unserved("alltoall_base", output, input, output_split_sizes, input_split_sizes, opts)
+            # Uneven splits (rows of dim 0 per rank): all_to_all_v on the contiguous tensors.
+            n = self.comm.world_size
+            src = _dense(input)
+            dst = output if output.is_contiguous() else torch.empty_like(output, memory_format=torch.contiguous_format)
+            in_row = src.numel() // max(src.shape[0], 1) if src.dim() else 1
+            out_row = dst.numel() // max(dst.shape[0], 1) if dst.dim() else 1
+            ins = list(input_split_sizes) or [src.shape[0] // n] * n
+            outs = list(output_split_sizes) or [dst.shape[0] // n] * n
+            self.comm.all_to_all_v(src.reshape(-1), dst.reshape(-1), [s * in_row for s in ins], [s * out_row for s in outs])
+            if dst is not output:
+                output.copy_(dst)
+            return _completed_work([output])
         if output.is_contiguous():
             self.comm.all_to_all(_dense(input).reshape(-1), output.reshape(-1))
         else:

@@ -419,6 +419,82 @@ fn host_call(
     Ok(())
 }
 
+/// An all_to_all_v call's counts and displacements (elements): (counts, displacements)
+/// of the send side and of the receive side.
+struct VLayoutArgs {
+    send: (Vec<usize>, Vec<usize>),
+    recv: (Vec<usize>, Vec<usize>),
+}
+
+/// The host backend's all_to_all_v: the input and the output (its current contents, so
+/// that bytes no range covers come back unchanged) staged, the call run there, the output
+/// copied back.
+fn host_call_v(comm: &Communicator, host: &Host, i: View, o: View, l: &VLayoutArgs) -> Result<()> {
+    let dtype = i.dtype;
+    let (in_bytes, out_bytes) = (dtype.bytes(i.count)?, dtype.bytes(o.count)?);
+    // The output's part of the staging starts 16-byte aligned after the input's.
+    let out_at = in_bytes.next_multiple_of(16);
+    let need = out_at
+        .checked_add(out_bytes)
+        .ok_or_else(|| Error::InvalidArgument("size overflows".into()))?;
+    let mut staging = host.staging.lock().unwrap_or_else(PoisonError::into_inner);
+    if staging.as_ref().is_none_or(|m| m.len() < need) {
+        *staging = None;
+        *staging = Some(comm.device().alloc(need.max(4096), MemoryKind::Plain)?);
+    }
+    let mem = staging
+        .as_ref()
+        .ok_or_else(|| Error::InvalidArgument("no staging buffer".into()))?;
+    let (buf, out) = (mem.ptr(), mem.ptr().offset(out_at)?);
+    let s = &host.stream;
+    // SAFETY: both views were read from live arrays the caller holds for the whole call,
+    // spanning their `count` elements.
+    let (src, dst) = unsafe {
+        (
+            std::slice::from_raw_parts(i.ptr as usize as *const u8, in_bytes),
+            std::slice::from_raw_parts_mut(o.ptr as usize as *mut u8, out_bytes),
+        )
+    };
+    s.write(buf, src)?;
+    s.write(out, dst)?;
+    // SAFETY: the staging allocation holds both arrays (checked against every range by
+    // the caller) and lives until the stream is synchronized below.
+    let run = unsafe {
+        comm.all_to_all_v(
+            buf, &l.send.0, &l.send.1, out, &l.recv.0, &l.recv.1, dtype, s,
+        )
+    };
+    run.and_then(|()| s.synchronize())
+        .and_then(|()| comm.check_error(s))?;
+    s.read(out, dst)
+}
+
+/// A GPU backend's all_to_all_v: on the caller's stream, asynchronous.
+fn device_call_v(
+    comm: &Communicator,
+    i: View,
+    o: View,
+    l: &VLayoutArgs,
+    stream: u64,
+) -> Result<()> {
+    let s = borrow_stream(comm, stream)?;
+    // SAFETY: the views were read from live arrays on this communicator's device that the
+    // caller keeps (and does not write) until the stream's work completes, each holding
+    // every range (checked); the caller names a live stream of this device.
+    unsafe {
+        comm.all_to_all_v(
+            DevicePtr(i.ptr),
+            &l.send.0,
+            &l.send.1,
+            DevicePtr(o.ptr),
+            &l.recv.0,
+            &l.recv.1,
+            i.dtype,
+            &s,
+        )
+    }
+}
+
 /// A GPU backend's call: on the caller's stream, asynchronous.
 fn device_call(
     comm: &Communicator,
@@ -611,6 +687,68 @@ impl PyCommunicator {
         stream: u64,
     ) -> PyResult<()> {
         self.collective(py, Kind::AllToAll, input, output, stream)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (input, send_counts, send_displs, output, recv_counts, recv_displs, stream=0))]
+    fn all_to_all_v(
+        &self,
+        py: Python<'_>,
+        input: &Bound<'_, PyAny>,
+        send_counts: Vec<usize>,
+        send_displs: Vec<usize>,
+        output: &Bound<'_, PyAny>,
+        recv_counts: Vec<usize>,
+        recv_displs: Vec<usize>,
+        stream: u64,
+    ) -> PyResult<()> {
+        let ctx = self.ctx("all_to_all_v");
+        let inner = self.live(&ctx)?;
+        if output.is(input) {
+            return Err(ctx
+                .value("input and output are the same array (all_to_all_v has no in-place form)"));
+        }
+        let i = self.take(&ctx, input, "input", false)?;
+        let o = self.take(&ctx, output, "output", true)?;
+        if i.dtype != o.dtype {
+            return Err(PyTypeError::new_err(format!(
+                "{}: input is {} but output is {}",
+                ctx.head(),
+                i.dtype,
+                o.dtype
+            )));
+        }
+        // The arrays must hold every range (the communicator checks the rest).
+        for (name, view, counts, displs) in [
+            ("input", &i, &send_counts, &send_displs),
+            ("output", &o, &recv_counts, &recv_displs),
+        ] {
+            let extent = counts
+                .iter()
+                .zip(displs.iter())
+                .filter(|(c, _)| **c > 0)
+                .map(|(c, d)| c.checked_add(*d))
+                .try_fold(0usize, |m, e| e.map(|e| m.max(e)));
+            match extent {
+                Some(e) if e <= view.count => {}
+                Some(e) => {
+                    return Err(ctx.value(format!(
+                        "{name} has {} elements but its ranges reach element {e}",
+                        view.count
+                    )))
+                }
+                None => return Err(ctx.value(format!("the {name} ranges overflow"))),
+            }
+        }
+        let layout = VLayoutArgs {
+            send: (send_counts, send_displs),
+            recv: (recv_counts, recv_displs),
+        };
+        py.detach(move || match &inner.host {
+            Some(host) => host_call_v(&inner.comm, host, i, o, &layout),
+            None => device_call_v(&inner.comm, i, o, &layout, stream),
+        })
+        .map_err(|e| ctx.fail(&e))
     }
 
     #[pyo3(signature = (input, output, root=0, stream=0))]

@@ -123,6 +123,17 @@ def collectives(comm: oxccl.Communicator, seed: int) -> int:
             comm.all_to_all(big[r], out)
             want = np.concatenate([big[q][r * count:(r + 1) * count] for q in range(n)])
             same_bits(out, want, f"all_to_all {tag}")
+            # all_to_all_v: rank q sends (q + 2p) % 3 * count elements to rank p, packed
+            # in rank order; the output has a poisoned tail no range covers.
+            size = lambda q, p: (q + 2 * p) % 3 * count  # noqa: E731
+            sends = [np.concatenate([data(q, size(q, p), dtype, seed + 7 + p) for p in range(n)]) for q in range(n)]
+            start = lambda q, p: sum(size(q, x) for x in range(p))  # noqa: E731
+            want = np.concatenate([sends[q][start(q, r):start(q, r) + size(q, r)] for q in range(n)])
+            out = poisoned(len(want) + 3, dtype)
+            comm.all_to_all_v(sends[r], out, [size(r, p) for p in range(n)], [size(q, r) for q in range(n)])
+            same_bits(out[:len(want)], want, f"all_to_all_v {tag}")
+            same_bits(out[len(want):], poisoned(3, dtype), f"all_to_all_v tail {tag}")
+            checks += 2
             # broadcast from the last rank, out of place and in place.
             root = n - 1
             out = poisoned(count, dtype)

@@ -85,6 +85,16 @@ def test_collectives_bit_for_bit(comm, dtype, count):
     out = poison(n * count, dtype, dev)
     comm.all_to_all(big[r].to(dev), out)
     same_bits(out, torch.cat([big[q][r * count:(r + 1) * count] for q in range(n)]), f"all_to_all {dtype} x{count}")
+    # all_to_all_v: rank q sends (q + 2p) % 3 * count elements to rank p, packed in rank
+    # order; the poisoned tail of the output stays poisoned.
+    size = lambda q, p: (q + 2 * p) % 3 * count  # noqa: E731
+    start = lambda q, p: sum(size(q, x) for x in range(p))  # noqa: E731
+    sends = [torch.cat([rank_data(q, size(q, p), dtype, 20 + p) for p in range(n)]) for q in range(n)]
+    want = torch.cat([sends[q][start(q, r):start(q, r) + size(q, r)] for q in range(n)])
+    out = poison(want.numel() + 3, dtype, dev)
+    comm.all_to_all_v(sends[r].to(dev), out, [size(r, p) for p in range(n)], [size(q, r) for q in range(n)])
+    same_bits(out[:want.numel()], want, f"all_to_all_v {dtype} x{count}")
+    same_bits(out[want.numel():], poison(3, dtype, "cpu"), f"all_to_all_v tail {dtype} x{count}")
     root = n - 1
     out = poison(count, dtype, dev)
     comm.broadcast(x, out, root=root)
@@ -238,6 +248,14 @@ def test_process_group_route(pg):
     out = poison(n * 1000, torch.float32, "cuda")
     dist.all_to_all_single(out, big[r].cuda())
     same_bits(out, torch.cat([big[q][r * 1000:(r + 1) * 1000] for q in range(n)]), "dist.all_to_all_single")
+    # Uneven splits (MoE token exchange): rank q sends 7 * (q + p + 1) rows of 3 to rank p.
+    rows = lambda q, p: 7 * (q + p + 1)  # noqa: E731
+    srcs = [rank_data(q, 3 * sum(rows(q, p) for p in range(n)), torch.float32, 50).view(-1, 3) for q in range(n)]
+    starts = lambda q, p: sum(rows(q, x) for x in range(p))  # noqa: E731
+    want = torch.cat([srcs[q][starts(q, r):starts(q, r) + rows(q, r)] for q in range(n)])
+    out = torch.full_like(want, float("nan"), device="cuda")
+    dist.all_to_all_single(out, srcs[r].cuda(), [rows(q, r) for q in range(n)], [rows(r, p) for p in range(n)])
+    same_bits(out, want, "dist.all_to_all_single uneven")
     t = ins[r].cuda()
     dist.broadcast(t, src=n - 1)
     same_bits(t, ins[n - 1], "dist.broadcast")
