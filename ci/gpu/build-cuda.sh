@@ -7,6 +7,7 @@
 #     .gpu/bin/liboxccl_nccl.so    the NCCL-API library (PyTorch preload)
 #     .gpu/bin/hal-cuda-gpu-tests  hal-cuda's tests (they skip without a GPU here)
 #     .gpu/bin/nccl_group_test     ci/gpu/nccl_group_test.c linked to liboxccl_nccl.so
+#     .gpu/bin/nccl_call_cost      ci/gpu/nccl_call_cost.c (loads either NCCL library)
 #     .gpu/wheels/oxccl-*.whl      the Python package with CUDA (abi3)
 #
 #     ci/gpu/build-cuda.sh            # everything
@@ -58,6 +59,8 @@ if want group; then
     gcc -std=c11 -O1 -Wall -Wextra -Inccl-api/include -I"${CUDA_HOME}/include" \
         ci/gpu/nccl_group_test.c -L"${bin}" -loxccl_nccl -Wl,-rpath,'$ORIGIN' -ldl \
         -o "${bin}/nccl_group_test"
+    gcc -std=c11 -O2 -Wall -Wextra -Inccl-api/include -I"${CUDA_HOME}/include" \
+        ci/gpu/nccl_call_cost.c -ldl -o "${bin}/nccl_call_cost"
 fi
 if want wheel; then
     venv="${OXCCL_PY_VENV:-${target_dir}/python-venv}"

@@ -22,6 +22,7 @@
 #                                  # table and checks of every dtype with it; port_channel
 #     ci/gpu/session.sh torch      # PyTorch with liboxccl_nccl.so preloaded vs plain NCCL
 #     ci/gpu/session.sh torchvmm   # the same with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+#     ci/gpu/session.sh callcost   # host cost of one ncclAllReduce: real NCCL vs liboxccl_nccl.so
 #     ci/gpu/session.sh faults     # ci/gpu/faults.sh: injected faults, one per case
 #     ci/gpu/session.sh multinode  # ci/gpu/multinode.sh: PortChannel paths vs NCCL on sockets
 #     ci/gpu/session.sh python     # ci/gpu/python.sh: the Python package's GPU suite
@@ -374,6 +375,13 @@ group)
         export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
         step "nccl_group_test ${n}gpu" 120 env OXCCL_NCCL_LOG=info "${BIN}/nccl_group_test"
     done
+    ;;
+callcost)
+    # The host cost of one ncclAllReduce (one GPU, a one-rank communicator, calls back to
+    # back): the real NCCL, then liboxccl_nccl.so in front of it.
+    export CUDA_VISIBLE_DEVICES="$(devices 1)"
+    step "call cost real NCCL" 60 "${BIN}/nccl_call_cost" "${OXCCL_NCCL_LIB_PATH}"
+    step "call cost liboxccl_nccl.so" 60 "${BIN}/nccl_call_cost" "${repo_root}/${BIN}/liboxccl_nccl.so"
     ;;
 sanitizer)
     # compute-sanitizer over 2 ranks (it follows the children oxccl-perf -N starts): every
