@@ -1,8 +1,10 @@
 /*
  * The host cost of one ncclAllReduce call: one process, one GPU, a one-rank communicator
- * (ncclCommInitAll), calls queued back to back on one stream in batches of 50 (the stream
- * synchronized between batches, so the launch queue never fills), the host time of each
- * batch divided by its calls; the median batch per size is printed. The NCCL library is
+ * (ncclCommInitAll), out-of-place calls (a one-rank NCCL returns at once in place) queued
+ * back to back on one stream in batches of 50 (the stream synchronized between batches, so
+ * the launch queue never fills), the host time of each batch divided by its calls; the
+ * median batch per size is printed, and beside it the same for cuMemsetD32Async of the
+ * same bytes (one driver enqueue, the floor of any call that queues GPU work). The NCCL library is
  * loaded with dlopen from the path given, so the same binary times the real NCCL and
  * liboxccl_nccl.so (which forwards what it does not serve to OXCCL_NCCL_LIB_PATH).
  *
@@ -61,6 +63,7 @@ int main(int argc, char** argv) {
   CUresult (*cuMemAlloc_)(CUdeviceptr*, size_t) = must(cuda, "cuMemAlloc_v2");
   CUresult (*cuStreamCreate_)(CUstream*, unsigned) = must(cuda, "cuStreamCreate");
   CUresult (*cuStreamSynchronize_)(CUstream) = must(cuda, "cuStreamSynchronize");
+  CUresult (*cuMemsetD32Async_)(CUdeviceptr, unsigned, size_t, CUstream) = must(cuda, "cuMemsetD32Async");
   ncclResult_t (*initAll)(ncclComm_t*, int, const int*) = must(nccl, "ncclCommInitAll");
   ncclResult_t (*allReduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
                             cudaStream_t) = must(nccl, "ncclAllReduce");
@@ -71,7 +74,7 @@ int main(int argc, char** argv) {
   CUstream stream;
   CUdeviceptr buf;
   if (cuInit_(0) || cuDeviceGet_(&dev, 0) || cuPrimaryCtxRetain_(&ctx, dev) || cuCtxSetCurrent_(ctx) ||
-      cuStreamCreate_(&stream, 0) || cuMemAlloc_(&buf, 8 << 20)) {
+      cuStreamCreate_(&stream, 0) || cuMemAlloc_(&buf, 16 << 20)) {
     fprintf(stderr, "nccl_call_cost: CUDA setup failed\n");
     return 2;
   }
@@ -82,13 +85,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   const size_t counts[] = {1, 1000, 1 << 20};
-  printf("library %s\n%10s %12s %12s\n", argv[1], "bf16 elems", "host us/call", "min us/call");
+  printf("library %s\n%10s %12s %12s %14s\n", argv[1], "bf16 elems", "host us/call", "min us/call",
+         "memset us/call");
+  const CUdeviceptr out = buf + (8 << 20);
   for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
-    double per[BATCHES];
+    double per[BATCHES], floor[BATCHES];
     for (int b = -2; b < BATCHES; b++) { /* two warm-up batches */
       double t0 = now_us();
       for (int i = 0; i < BATCH; i++) {
-        if (allReduce((void*)buf, (void*)buf, counts[k], ncclBfloat16, ncclSum, comm, (cudaStream_t)stream) !=
+        if (allReduce((void*)buf, (void*)out, counts[k], ncclBfloat16, ncclSum, comm, (cudaStream_t)stream) !=
             ncclSuccess) {
           fprintf(stderr, "nccl_call_cost: ncclAllReduce failed\n");
           return 1;
@@ -96,10 +101,18 @@ int main(int argc, char** argv) {
       }
       double t1 = now_us();
       cuStreamSynchronize_(stream);
-      if (b >= 0) per[b] = (t1 - t0) / BATCH;
+      double t2 = now_us();
+      for (int i = 0; i < BATCH; i++) cuMemsetD32Async_(out, 0, (counts[k] + 1) / 2, stream);
+      double t3 = now_us();
+      cuStreamSynchronize_(stream);
+      if (b >= 0) {
+        per[b] = (t1 - t0) / BATCH;
+        floor[b] = (t3 - t2) / BATCH;
+      }
     }
     qsort(per, BATCHES, sizeof per[0], cmp);
-    printf("%10zu %12.2f %12.2f\n", counts[k], per[BATCHES / 2], per[0]);
+    qsort(floor, BATCHES, sizeof floor[0], cmp);
+    printf("%10zu %12.2f %12.2f %14.2f\n", counts[k], per[BATCHES / 2], per[0], floor[BATCHES / 2]);
   }
   destroy(comm);
   return 0;

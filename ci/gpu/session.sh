@@ -278,9 +278,9 @@ copyengine)
     ;;
 autoreg)
     # Unregistered buffers, eager calls (no graph): zero-copy with an exchange per call
-    # (OXCCL_AUTO_REGISTER_MIN_BYTES=0, the default on one node: through the shared exchange
-    # region) against staging through the scratch (the minimum above every size), each vs
-    # NCCL in the same run: whether the exchange pays from the one-shot sizes on.
+    # (OXCCL_AUTO_REGISTER_MIN_BYTES=0: through the shared exchange region from the one-shot
+    # sizes on; the default on one node is 8 MiB) against staging through the scratch (the
+    # minimum above every size), each vs NCCL in the same run: where the exchange pays.
     export CUDA_VISIBLE_DEVICES="$(devices 2)"
     for min in 0 1099511627776; do
         step "autoreg 2gpu bf16 eager unregistered min ${min}" 120 env OXCCL_AUTO_REGISTER_MIN_BYTES="${min}" \
@@ -382,6 +382,8 @@ callcost)
     export CUDA_VISIBLE_DEVICES="$(devices 1)"
     step "call cost real NCCL" 60 "${BIN}/nccl_call_cost" "${OXCCL_NCCL_LIB_PATH}"
     step "call cost liboxccl_nccl.so" 60 "${BIN}/nccl_call_cost" "${repo_root}/${BIN}/liboxccl_nccl.so"
+    step "call cost liboxccl_nccl.so, early launch off" 60 env OXCCL_EARLY_LAUNCH=0 \
+        "${BIN}/nccl_call_cost" "${repo_root}/${BIN}/liboxccl_nccl.so"
     ;;
 sanitizer)
     # compute-sanitizer over 2 ranks (it follows the children oxccl-perf -N starts): every

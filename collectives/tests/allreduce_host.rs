@@ -297,24 +297,32 @@ fn small_calls_on_unregistered_buffers_stage_without_an_exchange() {
 }
 
 /// With the default floor, ranks of one node exchange their records through the shared
-/// region, so every call on unregistered buffers that would take a zero-copy algorithm
-/// (above the one-shot sizes) does: nothing larger stages through the scratch.
+/// region from `DEFAULT_LOCAL_MIN_BYTES` (8 MiB) on: smaller calls on unregistered buffers
+/// stage through the scratch (the exchange would cost an eager loop more host time than
+/// it saves), larger ones are zero-copy.
 #[test]
-fn by_default_every_call_above_one_shot_sizes_is_zero_copy() {
+fn by_default_calls_from_8_mib_on_one_node_are_zero_copy() {
     let cfg = |_| CommConfig {
         zc_threshold_bytes: Some(4096),
         oneshot_max_bytes: Some(4096),
         ..config(None)
     };
     threads_with(2, cfg, |r| {
-        assert_eq!(r.comm.auto_register_min_bytes(), 0);
-        let pool: AnyMemory = r.comm.device().alloc(1 << 20, MemoryKind::Plain).unwrap();
+        assert_eq!(
+            r.comm.auto_register_min_bytes(),
+            oxccl_collectives::communicator::auto_register::DEFAULT_LOCAL_MIN_BYTES
+        );
+        let pool: AnyMemory = r.comm.device().alloc(9 << 20, MemoryKind::Plain).unwrap();
         let (dtype, op, accum) = (DataType::F32, ReduceOp::Sum, AccumType::Auto);
-        // 4 KB: the one-shot, through the scratch; 4 KB + 4 and 20 KB: zero-copy.
+        let floor = (8 << 20) / 4;
+        // 4 KB: the one-shot; 4 KB + 4 up to 8 MiB - 4: the staged two-shot, both through
+        // the scratch; 8 MiB and more: zero-copy.
         for (salt, count, path) in [
             (1, 1_024usize, BufferPath::Scratch),
-            (2, 1_025, BufferPath::Mapped),
-            (3, 5_003, BufferPath::Mapped),
+            (2, 1_025, BufferPath::Scratch),
+            (3, floor - 1, BufferPath::Scratch),
+            (4, floor, BufferPath::Mapped),
+            (5, floor + 3, BufferPath::Mapped),
         ] {
             r.check_at(pool.ptr(), pool.ptr(), dtype, op, accum, count, salt)
                 .unwrap();

@@ -66,8 +66,9 @@ pub struct CommConfig {
     pub auto_register_max: usize,
     /// Smallest call (bytes per rank) that does that (`OXCCL_AUTO_REGISTER_MIN_BYTES`):
     /// each such call exchanges a record about its buffers with the peers; smaller calls
-    /// stage through the scratch. `None`: every such call where the ranks of one node
-    /// share the exchange region, [`super::auto_register::DEFAULT_MIN_BYTES`] where it goes
+    /// stage through the scratch. `None`:
+    /// [`super::auto_register::DEFAULT_LOCAL_MIN_BYTES`] where the ranks of one node share
+    /// the exchange region, [`super::auto_register::DEFAULT_MIN_BYTES`] where it goes
     /// through the bootstrap.
     pub auto_register_min_bytes: Option<usize>,
 }
