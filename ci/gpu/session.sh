@@ -91,7 +91,7 @@ step() { # step NAME TIMEOUT CMD...
 
 suite_dir() { mktemp -d /tmp/oxccl-suite.XXXXXX; }
 # kinds_of COLLECTIVE: its algorithms' suffixes (COLLECTIVE_KIND).
-kinds_of() { echo "oneshot_ll staged direct"; }
+kinds_of() { if [[ $1 == alltoallv ]]; then echo "copy staged"; else echo "oneshot_ll staged direct"; fi; }
 torchrun_n() { # torchrun_n N CMD...
     local n="$1"
     shift
@@ -166,7 +166,7 @@ collectives)
     for n in ${OXCCL_SESSION_GPUS:-2 4}; do
         ((ngpus >= n)) || continue
         export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
-        for c in allgather reducescatter alltoall broadcast reduce; do
+        for c in allgather reducescatter alltoall alltoallv broadcast reduce; do
             for kind in $(kinds_of "${c}"); do
                 algo="${c}_${kind}"
                 if [[ ${kind} == oneshot_ll ]]; then max=1M; else max=256M; fi
@@ -177,7 +177,7 @@ collectives)
                     step "check ${n}gpu ${algo} ${dtype} 2B..${max}" 60 env OXCCL_ALGO="${algo}" \
                         "${BIN}/oxccl-perf" -c "${c}" -N "${n}" -b 2 -e "${max}" -f 4 -d "${dtype}" "${reg[@]}" "${q[@]}"
                 done
-                [[ ${c} == alltoall ]] && continue # NCCL defines no in-place all-to-all
+                [[ ${c} == alltoall* ]] && continue # NCCL defines no in-place all-to-all
                 step "check ${n}gpu ${algo} bf16 in-place odd 1003B..${max}" 60 env OXCCL_ALGO="${algo}" \
                     "${BIN}/oxccl-perf" -c "${c}" -N "${n}" -b 1003 -e "${max}" -f 7 -d bf16 --in-place "${reg[@]}" "${q[@]}"
             done
@@ -200,7 +200,7 @@ collperf)
     for n in ${OXCCL_SESSION_GPUS:-2 4}; do
         ((ngpus >= n)) || continue
         export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
-        for c in ${OXCCL_SESSION_COLLECTIVES:-allgather reducescatter alltoall broadcast reduce}; do
+        for c in ${OXCCL_SESSION_COLLECTIVES:-allgather reducescatter alltoall alltoallv broadcast reduce}; do
             step "perf ${n}gpu ${c} bf16 vs NCCL graph" 150 "${BIN}/oxccl-perf" -c "${c}" -N "${n}" -b 1K -e 1G -f 2 \
                 -d bf16 -w 5 --iters 20 --graph --compare nccl --json "${out}/${c}-bf16-${n}gpu.json"
         done

@@ -231,6 +231,44 @@ fn random_layouts_on_world_sizes_one_to_four() {
     }
 }
 
+/// The counts of the matrix (1, 3, 1000, 12345, 2^20 + 7 per pair), every pair the
+/// same count but at shuffled displacements with gaps; every type at the small counts.
+#[test]
+fn matrix_counts_on_two_and_three_ranks() {
+    for world in [2u32, 3] {
+        for algo in [ALLTOALLV_COPY, ALLTOALLV_STAGED] {
+            threads(world, Some(algo), move |r| {
+                let register = algo == ALLTOALLV_COPY;
+                for (i, count) in [1usize, 3, 1000, 12_345, (1 << 20) + 7]
+                    .into_iter()
+                    .enumerate()
+                {
+                    let mut plan = Plan::new(world as usize, 1, 40 + i as u64);
+                    for row in &mut plan.counts {
+                        row.fill(count);
+                    }
+                    // Re-place the ranges for the new sizes (gaps of 0..3 elements).
+                    let mut g = Gen(77 + i as u64);
+                    plan.send_displs = (0..world as usize)
+                        .map(|q| place(&plan.counts[q], &mut g).0)
+                        .collect();
+                    plan.recv_displs = (0..world as usize)
+                        .map(|p| place(&plan.recv_counts(p), &mut g).0)
+                        .collect();
+                    let types: &[DataType] = if count <= 1000 {
+                        &DataType::ALL
+                    } else {
+                        &[DataType::Bf16]
+                    };
+                    for (k, dtype) in types.iter().enumerate() {
+                        check(r, *dtype, &plan, register, (i * 100 + k) as u64).unwrap();
+                    }
+                }
+            });
+        }
+    }
+}
+
 #[test]
 fn eight_ranks() {
     for algo in [ALLTOALLV_COPY, ALLTOALLV_STAGED] {

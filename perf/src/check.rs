@@ -280,6 +280,22 @@ pub fn exchanged(e: &Expect, out: &[u8], exact: bool) -> Verdict {
     })
 }
 
+/// Checks an all-to-all-v output: slot s holds the first
+/// [`crate::collective::v_count`]`(count, s, rank)` elements of chunk `rank` of rank s's
+/// input, bit for bit, and the poison after them.
+pub fn exchanged_v(e: &Expect, out: &[u8], exact: bool) -> Verdict {
+    let base = e.rank as usize * e.count;
+    judge(e, out, |slot, i, _, _| {
+        let sent = crate::collective::v_count(e.count, slot as u32, e.rank);
+        let want = if i < sent {
+            element(e.dtype, e.seed, slot as u32, base + i)
+        } else {
+            poison(e.dtype)
+        };
+        (exact.then_some(want), value(e.dtype, want))
+    })
+}
+
 /// Checks a broadcast output: the root's input, bit for bit. As in [`gathered`], NCCL's
 /// side only reports its error.
 pub fn broadcasted(e: &Expect, out: &[u8], exact: bool) -> Verdict {

@@ -199,6 +199,41 @@ pub const ALL_TO_ALL: Collective = Collective {
     nccl_symmetric: false,
 };
 
+/// All-to-all-v: the all-to-all's buffers (`world * count` elements, chunk p at `p *
+/// count`), but rank r sends rank p only [`v_count`]`(count, r, p)` elements of its chunk,
+/// between half of `count` and all of it, so every pair moves its own size; the rest of each
+/// receive slot keeps the poison. The size column and the bus bandwidth are the
+/// all-to-all's (the buffers'), so they overstate the bytes moved by up to a quarter; the
+/// comparison is NCCL's grouped send/receive of exactly the same counts (what PyTorch's
+/// `all_to_all_single` with uneven splits issues).
+pub const ALL_TO_ALL_V: Collective = Collective {
+    name: "alltoallv",
+    kind: oxccl_collectives::Collective::AllToAllV,
+    tunable: false,
+    count_for: |elements, world| elements / world.max(1) as usize,
+    send_elements: |count, world| count * world as usize,
+    recv_slots: |world| world as usize,
+    bus_factor: |world| {
+        let n = f64::from(world.max(1));
+        (n - 1.0) / n
+    },
+    in_place_strides: |_| (0, 0),
+    check: check::exchanged_v,
+    check_repeated: check::unchanged,
+    repeat_in_place: false,
+    has_in_place: false,
+    oxccl: all_to_all_v,
+    nccl_supports: crate::vendor::Nccl::supports_move,
+    nccl: crate::vendor::Nccl::all_to_all_v,
+    nccl_symmetric: false,
+};
+
+/// Elements rank `from` sends rank `to` in an `alltoallv` row of `count`: `count` less
+/// 0, 1 or 2 quarters of it, by `(from + 2 * to) % 3`.
+pub fn v_count(count: usize, from: u32, to: u32) -> usize {
+    count - (((from + 2 * to) % 3) as usize) * (count / 4)
+}
+
 /// Broadcast from `--root`: send and receive `count` elements; busbw = algbw (nccl-tests:
 /// every byte crosses a link once). In place one buffer.
 pub const BROADCAST: Collective = Collective {
@@ -248,6 +283,7 @@ pub const COLLECTIVES: &[&Collective] = &[
     &ALL_GATHER,
     &REDUCE_SCATTER,
     &ALL_TO_ALL,
+    &ALL_TO_ALL_V,
     &BROADCAST,
     &REDUCE,
 ];
@@ -353,6 +389,22 @@ unsafe fn reduce_scatter(comm: &Communicator, c: &Call<'_>) -> Result<()> {
 unsafe fn all_to_all(comm: &Communicator, c: &Call<'_>) -> Result<()> {
     // SAFETY: the caller's obligations: both buffers hold `world * count` elements.
     unsafe { comm.all_to_all(c.input, c.output, c.count, c.dtype, c.stream) }
+}
+
+/// # Safety
+/// As [`Collective::oxccl`].
+unsafe fn all_to_all_v(comm: &Communicator, c: &Call<'_>) -> Result<()> {
+    let (me, world) = (comm.rank(), comm.world_size());
+    let send: Vec<usize> = (0..world).map(|p| v_count(c.count, me, p)).collect();
+    let recv: Vec<usize> = (0..world).map(|q| v_count(c.count, q, me)).collect();
+    let slots: Vec<usize> = (0..world as usize).map(|p| p * c.count).collect();
+    // SAFETY: the caller's obligations: both buffers hold `world * count` elements, and
+    // every range lies inside its chunk.
+    unsafe {
+        comm.all_to_all_v(
+            c.input, &send, &slots, c.output, &recv, &slots, c.dtype, c.stream,
+        )
+    }
 }
 
 /// # Safety

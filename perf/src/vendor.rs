@@ -57,7 +57,6 @@ struct Fns {
     get_unique_id: unsafe extern "C" fn(*mut UniqueId) -> Rc,
     comm_init_rank: unsafe extern "C" fn(*mut Comm, c_int, UniqueId, c_int) -> Rc,
     comm_destroy: unsafe extern "C" fn(Comm) -> Rc,
-    comm_count: unsafe extern "C" fn(Comm, *mut c_int) -> Rc,
     get_error_string: unsafe extern "C" fn(Rc) -> *const c_char,
     all_reduce:
         unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, Stream) -> Rc,
@@ -120,7 +119,6 @@ impl Fns {
             get_unique_id: symbol(lib, path, "ncclGetUniqueId")?,
             comm_init_rank: symbol(lib, path, "ncclCommInitRank")?,
             comm_destroy: symbol(lib, path, "ncclCommDestroy")?,
-            comm_count: symbol(lib, path, "ncclCommCount")?,
             get_error_string: symbol(lib, path, "ncclGetErrorString")?,
             all_reduce: symbol(lib, path, "ncclAllReduce")?,
             all_gather: symbol(lib, path, "ncclAllGather")?,
@@ -172,6 +170,9 @@ fn bind(device: &AnyDevice) -> Result<()> {
 /// bootstrap.
 pub struct Nccl {
     comm: Comm,
+    /// This rank and the world size (the all-to-all-v's counts depend on them).
+    rank: u32,
+    world: u32,
     kind: BackendKind,
     fns: Fns,
     _lib: Library,
@@ -198,6 +199,8 @@ impl Nccl {
         let fns = Fns::resolve(&lib, &path)?;
         let mut nccl = Nccl {
             comm: std::ptr::null_mut(),
+            rank: comm.rank(),
+            world: comm.world_size(),
             kind,
             fns,
             _lib: lib,
@@ -405,32 +408,52 @@ impl Nccl {
     /// rank p and a receive of slot p from it (RCCL names its own all-to-all differently,
     /// so neither library's is used).
     pub fn all_to_all(&self, c: &Call<'_>) -> Result<()> {
+        self.exchange(c, |_| c.count, |_| c.count)
+    }
+
+    /// Queues the `alltoallv` row's exchange as PyTorch's `all_to_all_single` with uneven
+    /// splits does: one group of a send of [`crate::collective::v_count`] elements of
+    /// chunk p to every rank p and a receive of that rank's count into slot p.
+    pub fn all_to_all_v(&self, c: &Call<'_>) -> Result<()> {
+        let v = crate::collective::v_count;
+        self.exchange(
+            c,
+            |p| v(c.count, self.rank, p),
+            |q| v(c.count, q, self.rank),
+        )
+    }
+
+    /// One group of a send of `sends(p)` elements from chunk p of the input and a receive
+    /// of `recvs(p)` elements into slot p of the output, for every rank p (chunks and slots
+    /// of `count` elements).
+    fn exchange(
+        &self,
+        c: &Call<'_>,
+        sends: impl Fn(u32) -> usize,
+        recvs: impl Fn(u32) -> usize,
+    ) -> Result<()> {
         let (t, s) = (self.moved(c.dtype)?, self.stream(c.stream)?);
-        let mut world: c_int = 0;
-        // SAFETY: a live communicator and a valid out-pointer.
-        self.check("ncclCommCount", unsafe {
-            (self.fns.comm_count)(self.comm, &mut world)
-        })?;
         let chunk = c.dtype.bytes(c.count)? as u64;
         // SAFETY: no arguments.
         self.check("ncclGroupStart", unsafe { (self.fns.group_start)() })?;
         let mut queued = Ok(());
-        for p in 0..world {
-            let at = chunk * p as u64;
-            let peer = p;
+        for p in 0..self.world {
+            let at = chunk * u64::from(p);
+            let peer = p as c_int;
             // SAFETY: both buffers hold `world * count` elements on this communicator's
-            // device and outlive the stream's work; chunk p lies inside them.
+            // device and outlive the stream's work; chunk p lies inside them, and neither
+            // count exceeds `count`.
             let r = unsafe {
                 let send = (c.input.0 + at) as usize as *const c_void;
                 let recv = (c.output.0 + at) as usize as *mut c_void;
                 self.check(
                     "ncclSend",
-                    (self.fns.send)(send, c.count, t, peer, self.comm, s),
+                    (self.fns.send)(send, sends(p).min(c.count), t, peer, self.comm, s),
                 )
                 .and_then(|()| {
                     self.check(
                         "ncclRecv",
-                        (self.fns.recv)(recv, c.count, t, peer, self.comm, s),
+                        (self.fns.recv)(recv, recvs(p).min(c.count), t, peer, self.comm, s),
                     )
                 })
             };

@@ -465,3 +465,37 @@ fn soak_on_two_host_ranks_checks_every_call_and_stays_flat() {
         .unwrap();
     assert!(calls > 20, "{text}");
 }
+
+#[test]
+fn alltoallv_moves_uneven_chunks_registered_and_not() {
+    // Rank r sends rank p 1/2 to all of each chunk (`v_count`); the rest of every receive
+    // slot must keep the poison, which the check verifies. Registered outputs take the
+    // copy engine straight into the peers' outputs, unregistered ones the staging.
+    for (flags, algorithm) in [
+        (&[][..], "alltoallv_copy"),
+        (&["--no-register"][..], "alltoallv_staged"),
+    ] {
+        let mut args = vec![
+            "-c",
+            "alltoallv",
+            "-b",
+            "1000",
+            "-e",
+            "400000",
+            "-f",
+            "13",
+            "-d",
+            "f32",
+        ];
+        args.extend(flags);
+        let (stdout, rows) = host_run(&args);
+        assert!(
+            stdout.contains("# oxccl-perf alltoallv: 2 ranks"),
+            "{stdout}"
+        );
+        assert_eq!(rows.len(), 3, "{stdout}");
+        for r in &rows {
+            assert_eq!((r[2].as_str(), r[6].as_str()), (algorithm, "0"), "{stdout}");
+        }
+    }
+}

@@ -282,14 +282,7 @@ impl PyCommunicator {
         } else {
             self.take(&ctx, output, "output", true)?
         };
-        if i.dtype != o.dtype {
-            return Err(PyTypeError::new_err(format!(
-                "{}: input is {} but output is {}",
-                ctx.head(),
-                i.dtype,
-                o.dtype
-            )));
-        }
+        same_dtype(&ctx, &i, &o)?;
         let n = self.world as usize;
         let count = match kind {
             Kind::AllReduce(..) | Kind::Broadcast(_) | Kind::Reduce(..) => {
@@ -342,6 +335,19 @@ impl PyCommunicator {
         })
         .map_err(|e| ctx.fail(&e))
     }
+}
+
+/// Refuses an input and an output of different element types.
+fn same_dtype(ctx: &Ctx, i: &View, o: &View) -> PyResult<()> {
+    if i.dtype != o.dtype {
+        return Err(PyTypeError::new_err(format!(
+            "{}: input is {} but output is {}",
+            ctx.head(),
+            i.dtype,
+            o.dtype
+        )));
+    }
+    Ok(())
 }
 
 /// The host backend's call: stage, run, wait, copy out (see the module docs).
@@ -710,14 +716,7 @@ impl PyCommunicator {
         }
         let i = self.take(&ctx, input, "input", false)?;
         let o = self.take(&ctx, output, "output", true)?;
-        if i.dtype != o.dtype {
-            return Err(PyTypeError::new_err(format!(
-                "{}: input is {} but output is {}",
-                ctx.head(),
-                i.dtype,
-                o.dtype
-            )));
-        }
+        same_dtype(&ctx, &i, &o)?;
         // The arrays must hold every range (the communicator checks the rest).
         for (name, view, counts, displs) in [
             ("input", &i, &send_counts, &send_displs),

@@ -8,7 +8,7 @@
 use oxccl_hal::{AccumType, DataType, DevicePtr, Error, ReduceOp, Result};
 
 use super::auto_register::AutoCall;
-use super::call_record::{BufferPath, CallRecord};
+use super::call_record::BufferPath;
 use super::Communicator;
 use crate::algorithms::all_to_all_v::{as_v, VLayout};
 use crate::algorithms::{Call, Collective, PeerBuffers};
@@ -396,15 +396,7 @@ impl Communicator {
         // checked against every rank's, which chose the same algorithm (same forced one,
         // same registration outcome).
         unsafe { instance.launch_v(&call, &layout, stream) }.map_err(at)?;
-        *self.last_call.lock().unwrap_or_else(|p| p.into_inner()) = Some(CallRecord {
-            collective: COLLECTIVE,
-            algorithm: choice.algorithm,
-            path: if peers.is_some() {
-                path
-            } else {
-                BufferPath::Scratch
-            },
-        });
+        self.note_call(COLLECTIVE, choice.algorithm, path, peers.is_some());
         Ok(())
     }
 }

@@ -41,6 +41,23 @@ impl fmt::Display for CallRecord {
 }
 
 impl Communicator {
+    /// Keeps what a call that launched did: `path` when the algorithm reached the peers'
+    /// buffers (`direct`), else through the scratch.
+    pub(crate) fn note_call(
+        &self,
+        collective: Collective,
+        algorithm: Algorithm,
+        path: BufferPath,
+        direct: bool,
+    ) {
+        let path = if direct { path } else { BufferPath::Scratch };
+        *self.last_call.lock().unwrap_or_else(|p| p.into_inner()) = Some(CallRecord {
+            collective,
+            algorithm,
+            path,
+        });
+    }
+
     /// What the most recent call on this communicator (from any thread) did: the
     /// algorithm that ran and whether it reached the caller's buffers directly. `None`
     /// before the first call that launched anything.

@@ -408,15 +408,7 @@ impl Communicator {
         // SAFETY: the caller's obligations (this function's contract); the plan came from
         // the selector for this call, which every rank made alike (signature checked).
         unsafe { self.launch(choice.algorithm, &choice.plan, &call, stream) }?;
-        *self.last_call.lock().unwrap_or_else(|p| p.into_inner()) = Some(CallRecord {
-            collective,
-            algorithm: choice.algorithm,
-            path: if peers.is_some() {
-                path
-            } else {
-                BufferPath::Scratch
-            },
-        });
+        self.note_call(collective, choice.algorithm, path, peers.is_some());
         Ok(())
     }
 

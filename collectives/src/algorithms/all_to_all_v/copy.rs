@@ -11,10 +11,8 @@ use super::{barrier_plan, needs_layout, VInstance, VLayout, BARRIER_KERNEL};
 use crate::algorithms::broadcast::copy_engine::host_kernel;
 use crate::algorithms::scratch_kernel::ScratchKernel;
 use crate::algorithms::{
-    require_registered, Algorithm, Buffers, Call, CallShape, Collective, Descriptor, Instance,
-    Plan, SetupContext,
+    require_registered, Algorithm, Buffers, Call, CallShape, Collective, Descriptor, Instance, Plan,
 };
-use crate::scratch::FlagRegion;
 
 /// The copy-engine all_to_all_v.
 pub const ALLTOALLV_COPY: Algorithm = Algorithm::new(&Descriptor {
@@ -33,21 +31,13 @@ pub const ALLTOALLV_COPY: Algorithm = Algorithm::new(&Descriptor {
     buffers: Buffers::Registered,
     maps_peers: true,
     tuning: None,
-    setup: |ctx, me| setup(ctx, me),
+    setup: |ctx, me| super::setup(ctx, me, |barriers| Box::new(CopyAllToAllV { barriers })),
 });
 
 /// The launch of each barrier, or why it cannot serve the call (outputs not reachable).
 pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
     require_registered(ALLTOALLV_COPY.descriptor().name, "the output", s)?;
     Ok(barrier_plan())
-}
-
-fn setup(ctx: &SetupContext<'_>, me: Algorithm) -> Result<Option<Box<dyn Instance>>> {
-    if !ctx.wanted(me) {
-        return Ok(None);
-    }
-    let barriers = ScratchKernel::load(ctx, me, FlagRegion::Packets)?.without_early_launch();
-    Ok(Some(Box::new(CopyAllToAllV { barriers })))
 }
 
 /// The barrier kernel; the copies are queued between its two launches.

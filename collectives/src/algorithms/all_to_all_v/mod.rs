@@ -14,7 +14,9 @@ pub mod staged;
 
 use oxccl_hal::{Error, LaunchConfig, Result};
 
-use crate::algorithms::{broadcast::copy_engine, Call, Instance, Plan};
+use crate::algorithms::scratch_kernel::ScratchKernel;
+use crate::algorithms::{broadcast::copy_engine, Algorithm, Call, Instance, Plan, SetupContext};
+use crate::scratch::FlagRegion;
 
 /// The barrier kernel (the copy-engine broadcast's: one block, one barrier over the
 /// shared scratch, nothing else read from the argument block).
@@ -40,6 +42,20 @@ pub(crate) fn barrier_plan() -> Plan {
         kernel: BARRIER_KERNEL,
         config: LaunchConfig::linear(1, 32),
     }
+}
+
+/// The setup of both algorithms, unless another one is forced: their barrier kernel
+/// (never launched early: it follows copies), wrapped by `make`.
+pub(crate) fn setup(
+    ctx: &SetupContext<'_>,
+    me: Algorithm,
+    make: fn(ScratchKernel) -> Box<dyn Instance>,
+) -> Result<Option<Box<dyn Instance>>> {
+    if !ctx.wanted(me) {
+        return Ok(None);
+    }
+    let barriers = ScratchKernel::load(ctx, me, FlagRegion::Packets)?.without_early_launch();
+    Ok(Some(make(barriers)))
 }
 
 /// What the generic launch of an all_to_all_v algorithm answers: its calls come with a

@@ -13,9 +13,8 @@ use super::{barrier_plan, needs_layout, VInstance, VLayout, BARRIER_KERNEL};
 use crate::algorithms::broadcast::copy_engine::host_kernel;
 use crate::algorithms::scratch_kernel::ScratchKernel;
 use crate::algorithms::{
-    Algorithm, Buffers, Call, CallShape, Collective, Descriptor, Instance, Plan, SetupContext,
+    Algorithm, Buffers, Call, CallShape, Collective, Descriptor, Instance, Plan,
 };
-use crate::scratch::FlagRegion;
 
 /// The staged all_to_all_v.
 pub const ALLTOALLV_STAGED: Algorithm = Algorithm::new(&Descriptor {
@@ -33,20 +32,12 @@ pub const ALLTOALLV_STAGED: Algorithm = Algorithm::new(&Descriptor {
     buffers: Buffers::Own,
     maps_peers: true,
     tuning: None,
-    setup: |ctx, me| setup(ctx, me),
+    setup: |ctx, me| super::setup(ctx, me, |barriers| Box::new(StagedAllToAllV { barriers })),
 });
 
 /// The launch of each barrier.
 pub fn plan(_: &CallShape<'_>) -> Result<Plan> {
     Ok(barrier_plan())
-}
-
-fn setup(ctx: &SetupContext<'_>, me: Algorithm) -> Result<Option<Box<dyn Instance>>> {
-    if !ctx.wanted(me) {
-        return Ok(None);
-    }
-    let barriers = ScratchKernel::load(ctx, me, FlagRegion::Packets)?.without_early_launch();
-    Ok(Some(Box::new(StagedAllToAllV { barriers })))
 }
 
 /// The barrier kernel and the staging it copies through.
