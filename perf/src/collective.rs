@@ -445,10 +445,28 @@ mod tests {
         assert!(by_name("").is_none());
         assert_eq!(
             names(),
-            "allreduce, allgather, reducescatter, alltoall, broadcast, reduce"
+            "allreduce, allgather, reducescatter, alltoall, alltoallv, broadcast, reduce"
         );
+        assert_eq!(by_name("all_to_all_v").map(|c| c.name), Some("alltoallv"));
         assert_eq!(COLLECTIVES[0].name, "allreduce");
         assert!(ALL_REDUCE.reduces() && !ALL_GATHER.reduces() && REDUCE.reduces());
+    }
+
+    #[test]
+    fn alltoallv_counts_are_uneven_and_within_the_chunk() {
+        // count less 0, 1 or 2 quarters, by (from + 2 * to) % 3.
+        assert_eq!(v_count(1000, 0, 0), 1000);
+        assert_eq!(v_count(1000, 1, 0), 750);
+        assert_eq!(v_count(1000, 0, 1), 500);
+        assert_eq!(v_count(1000, 1, 1), 1000);
+        // Tiny counts keep every element (a quarter rounds to nothing).
+        assert_eq!(v_count(3, 0, 1), 3);
+        for from in 0..8 {
+            for to in 0..8 {
+                let c = v_count(12_345, from, to);
+                assert!((12_345 / 2..=12_345).contains(&c), "{from} -> {to}: {c}");
+            }
+        }
     }
 
     #[test]

@@ -7,13 +7,13 @@ use crate::collective::{self, Collective};
 /// Usage text.
 pub const USAGE: &str = "\
 usage: oxccl-perf [options]
-  -c, --collective C      allreduce (default), allgather, reducescatter, alltoall, broadcast,
-                          reduce
+  -c, --collective C      allreduce (default), allgather, reducescatter, alltoall,
+                          alltoallv (uneven chunks), broadcast, reduce
   -b, --minbytes SIZE     smallest size (K/M/G suffixes), default 1K; sizes are nccl-tests':
                           the larger of one rank's buffers (allreduce, broadcast, reduce:
                           the message; allgather: the gathered output, ranks x the per-rank
-                          count; reducescatter: the input, ranks x the output; alltoall:
-                          either buffer, ranks x the per-peer count)
+                          count; reducescatter: the input, ranks x the output; alltoall,
+                          alltoallv: either buffer, ranks x the per-peer count)
   -r, --root N            the root rank (broadcast, reduce), default 0
   -e, --maxbytes SIZE     largest size, default 64M
   -f, --stepfactor N      multiply the size by N each step, default 2
