@@ -209,23 +209,10 @@ pub const ALL_TO_ALL: Collective = Collective {
 pub const ALL_TO_ALL_V: Collective = Collective {
     name: "alltoallv",
     kind: oxccl_collectives::Collective::AllToAllV,
-    tunable: false,
-    count_for: |elements, world| elements / world.max(1) as usize,
-    send_elements: |count, world| count * world as usize,
-    recv_slots: |world| world as usize,
-    bus_factor: |world| {
-        let n = f64::from(world.max(1));
-        (n - 1.0) / n
-    },
-    in_place_strides: |_| (0, 0),
     check: check::exchanged_v,
-    check_repeated: check::unchanged,
-    repeat_in_place: false,
-    has_in_place: false,
     oxccl: all_to_all_v,
-    nccl_supports: crate::vendor::Nccl::supports_move,
     nccl: crate::vendor::Nccl::all_to_all_v,
-    nccl_symmetric: false,
+    ..ALL_TO_ALL
 };
 
 /// Elements rank `from` sends rank `to` in an `alltoallv` row of `count`: `count` less

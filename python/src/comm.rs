@@ -9,7 +9,7 @@
 //! is synchronous and the stream is ignored (as the NCCL API does on the host backend).
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
 
 use oxccl_collectives::backend::{self, AnyDevice, AnyMemory, AnyStream};
@@ -67,6 +67,27 @@ struct Host {
     staging: Mutex<Option<AnyMemory>>,
     /// Buffers registered on the host backend: recorded only, since calls stage anyway.
     registered: Mutex<HashSet<(u64, usize)>>,
+}
+
+impl Host {
+    /// The staging buffer, grown to at least `need` bytes, and its address; the guard
+    /// keeps it from another call until the caller's call has completed.
+    fn staging(
+        &self,
+        comm: &Communicator,
+        need: usize,
+    ) -> Result<(MutexGuard<'_, Option<AnyMemory>>, DevicePtr)> {
+        let mut staging = self.staging.lock().unwrap_or_else(PoisonError::into_inner);
+        if staging.as_ref().is_none_or(|m| m.len() < need) {
+            *staging = None;
+            *staging = Some(comm.device().alloc(need.max(4096), MemoryKind::Plain)?);
+        }
+        let ptr = staging
+            .as_ref()
+            .map(|m| m.ptr())
+            .ok_or_else(|| Error::InvalidArgument("no staging buffer".into()))?;
+        Ok((staging, ptr))
+    }
 }
 
 #[derive(Debug)]
@@ -387,15 +408,8 @@ fn host_call(
         Kind::AllGather | Kind::ReduceScatter(..) => total,
         _ => bytes,
     };
-    let mut staging = host.staging.lock().unwrap_or_else(PoisonError::into_inner);
-    if staging.as_ref().is_none_or(|m| m.len() < need) {
-        *staging = None;
-        *staging = Some(comm.device().alloc(need.max(4096), MemoryKind::Plain)?);
-    }
-    let mem = staging
-        .as_ref()
-        .ok_or_else(|| Error::InvalidArgument("no staging buffer".into()))?;
-    let buf = mem.ptr();
+    // The guard holds the staging until this call has completed.
+    let (_staging, buf) = host.staging(comm, need)?;
     // SAFETY: the view was read from a live array the caller holds for the whole call,
     // spanning at least `send.0` bytes from its address (checked against the counts).
     let src = unsafe { std::slice::from_raw_parts(i.ptr as usize as *const u8, send.0) };
@@ -443,15 +457,9 @@ fn host_call_v(comm: &Communicator, host: &Host, i: View, o: View, l: &VLayoutAr
     let need = out_at
         .checked_add(out_bytes)
         .ok_or_else(|| Error::InvalidArgument("size overflows".into()))?;
-    let mut staging = host.staging.lock().unwrap_or_else(PoisonError::into_inner);
-    if staging.as_ref().is_none_or(|m| m.len() < need) {
-        *staging = None;
-        *staging = Some(comm.device().alloc(need.max(4096), MemoryKind::Plain)?);
-    }
-    let mem = staging
-        .as_ref()
-        .ok_or_else(|| Error::InvalidArgument("no staging buffer".into()))?;
-    let (buf, out) = (mem.ptr(), mem.ptr().offset(out_at)?);
+    // The guard holds the staging until this call has completed.
+    let (_staging, buf) = host.staging(comm, need)?;
+    let out = buf.offset(out_at)?;
     let s = &host.stream;
     // SAFETY: both views were read from live arrays the caller holds for the whole call,
     // spanning their `count` elements.
