@@ -12,6 +12,13 @@
 //   ll128-2poll  the same, with two loads in flight per poll, staggered by half a trip
 //   ll128-fuseK  K calls of ll128 in one kernel: the trip without the kernel boundary
 //   real         allreduce_oneshot_ll128 as oxccl launches it
+//   barrier      empty + N cross-GPU barriers of block 0 (block_barrier's protocol: a
+//                release add into the peer's inbound word, then polls of this GPU's own),
+//                variants: "sc" = block_barrier until 2026-11-27 (fence.sc.sys before the
+//                release add), "rel" = without the fence (block_barrier since), "relaxed" =
+//                relaxed add and polls (start_barrier since: orders no data)
+//   bcast-*      the real broadcast_barrier (one barrier) and broadcast_direct (two
+//                barriers around the root's stores) kernels, as oxccl launches them
 //
 // Each case runs with programmatic dependent launch (early launch) unless named "-plain".
 // Every case that moves data is checked bit for bit against the host's sum of the two
@@ -20,6 +27,7 @@
 //     nvcc -std=c++20 -O3 -arch=sm_90 -Ikernels/include ci/gpu/probe/latency_probe.cu -o probe
 //     ./probe [calls per graph] [repetitions]
 #include "../../../kernels/src/device/allreduce.cu"
+#include "../../../kernels/src/device/broadcast.cu"
 
 #include <algorithm>
 #include <cstdio>
@@ -96,6 +104,42 @@ __global__ void __launch_bounds__(512, 1) ping_kernel(const __grid_constant__ Ar
   oxccl::atomic_add_relaxed_device(word(a.own, 0), 1);
 }
 
+// Barrier variants (Args::fuse = barriers per kernel).
+enum BarrierVariant : uint32_t { kBarrierSc = 0, kBarrierRelease = 1, kBarrierRelaxed = 2 };
+
+template <uint32_t kVariant>
+__global__ void __launch_bounds__(512, 1) barrier_kernel(const __grid_constant__ Args a) {
+  oxccl::wait_prior_grid();
+  oxccl::launch_dependents();
+  for (uint32_t i = 0; i < a.fuse; ++i) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      uint64_t* inbound = word(a.own, OXCCL_ALLREDUCE_SYNC_INBOUND);
+      uint64_t* expected = word(a.own, OXCCL_ALLREDUCE_SYNC_EXPECTED);
+      uint64_t* peer_inbound = word(a.peer, OXCCL_ALLREDUCE_SYNC_INBOUND);
+      if constexpr (kVariant == kBarrierSc) {
+        oxccl::fence_system();
+        oxccl::atomic_add_release(peer_inbound, 1);
+      } else if constexpr (kVariant == kBarrierRelease) {
+        oxccl::atomic_add_release(peer_inbound, 1);
+      } else {
+        asm volatile("red.relaxed.sys.global.add.u64 [%0], %1;" ::"l"(peer_inbound), "l"(1ull) : "memory");
+      }
+      const uint64_t want = *expected + 1;
+      if constexpr (kVariant == kBarrierRelaxed) {
+        while (oxccl::atomic_load_relaxed(inbound) < want) {
+        }
+      } else {
+        while (oxccl::atomic_load_acquire(inbound) < want) {
+        }
+      }
+      *expected = want;
+    }
+    __syncthreads();
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) oxccl::atomic_add_relaxed_device(word(a.own, 0), 1);
+}
+
 __device__ __forceinline__ bool line_ok(const Vec16& v, uint32_t flag) {
   return v.w[0] == flag && v.w[1] == flag && v.w[2] == flag && v.w[3] == flag;
 }
@@ -106,7 +150,7 @@ __device__ __forceinline__ Vec16 sum2(const Vec16& x, const Vec16& y, bool mine_
   const Vec16& a = mine_first ? x : y;
   const Vec16& b = mine_first ? y : x;
   const Vec16 in[2] = {a, b};
-  return oxccl::reduce16<oxccl::Bf16, oxccl::Acc::F32, OXCCL_OP_SUM>(in, 2);
+  return oxccl::reduce16<oxccl::Bf16, oxccl::Acc::F32, OXCCL_OP_SUM>([&](uint32_t k) { return in[k]; }, 2);
 }
 
 // The bound of a wait as oxccl's kernels kept it before the probe's first run: the clock
@@ -197,7 +241,7 @@ __device__ __forceinline__ uint64_t ll128_body(const Args& a, const StartDeadlin
           if (__all_sync(0xffffffffu, pending == 0)) break;
           if (__any_sync(0xffffffffu, pending != 0 && d.expired(polls))) return epoch0;
         }
-        out = oxccl::reduce16<oxccl::Bf16, oxccl::Acc::F32, OXCCL_OP_SUM>(in, a.world);
+        out = oxccl::reduce16<oxccl::Bf16, oxccl::Acc::F32, OXCCL_OP_SUM>([&](uint32_t k) { return in[k]; }, a.world);
       } else {
         Vec16 got{{0, 0, 0, 0}};
         if constexpr ((kExtra & kTwoPolls) != 0) {
@@ -303,7 +347,7 @@ struct Gpu {
   std::vector<uint16_t> host_input;
 };
 
-enum class Kind { Empty, Copy, Ping, Ll128, Real };
+enum class Kind { Empty, Copy, Ping, Ll128, Real, Barrier, BcastBarrier, BcastDirect };
 
 struct Case {
   std::string name;
@@ -313,7 +357,7 @@ struct Case {
   bool early;
   uint32_t fuse;
   uint32_t stagger;
-  uint32_t extra = kPlain;  // Extra bits (ll128 only)
+  uint32_t extra = kPlain;  // Extra bits (ll128), BarrierVariant (barrier)
 };
 
 using Kernel = void (*)(Args);
@@ -334,6 +378,15 @@ Kernel ll128_for(uint32_t extra) {
   }
 }
 
+Kernel barrier_for(uint32_t variant) {
+  switch (variant) {
+    case kBarrierSc: return barrier_kernel<kBarrierSc>;
+    case kBarrierRelease: return barrier_kernel<kBarrierRelease>;
+    case kBarrierRelaxed: return barrier_kernel<kBarrierRelaxed>;
+    default: std::fprintf(stderr, "latency_probe: no barrier variant %u\n", variant); std::exit(2);
+  }
+}
+
 void launch(const Case& c, Gpu& g, Gpu& peer, uint32_t rank) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(c.blocks);
@@ -344,7 +397,7 @@ void launch(const Case& c, Gpu& g, Gpu& peer, uint32_t rank) {
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = c.early ? 1 : 0;
-  if (c.kind == Kind::Real) {
+  if (c.kind == Kind::Real || c.kind == Kind::BcastBarrier || c.kind == Kind::BcastDirect) {
     OxcclAllreduceArgs r{};
     r.input = g.input;
     r.output = g.output;
@@ -361,7 +414,17 @@ void launch(const Case& c, Gpu& g, Gpu& peer, uint32_t rank) {
     r.dtype = OXCCL_DTYPE_BF16;
     r.op = OXCCL_OP_SUM;
     r.accum = OXCCL_ACCUM_AUTO;
-    CK(cudaLaunchKernelEx(&cfg, allreduce_oneshot_ll128, r));
+    r.root = 0;
+    if (c.kind == Kind::Real) {
+      CK(cudaLaunchKernelEx(&cfg, allreduce_oneshot_ll128, r));
+    } else if (c.kind == Kind::BcastBarrier) {
+      CK(cudaLaunchKernelEx(&cfg, broadcast_barrier, r));
+    } else {
+      // Registered outputs: each GPU's output as the other sees it (peer access is on).
+      r.peer_output[rank] = g.output;
+      r.peer_output[rank ^ 1] = peer.output;
+      CK(cudaLaunchKernelEx(&cfg, broadcast_direct, r));
+    }
     return;
   }
   const Args a{g.input, g.output, g.scratch, peer.scratch, c.bytes, rank, c.fuse, c.stagger, 2};
@@ -370,11 +433,12 @@ void launch(const Case& c, Gpu& g, Gpu& peer, uint32_t rank) {
     case Kind::Copy: CK(cudaLaunchKernelEx(&cfg, copy_kernel, a)); break;
     case Kind::Ping: CK(cudaLaunchKernelEx(&cfg, ping_kernel, a)); break;
     case Kind::Ll128: CK(cudaLaunchKernelEx(&cfg, ll128_for(c.extra), a)); break;
+    case Kind::Barrier: CK(cudaLaunchKernelEx(&cfg, barrier_for(c.extra), a)); break;
     default: break;
   }
 }
 
-bool moves_data(Kind k) { return k != Kind::Empty && k != Kind::Ping; }
+bool moves_data(Kind k) { return k == Kind::Copy || k == Kind::Ll128 || k == Kind::Real || k == Kind::BcastDirect; }
 
 // Runs one case: fresh scratch on both GPUs, poisoned outputs, a graph of `calls` launches
 // per GPU; checks the outputs; returns microseconds per call (median of `reps` replays).
@@ -410,9 +474,9 @@ double run_case(const Case& c, Gpu* gpus, int calls, int reps, bool* ok) {
       CK(cudaSetDevice(gpus[r].dev));
       CK(cudaMemcpy(out.data(), gpus[r].output, c.bytes, cudaMemcpyDeviceToHost));
       for (size_t i = 0; i < n; ++i) {
-        const uint16_t want = c.kind == Kind::Copy
-                                  ? gpus[r].host_input[i]
-                                  : bf16_bits(bf16_value(gpus[0].host_input[i]) + bf16_value(gpus[1].host_input[i]));
+        const uint16_t want = c.kind == Kind::Copy          ? gpus[r].host_input[i]
+                              : c.kind == Kind::BcastDirect ? gpus[0].host_input[i]
+                                                            : bf16_bits(bf16_value(gpus[0].host_input[i]) + bf16_value(gpus[1].host_input[i]));
         if (out[i] != want) {
           std::printf("  MISMATCH %s rank %u element %zu: got %04x want %04x\n", c.name.c_str(), r, i, out[i], want);
           *ok = false;
@@ -445,7 +509,8 @@ double run_case(const Case& c, Gpu* gpus, int calls, int reps, bool* ok) {
     }
     // The GPU whose graph started second waited least for the other: its time is the
     // closer one to the steady state.
-    per_call.push_back(std::min(ms[0], ms[1]) * 1000.0 / (static_cast<double>(calls) * c.fuse));
+    per_call.push_back(std::min(ms[0], ms[1]) * 1000.0 /
+                       (static_cast<double>(calls) * (c.kind == Kind::Ll128 ? c.fuse : 1)));
   }
   for (uint32_t r = 0; r < 2; ++r) {
     CK(cudaSetDevice(gpus[r].dev));
@@ -537,6 +602,26 @@ int main(int argc, char** argv) {
   cases.push_back({"real 16K 2x512", Kind::Real, 16384, 2, 512, true, 1, 0});
   cases.push_back({"real 32K 37x64", Kind::Real, 32768, 37, 64, true, 1, 0});
   cases.push_back({"real 32K 5x512", Kind::Real, 32768, 5, 512, true, 1, 0});
+
+  // Barriers: the protocol's cost, and the real barrier kernels (BARRIER=only runs just these).
+  std::vector<Case> barrier_cases;
+  for (bool early : {true, false}) {
+    const std::string sfx = early ? "" : "-plain";
+    barrier_cases.push_back({"empty 1x64" + sfx, Kind::Empty, 1024, 1, 64, early, 1, 0});
+    barrier_cases.push_back({"ping 1x64" + sfx, Kind::Ping, 1024, 1, 64, early, 1, 0});
+    for (const auto& [tag, variant] : {std::pair<const char*, uint32_t>{"sc", kBarrierSc}, {"rel", kBarrierRelease},
+                                       {"relaxed", kBarrierRelaxed}}) {
+      for (uint32_t n : {1u, 2u}) {
+        barrier_cases.push_back({"barrier x" + std::to_string(n) + " " + tag + " 1x64" + sfx, Kind::Barrier, 1024, 1,
+                                 64, early, n, 0, variant});
+      }
+    }
+    barrier_cases.push_back({"bcast-barrier 1x32" + sfx, Kind::BcastBarrier, 1024, 1, 32, early, 1, 0});
+    barrier_cases.push_back({"bcast-direct 1K 1x64" + sfx, Kind::BcastDirect, 1024, 1, 64, early, 1, 0});
+    barrier_cases.push_back({"bcast-direct 64K 16x256" + sfx, Kind::BcastDirect, 65536, 16, 256, early, 1, 0});
+  }
+  if (std::getenv("BARRIER") != nullptr) cases.clear();
+  cases.insert(cases.begin(), barrier_cases.begin(), barrier_cases.end());
 
   std::printf("# latency_probe: 2 GPUs, %d calls per graph, median of %d replays, us per call\n", calls, reps);
   int failures = 0;
