@@ -91,7 +91,13 @@ step() { # step NAME TIMEOUT CMD...
 
 suite_dir() { mktemp -d /tmp/oxccl-suite.XXXXXX; }
 # kinds_of COLLECTIVE: its algorithms' suffixes (COLLECTIVE_KIND).
-kinds_of() { if [[ $1 == alltoallv ]]; then echo "copy staged"; else echo "oneshot_ll staged direct"; fi; }
+kinds_of() {
+    case $1 in
+    alltoallv) echo "copy staged" ;;
+    broadcast) echo "oneshot_ll staged direct relay" ;;
+    *) echo "oneshot_ll staged direct" ;;
+    esac
+}
 torchrun_n() { # torchrun_n N CMD...
     local n="$1"
     shift
@@ -390,7 +396,10 @@ sanitizer)
     # algorithm forced, small sizes that are not powers of two, each size checked; memcheck
     # also over every data type with the selector's choice. A reported error fails the step
     # (--error-exitcode), and so does a wrong result.
-    export CUDA_VISIBLE_DEVICES="$(devices 2)" OXCCL_TIMEOUT_MS=120000
+    # OXCCL_SANITIZER_GPUS (default 2): ranks of every step; broadcast_relay needs 3 or more
+    # to take its second hop.
+    sn=${OXCCL_SANITIZER_GPUS:-2}
+    export CUDA_VISIBLE_DEVICES="$(devices "${sn}")" OXCCL_TIMEOUT_MS=120000
     san() { # san TOOL NAME ENV... -- PERF ARGS...
         local tool=$1 name=$2
         shift 2
@@ -398,7 +407,7 @@ sanitizer)
         while [[ $1 != -- ]]; do envs+=("$1"); shift; done
         shift
         step "${tool} ${name}" 150 env "${envs[@]}" compute-sanitizer --tool "${tool}" \
-            --target-processes all --error-exitcode 9 "${BIN}/oxccl-perf" -N 2 "$@" -w 1 --iters 1
+            --target-processes all --error-exitcode 9 "${BIN}/oxccl-perf" -N "${sn}" "$@" -w 1 --iters 1
     }
     algos=(allreduce:oneshot_ll allreduce:oneshot_ll128 allreduce:twoshot allreduce:twoshot_zc
         allreduce:twoshot_push allreduce:port_channel
@@ -406,19 +415,19 @@ sanitizer)
         reducescatter:reducescatter_oneshot_ll reducescatter:reducescatter_staged
         reducescatter:reducescatter_direct alltoall:alltoall_oneshot_ll alltoall:alltoall_staged
         alltoall:alltoall_direct broadcast:broadcast_oneshot_ll broadcast:broadcast_staged
-        broadcast:broadcast_direct broadcast:broadcast_copy reduce:reduce_oneshot_ll reduce:reduce_staged
-        reduce:reduce_direct)
+        broadcast:broadcast_direct broadcast:broadcast_relay broadcast:broadcast_copy
+        reduce:reduce_oneshot_ll reduce:reduce_staged reduce:reduce_direct)
     for tool in ${OXCCL_SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}; do
         for a in "${algos[@]}"; do
             c=${a%%:*} algo=${a#*:}
             reg=()
             [[ ${algo} == *staged ]] && reg=(--no-register)
-            san "${tool}" "2gpu ${algo}" OXCCL_ALGO="${algo}" -- -c "${c}" -b 1000 -e 300000 -f 17 \
+            san "${tool}" "${sn}gpu ${algo}" OXCCL_ALGO="${algo}" -- -c "${c}" -b 1000 -e 300000 -f 17 \
                 -d bf16 "${reg[@]}"
         done
         [[ ${tool} == memcheck ]] || continue
         for dtype in f32 f16 fp8_e4m3 fp8_e4m3b15 i8 i32 u64 f64; do
-            san memcheck "2gpu allreduce auto ${dtype}" OXCCL_LOG=warn -- -b 1000 -e 300000 -f 17 -d "${dtype}"
+            san memcheck "${sn}gpu allreduce auto ${dtype}" OXCCL_LOG=warn -- -b 1000 -e 300000 -f 17 -d "${dtype}"
         done
     done
     ;;

@@ -511,6 +511,56 @@ pub(crate) fn equal_rounds(c: &Call, units: usize, kernel: &str) -> Result<usize
     Ok(units.div_ceil(rounds.max(1)))
 }
 
+/// The relay kernels' geometry (`RelayRounds` in allreduce_device.hpp): one chunk per rank
+/// other than the root, each in equal rounds of at most half the staging over the chunks.
+/// One host thread plays every block, so a round's part is the whole round.
+pub(crate) struct RelayRounds {
+    units: usize,
+    chunk: usize,
+    pub(crate) rounds: usize,
+    pub(crate) per_round: usize,
+}
+
+impl RelayRounds {
+    pub(crate) fn new(c: &Call, kernel: &str) -> Result<RelayRounds> {
+        let chunks = c.world.saturating_sub(1).max(1);
+        let cap = c.a.data_bytes as usize / (32 * chunks);
+        if cap == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{kernel}: staging of {} bytes holds no unit per chunk",
+                c.a.data_bytes
+            )));
+        }
+        let units = c.total.div_ceil(16);
+        let chunk = units.div_ceil(chunks);
+        let rounds = chunk.div_ceil(cap).max(1);
+        Ok(RelayRounds {
+            units,
+            chunk,
+            rounds,
+            per_round: chunk.div_ceil(rounds),
+        })
+    }
+
+    /// Units of chunk `i`'s round `r`.
+    pub(crate) fn round(&self, i: usize, r: usize) -> std::ops::Range<usize> {
+        let c_lo = (i * self.chunk).min(self.units);
+        let c_hi = (c_lo + self.chunk).min(self.units);
+        let lo = (c_lo + r * self.per_round).min(c_hi);
+        lo..(lo + self.per_round).min(c_hi)
+    }
+}
+
+/// The relay kernels' chunk of `me`: the k-th rank after the root relays chunk k - 1.
+pub(crate) fn relay_chunk(me: usize, root: usize, world: usize) -> usize {
+    (me + world - root - 1) % world
+}
+
+/// The rank that relays chunk `i`.
+pub(crate) fn relay_rank(i: usize, root: usize, world: usize) -> usize {
+    (root + 1 + i) % world
+}
+
 /// The blocks of a launch whose blocks each barrier with their peers (the two-shots).
 pub(crate) fn barrier_blocks(config: &LaunchConfig) -> usize {
     (config.grid[0] as usize).clamp(1, OXCCL_ALLREDUCE_MAX_BLOCKS as usize)

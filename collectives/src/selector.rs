@@ -19,7 +19,8 @@ use crate::algorithms::all_to_all::{
 };
 use crate::algorithms::all_to_all_v::{copy::ALLTOALLV_COPY, staged::ALLTOALLV_STAGED};
 use crate::algorithms::broadcast::{
-    direct::BROADCAST_DIRECT, one_shot::BROADCAST_ONESHOT_LL, staged::BROADCAST_STAGED,
+    direct::BROADCAST_DIRECT, one_shot::BROADCAST_ONESHOT_LL, relay::BROADCAST_RELAY,
+    staged::BROADCAST_STAGED,
 };
 use crate::algorithms::reduce::{
     direct::REDUCE_DIRECT, one_shot::REDUCE_ONESHOT_LL, staged::REDUCE_STAGED,
@@ -182,9 +183,19 @@ impl Selector {
                     shape,
                     [ALLTOALL_ONESHOT_LL, ALLTOALL_DIRECT, ALLTOALL_STAGED],
                 )?,
+                // On more than 2 ranks the broadcast relays through the peers: the direct
+                // kernel moves every byte through the root's link once per peer.
                 Collective::Broadcast => Self::one_shot_direct_staged(
                     shape,
-                    [BROADCAST_ONESHOT_LL, BROADCAST_DIRECT, BROADCAST_STAGED],
+                    [
+                        BROADCAST_ONESHOT_LL,
+                        if shape.world_size > 2 {
+                            BROADCAST_RELAY
+                        } else {
+                            BROADCAST_DIRECT
+                        },
+                        BROADCAST_STAGED,
+                    ],
                 )?,
                 Collective::Reduce => Self::one_shot_direct_staged(
                     shape,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use oxccl_collectives::algorithms::broadcast::{
     copy_engine::BROADCAST_COPY, direct::BROADCAST_DIRECT, one_shot::BROADCAST_ONESHOT_LL,
-    staged::BROADCAST_STAGED,
+    relay::BROADCAST_RELAY, staged::BROADCAST_STAGED,
 };
 use oxccl_collectives::hal::{DataType, Device, DevicePtr, Memory, MemoryKind, Stream};
 use oxccl_collectives::{Algorithm, Collective, CommConfig, Communicator};
@@ -29,6 +29,11 @@ fn threads(world: u32, forced: Option<Algorithm>, body: impl Fn(&Rank) + Send + 
         },
         body,
     );
+}
+
+/// Whether an algorithm needs the outputs registered.
+fn registers(algo: Algorithm) -> bool {
+    [BROADCAST_DIRECT, BROADCAST_RELAY, BROADCAST_COPY].contains(&algo)
 }
 
 /// One checked broadcast from `root`. Out of place, the input sits one element past 16-byte
@@ -103,6 +108,7 @@ fn every_algorithm_root_and_type_on_three_ranks() {
         BROADCAST_ONESHOT_LL,
         BROADCAST_STAGED,
         BROADCAST_DIRECT,
+        BROADCAST_RELAY,
         BROADCAST_COPY,
     ] {
         threads(3, Some(algo), move |r| {
@@ -111,16 +117,7 @@ fn every_algorithm_root_and_type_on_three_ranks() {
                 for root in 0..3 {
                     for (count, in_place) in [(1, false), (3, true), (1000, false), (4097, true)] {
                         salt += 1;
-                        check(
-                            r,
-                            dtype,
-                            count,
-                            root,
-                            in_place,
-                            algo == BROADCAST_DIRECT || algo == BROADCAST_COPY,
-                            salt,
-                        )
-                        .unwrap();
+                        check(r, dtype, count, root, in_place, registers(algo), salt).unwrap();
                     }
                 }
             }
@@ -136,10 +133,11 @@ fn odd_and_large_counts_on_one_to_four_and_eight_ranks() {
             Some(BROADCAST_ONESHOT_LL),
             Some(BROADCAST_STAGED),
             Some(BROADCAST_DIRECT),
+            Some(BROADCAST_RELAY),
             Some(BROADCAST_COPY),
         ] {
             threads(world, algo, move |r| {
-                let register = algo == Some(BROADCAST_DIRECT) || algo == Some(BROADCAST_COPY);
+                let register = algo.is_some_and(registers);
                 let root = world - 1;
                 for (i, count) in [1usize, 7, 12_345, 100_003].into_iter().enumerate() {
                     // The one-shot's packets of 200 KB per rank do not fit 8 ranks' halves.
@@ -201,6 +199,35 @@ fn default_selection_and_bad_roots() {
         assert!(e.contains("root 2"), "{e}");
         check(r, DataType::F32, 100, 0, false, false, 3).unwrap();
     });
+}
+
+/// Above the one-shot sizes on registered outputs, 2 ranks store straight from the root and
+/// more ranks relay through the peers (the root's link carries each byte once).
+#[test]
+fn registered_outputs_relay_on_more_than_two_ranks() {
+    for (world, want) in [
+        (2, BROADCAST_DIRECT),
+        (3, BROADCAST_RELAY),
+        (4, BROADCAST_RELAY),
+    ] {
+        threads(world, None, move |r| {
+            let buf = r.comm.device().alloc(8 << 20, MemoryKind::Plain).unwrap();
+            r.comm.register(&buf).unwrap();
+            let c = r
+                .comm
+                .choose_collective_for(
+                    Collective::Broadcast,
+                    buf.ptr(),
+                    buf.ptr(),
+                    2 << 20,
+                    DataType::Bf16,
+                )
+                .unwrap();
+            assert_eq!(c.algorithm, want, "world {world}: {}", c.reason);
+            r.comm.deregister(&buf).unwrap();
+            check(r, DataType::Bf16, 200_003, world - 1, true, true, 7).unwrap();
+        });
+    }
 }
 
 /// The root of a one-shot broadcast waits for nothing but its peers' acknowledgements: it
@@ -274,7 +301,7 @@ fn child_rank() {
     let stream = comm.device().create_stream().unwrap();
     let r = Rank { comm, stream };
     let register =
-        std::env::var("OXCCL_ALGO").is_ok_and(|a| a == "broadcast_direct" || a == "broadcast_copy");
+        std::env::var("OXCCL_ALGO").is_ok_and(|a| a.parse::<Algorithm>().is_ok_and(registers));
     let world = r.comm.world_size();
     for (i, count) in [1usize, 777, 50_001, 200_003].into_iter().enumerate() {
         for dtype in [DataType::Bf16, DataType::Fp8E4m3, DataType::F32] {
@@ -302,6 +329,7 @@ fn ranks_in_separate_processes() {
         (3, "broadcast_direct"),
         (3, "broadcast_oneshot_ll"),
         (3, "broadcast_copy"),
+        (4, "broadcast_relay"),
     ] {
         common::run_child_ranks(
             world,

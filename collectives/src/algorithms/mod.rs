@@ -31,6 +31,7 @@
 //! | `broadcast_oneshot_ll` | broadcast | `broadcast_oneshot_ll` | small messages: the root's LL16 packets into every peer's packet half, acknowledgements back, no barrier |
 //! | `broadcast_staged` | broadcast | `broadcast_staged` | any size on unregistered buffers: the root pushes into the peers' staging, they copy out |
 //! | `broadcast_direct` | broadcast | `broadcast_direct` | registered outputs: the root stores into every rank's output between two barriers |
+//! | `broadcast_relay` | broadcast | `broadcast_relay` | registered outputs, 3 or more ranks: the root stores one chunk into each peer's output, each peer stores its chunk on into the others', in pipelined rounds |
 //! | `broadcast_copy` | broadcast | `broadcast_barrier` | registered outputs, large messages: the root's copy engine copies into the peers' outputs between two barrier kernels |
 //! | `reduce_oneshot_ll` | reduce | `reduce_oneshot_ll` | small messages: every rank's LL16 packets into the root's packet half, acknowledgements back, no barrier |
 //! | `reduce_staged` | reduce | `reduce_staged` | any size on unregistered buffers: the other ranks push into the root's staging, the root reduces locally |
@@ -81,7 +82,7 @@ use all_to_all::{direct::ALLTOALL_DIRECT, one_shot::ALLTOALL_ONESHOT_LL, staged:
 use all_to_all_v::{copy::ALLTOALLV_COPY, staged::ALLTOALLV_STAGED};
 use broadcast::{
     copy_engine::BROADCAST_COPY, direct::BROADCAST_DIRECT, one_shot::BROADCAST_ONESHOT_LL,
-    staged::BROADCAST_STAGED,
+    relay::BROADCAST_RELAY, staged::BROADCAST_STAGED,
 };
 use reduce::{direct::REDUCE_DIRECT, one_shot::REDUCE_ONESHOT_LL, staged::REDUCE_STAGED};
 use reduce_scatter::{
@@ -117,6 +118,7 @@ pub const ALGORITHMS: &[Algorithm] = &[
     BROADCAST_ONESHOT_LL,
     BROADCAST_STAGED,
     BROADCAST_DIRECT,
+    BROADCAST_RELAY,
     BROADCAST_COPY,
     REDUCE_ONESHOT_LL,
     REDUCE_STAGED,

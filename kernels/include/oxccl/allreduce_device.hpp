@@ -182,6 +182,58 @@ struct SlotRounds {
   }
 };
 
+/// Rounds of the relay kernels (broadcast_relay): the data in one chunk per
+/// rank other than the root (`chunks` = world - 1, or 1 on one rank), every chunk in equal rounds of at most
+/// `cap` units, so that the next round's first hop overlaps this round's second. Block b
+/// owns the same share of every chunk's round on every rank, so the per-block barriers
+/// between rounds order each hop after the one it depends on. `cap` comes from the staging
+/// (`relay_cap`), so `OXCCL_STAGING_MB` sizes the rounds.
+struct RelayRounds {
+  uint64_t units;      // of the whole message
+  uint64_t chunk;      // units per chunk (the last one may be shorter)
+  uint64_t rounds;     // >= 1
+  uint64_t per_round;  // units of a chunk per round
+  uint64_t share;      // units of a chunk's round per block
+  OXCCL_DEVICE_INLINE RelayRounds(uint64_t units_, uint32_t chunks, uint64_t cap) : units(units_) {
+    chunk = (units + chunks - 1) / chunks;
+    rounds = chunk > cap ? (chunk + cap - 1) / cap : 1;
+    per_round = (chunk + rounds - 1) / rounds;
+    share = (per_round + gridDim.x - 1) / gridDim.x;
+  }
+  /// First unit of chunk `i`'s round `r` (clamped to the message).
+  OXCCL_DEVICE_INLINE uint64_t round_start(uint32_t i, uint64_t r) const {
+    const uint64_t c_lo = i * chunk < units ? i * chunk : units;
+    const uint64_t c_hi = c_lo + chunk < units ? c_lo + chunk : units;
+    return c_lo + r * per_round < c_hi ? c_lo + r * per_round : c_hi;
+  }
+  /// This block's units [lo, hi) of chunk `i`'s round `r`.
+  OXCCL_DEVICE_INLINE void part(uint32_t i, uint64_t r, uint64_t& lo, uint64_t& hi) const {
+    const uint64_t c_lo = i * chunk < units ? i * chunk : units;
+    const uint64_t c_hi = c_lo + chunk < units ? c_lo + chunk : units;
+    const uint64_t r_lo = round_start(i, r);
+    const uint64_t r_hi = r_lo + per_round < c_hi ? r_lo + per_round : c_hi;
+    lo = r_lo + blockIdx.x * share < r_hi ? r_lo + blockIdx.x * share : r_hi;
+    hi = lo + share < r_hi ? lo + share : r_hi;
+  }
+};
+
+/// Units of one chunk per relay round: one half of the staging holds a round of every chunk
+/// (0 when the staging is too small: the kernels refuse the call).
+OXCCL_DEVICE_INLINE uint64_t relay_cap(const OxcclAllreduceArgs& a) {
+  return a.data_bytes / (32ull * (a.world_size > 1 ? a.world_size - 1 : 1));
+}
+
+/// The relay kernels' chunk of rank `me`: the k-th rank after the root relays chunk k - 1
+/// (the root has none, unless it is the only rank: chunk 0).
+OXCCL_DEVICE_INLINE uint32_t relay_chunk(uint32_t me, uint32_t root, uint32_t w) {
+  return me > root ? me - root - 1 : me + w - root - 1;
+}
+
+/// The rank that relays chunk `i`.
+OXCCL_DEVICE_INLINE uint32_t relay_rank(uint32_t i, uint32_t root, uint32_t w) {
+  return root + 1 + i < w ? root + 1 + i : root + 1 + i - w;
+}
+
 /// The LL flag of a call: never 0 (the zeroed scratch must not match).
 OXCCL_DEVICE_INLINE uint32_t flag_of(uint64_t epoch) {
   return static_cast<uint32_t>(epoch % 0xffffffffull) + 1u;
@@ -189,24 +241,34 @@ OXCCL_DEVICE_INLINE uint32_t flag_of(uint64_t epoch) {
 
 /// Barrier of block `blockIdx.x` of every rank: signal every peer, wait for every peer.
 /// Needs blockDim.x >= world_size. Returns false (and reports) when a wait timed out or
-/// the communicator was aborted.
-OXCCL_DEVICE_INLINE bool block_barrier(const OxcclAllreduceArgs& a, const Deadline& d,
-                                       int* failed) {
+/// the communicator was aborted. `kOrders`: the signal publishes what the block wrote
+/// before it, and the wait makes the peers' writes visible (`block_barrier`); without it
+/// both are relaxed (`start_barrier`). On 2 H100s (ci/gpu/probe, one block) a barrier took
+/// 3.9 us with a sequentially consistent system fence before the release add, 2.3 us with
+/// the release add alone (its own fence covers what bar.sync ordered before it), 0.7 us
+/// relaxed.
+template <bool kOrders>
+OXCCL_DEVICE_INLINE bool barrier_of_block(const OxcclAllreduceArgs& a, const Deadline& d, int* failed) {
   __syncthreads();
   const uint32_t p = threadIdx.x;
   const uint64_t slot = static_cast<uint64_t>(blockIdx.x) * OXCCL_ALLREDUCE_MAX_RANKS;
   if (p < a.world_size && p != a.rank) {
-    // Everything the block wrote is ordered before the signal: bar.sync above, then a
-    // system fence and a release add by this thread.
-    fence_system();
-    atomic_add_release(sync_word(a.scratch[p], OXCCL_ALLREDUCE_SYNC_INBOUND) + slot + a.rank, 1);
+    uint64_t* signal = sync_word(a.scratch[p], OXCCL_ALLREDUCE_SYNC_INBOUND) + slot + a.rank;
+    if constexpr (kOrders) {
+      // Everything the block wrote is ordered before the signal: bar.sync above, then
+      // this thread's release add (cumulative over what bar.sync ordered before it).
+      atomic_add_release(signal, 1);
+    } else {
+      atomic_add_relaxed(signal, 1);
+    }
     void* own = a.scratch[a.rank];
     const uint64_t* inbound = sync_word(own, OXCCL_ALLREDUCE_SYNC_INBOUND) + slot + p;
     uint64_t* expected = sync_word(own, OXCCL_ALLREDUCE_SYNC_EXPECTED) + slot + p;
     const uint64_t want = *expected + 1;
     bool ok = true;
     uint64_t since = 0;
-    for (uint64_t polls = 0; atomic_load_acquire(inbound) < want; ++polls) {
+    for (uint64_t polls = 0; (kOrders ? atomic_load_acquire(inbound) : atomic_load_relaxed(inbound)) < want;
+         ++polls) {
       if (d.expired(polls, since)) {
         ok = false;
         break;
@@ -221,6 +283,21 @@ OXCCL_DEVICE_INLINE bool block_barrier(const OxcclAllreduceArgs& a, const Deadli
   }
   __syncthreads();
   return *failed == 0;
+}
+
+/// The barrier after a block wrote (or read) data its peers depend on: the signal releases
+/// the block's writes, the wait acquires the peers'.
+OXCCL_DEVICE_INLINE bool block_barrier(const OxcclAllreduceArgs& a, const Deadline& d, int* failed) {
+  return barrier_of_block<true>(a, d, failed);
+}
+
+/// The first barrier of a call, before the block moved any data: "every peer's call has
+/// started", so its earlier kernels, which finished before it, no longer use its buffers,
+/// and what they wrote (a peer's input) is in its memory. Nothing of this call is ordered
+/// by it, so the signal and the wait are relaxed (1.6 us less than `block_barrier` on
+/// H100s); the block's first access to peer memory comes after the wait in program order.
+OXCCL_DEVICE_INLINE bool start_barrier(const OxcclAllreduceArgs& a, const Deadline& d, int* failed) {
+  return barrier_of_block<false>(a, d, failed);
 }
 
 /// What a kernel body knows about its call besides the argument block: its own scratch,

@@ -103,6 +103,16 @@ OXCCL_DEVICE_INLINE void atomic_add_release(uint64_t* ptr, uint64_t value) {
 #endif
 }
 
+/// System-scope relaxed add whose result is not returned: a signal that orders nothing
+/// (`start_barrier`: the signaller has written nothing the peer will read).
+OXCCL_DEVICE_INLINE void atomic_add_relaxed(uint64_t* ptr, uint64_t value) {
+#if defined(OXCCL_DEVICE_CUDA)
+  asm volatile("red.relaxed.sys.global.add.u64 [%0], %1;" ::"l"(ptr), "l"(value) : "memory");
+#else
+  (void)__hip_atomic_fetch_add(ptr, value, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+#endif
+}
+
 /// Device-scope release add whose result is not returned: a count that only this GPU's
 /// blocks read.
 OXCCL_DEVICE_INLINE void atomic_add_release_device(uint64_t* ptr, uint64_t value) {

@@ -127,7 +127,7 @@ OXCCL_DEVICE_INLINE void direct_body(const OxcclAllreduceArgs& a, const CallStat
   const bool in_place = a.input == own_slot;
 
   // Every peer's call has started: its output is free to write.
-  if (!block_barrier(a, call.deadline, call.failed)) return;
+  if (!start_barrier(a, call.deadline, call.failed)) return;
   for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
     const Vec16 v = load_unit(a.input, j * 16, total);
     // Peers first (remote stores take longest), my own slot last.

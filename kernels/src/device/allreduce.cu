@@ -355,7 +355,7 @@ OXCCL_DEVICE_INLINE void twoshot_zc_body(const Reducer reduce, const OxcclAllred
   const uint64_t hi = lo + share < end ? lo + share : end;
 
   // Every peer's call has started: its input is ready and its output free to write.
-  if (!block_barrier(a, call.deadline, call.failed)) return;
+  if (!start_barrier(a, call.deadline, call.failed)) return;
 
   const uint64_t step = static_cast<uint64_t>(blockDim.x) * kZcUnits;
   for (uint64_t j0 = lo + threadIdx.x; j0 < hi; j0 += step) {

@@ -114,7 +114,7 @@ OXCCL_DEVICE_INLINE void direct_body(const OxcclAllreduceArgs& a, const CallStat
   const uint64_t hi = lo + share < units ? lo + share : units;
 
   // Every peer's call has started: its output is free to write.
-  if (!block_barrier(a, call.deadline, call.failed)) return;
+  if (!start_barrier(a, call.deadline, call.failed)) return;
   for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
     // Peers first (remote stores take longest), my own slot last.
     for (uint32_t k = 1; k < w; ++k) {

@@ -15,6 +15,12 @@
 // - broadcast_direct: registered outputs. Barrier (every peer's output is free); the root
 //   stores its input into every rank's output; barrier.
 //
+// - broadcast_relay: registered outputs, 3 or more ranks. The root's link carries each byte
+//   once instead of once per peer: the data is split into one chunk per other rank, the
+//   root stores chunk k into the output of the k-th rank after it, and that rank stores it
+//   on into every other rank's output, in rounds (RelayRounds) whose barriers let round
+//   r + 1's first hop overlap round r's second. Barrier (outputs free); rounds; the last
+//   barrier says every output is complete.
 // - broadcast_barrier: the two barriers of the copy-engine broadcast (broadcast_copy in
 //   collectives/src/algorithms/broadcast/copy_engine.rs), which moves the data itself with
 //   the copy engine between them: one block, one barrier.
@@ -131,7 +137,7 @@ OXCCL_DEVICE_INLINE void direct_body(const OxcclAllreduceArgs& a, const CallStat
   const uint64_t hi = lo + share < units ? lo + share : units;
 
   // Every peer's call has started: its output is free to write.
-  if (!block_barrier(a, call.deadline, call.failed)) return;
+  if (!start_barrier(a, call.deadline, call.failed)) return;
   if (me == a.root) {
     const bool in_place = a.input == a.output;
     for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
@@ -145,6 +151,50 @@ OXCCL_DEVICE_INLINE void direct_body(const OxcclAllreduceArgs& a, const CallStat
   }
   // The root's stores into every output are done.
   block_barrier(a, call.deadline, call.failed);
+}
+
+OXCCL_DEVICE_INLINE void relay_body(const OxcclAllreduceArgs& a, const CallState call) {
+  const uint64_t total = a.count * dtype_bytes(a.dtype);
+  const uint32_t w = a.world_size;
+  const uint32_t me = a.rank;
+  const uint32_t root = a.root;
+  const uint32_t chunks = w > 1 ? w - 1 : 1;  // one rank: the root relays to itself
+  const RelayRounds g((total + 15) / 16, chunks, relay_cap(a));
+  const bool in_place = a.input == a.output;
+
+  // Every peer's call has started: its output is free to write.
+  if (!start_barrier(a, call.deadline, call.failed)) return;
+  for (uint64_t r = 0; r <= g.rounds; ++r) {
+    if (me == root && r < g.rounds) {
+      // First hop of round r: chunk i to the rank that relays it (every chunk at once,
+      // so every link is busy).
+      for (uint64_t t = threadIdx.x; t < g.share; t += blockDim.x) {
+        for (uint32_t i = 0; i < chunks; ++i) {
+          uint64_t lo, hi;
+          g.part(i, r, lo, hi);
+          if (lo + t >= hi) continue;
+          const uint64_t off = (lo + t) * 16;
+          const Vec16 v = load_unit(a.input, off, total);
+          store_unit(a.peer_output[relay_rank(i, root, w)], off, v, total);
+          if (!in_place) store_unit(a.output, off, v, total);
+        }
+      }
+    } else if (me != root && r > 0) {
+      // Second hop of round r - 1: this rank's chunk, which the root stored here, to every
+      // rank but the root.
+      uint64_t lo, hi;
+      g.part(relay_chunk(me, root, w), r - 1, lo, hi);
+      for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+        const Vec16 v = peer_unit(static_cast<const char*>(a.output), j, total);  // written by the root
+        for (uint32_t k = 1; k < w; ++k) {
+          const uint32_t q = me + k < w ? me + k : me + k - w;
+          if (q != root) store_unit(a.peer_output[q], j * 16, v, total);
+        }
+      }
+    }
+    // Round r's first hop has landed (and round r - 1's second): the next round may go.
+    if (!block_barrier(a, call.deadline, call.failed)) return;
+  }
 }
 
 }  // namespace broadcast
@@ -170,6 +220,14 @@ OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void broadcast_direct(const OXCCL_GRID_CON
   const bool registered = args.rank < OXCCL_ALLREDUCE_MAX_RANKS && args.peer_output[args.rank] == args.output;
   run_call<false>(args, registered && args.root < args.world_size,
                   [&](const CallState call) OXCCL_INLINE_LAMBDA { oxccl::broadcast::direct_body(args, call); });
+}
+
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void broadcast_relay(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {
+  const OxcclAllreduceArgs& args = oxccl::kernel_args(param);
+  using namespace oxccl::allreduce;
+  const bool registered = args.rank < OXCCL_ALLREDUCE_MAX_RANKS && args.peer_output[args.rank] == args.output;
+  run_call<false>(args, registered && args.root < args.world_size && relay_cap(args) > 0,
+                  [&](const CallState call) OXCCL_INLINE_LAMBDA { oxccl::broadcast::relay_body(args, call); });
 }
 
 OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void broadcast_barrier(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {

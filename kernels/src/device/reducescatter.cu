@@ -122,7 +122,7 @@ OXCCL_DEVICE_INLINE void direct_body(const Reducer reduce, const OxcclAllreduceA
   const uint64_t hi = lo + share < units ? lo + share : units;
 
   // Every peer's call has started: its input is ready.
-  if (!block_barrier(a, call.deadline, call.failed)) return;
+  if (!start_barrier(a, call.deadline, call.failed)) return;
   for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
     Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
 #pragma unroll
