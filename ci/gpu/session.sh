@@ -91,7 +91,7 @@ step() { # step NAME TIMEOUT CMD...
 
 suite_dir() { mktemp -d /tmp/oxccl-suite.XXXXXX; }
 # kinds_of COLLECTIVE: its algorithms' suffixes (COLLECTIVE_KIND).
-kinds_of() { if [[ $1 == alltoallv ]]; then echo "copy staged"; else echo "oneshot_ll staged direct"; fi; }
+kinds_of() { if [[ $1 == alltoallv ]]; then echo "oneshot_ll direct copy staged"; else echo "oneshot_ll staged direct"; fi; }
 torchrun_n() { # torchrun_n N CMD...
     local n="$1"
     shift
@@ -406,6 +406,7 @@ sanitizer)
         reducescatter:reducescatter_oneshot_ll reducescatter:reducescatter_staged
         reducescatter:reducescatter_direct alltoall:alltoall_oneshot_ll alltoall:alltoall_staged
         alltoall:alltoall_direct broadcast:broadcast_oneshot_ll broadcast:broadcast_staged
+        alltoallv:alltoallv_oneshot_ll alltoallv:alltoallv_direct
         broadcast:broadcast_direct broadcast:broadcast_copy reduce:reduce_oneshot_ll reduce:reduce_staged
         reduce:reduce_direct)
     for tool in ${OXCCL_SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}; do
