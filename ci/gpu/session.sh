@@ -93,7 +93,7 @@ suite_dir() { mktemp -d /tmp/oxccl-suite.XXXXXX; }
 # kinds_of COLLECTIVE: its algorithms' suffixes (COLLECTIVE_KIND).
 kinds_of() {
     case $1 in
-    alltoallv) echo "copy staged" ;;
+    alltoallv) echo "oneshot_ll direct copy staged" ;;
     broadcast) echo "oneshot_ll staged direct relay" ;;
     *) echo "oneshot_ll staged direct" ;;
     esac
@@ -415,6 +415,7 @@ sanitizer)
         reducescatter:reducescatter_oneshot_ll reducescatter:reducescatter_staged
         reducescatter:reducescatter_direct alltoall:alltoall_oneshot_ll alltoall:alltoall_staged
         alltoall:alltoall_direct broadcast:broadcast_oneshot_ll broadcast:broadcast_staged
+        alltoallv:alltoallv_oneshot_ll alltoallv:alltoallv_direct
         broadcast:broadcast_direct broadcast:broadcast_relay broadcast:broadcast_copy
         reduce:reduce_oneshot_ll reduce:reduce_staged reduce:reduce_direct)
     for tool in ${OXCCL_SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}; do

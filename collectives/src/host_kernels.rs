@@ -40,7 +40,12 @@ pub(crate) struct Call {
 
 impl Call {
     pub(crate) fn new(bytes: &[u8], kernel: &'static str) -> Result<Call> {
-        let a: OxcclAllreduceArgs = abi::parse_args(bytes, kernel)?;
+        Self::from_args(abi::parse_args(bytes, kernel)?, kernel)
+    }
+
+    /// The checks of [`Call::new`] on a block already parsed (the first part of a larger
+    /// block: all_to_all_v's).
+    pub(crate) fn from_args(a: OxcclAllreduceArgs, kernel: &'static str) -> Result<Call> {
         let dtype = DataType::from_code(a.dtype)?;
         let op = ReduceOp::from_code(a.op)
             .map_err(|_| Error::Unsupported(format!("{kernel}: reduce op code {}", a.op)))?;

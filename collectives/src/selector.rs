@@ -17,7 +17,9 @@ use crate::algorithms::all_reduce::two_shot_zc::TWOSHOT_ZC;
 use crate::algorithms::all_to_all::{
     direct::ALLTOALL_DIRECT, one_shot::ALLTOALL_ONESHOT_LL, staged::ALLTOALL_STAGED,
 };
-use crate::algorithms::all_to_all_v::{copy::ALLTOALLV_COPY, staged::ALLTOALLV_STAGED};
+use crate::algorithms::all_to_all_v::{
+    direct::ALLTOALLV_DIRECT, one_shot::ALLTOALLV_ONESHOT_LL, staged::ALLTOALLV_STAGED,
+};
 use crate::algorithms::broadcast::{
     direct::BROADCAST_DIRECT, one_shot::BROADCAST_ONESHOT_LL, relay::BROADCAST_RELAY,
     staged::BROADCAST_STAGED,
@@ -201,7 +203,10 @@ impl Selector {
                     shape,
                     [REDUCE_ONESHOT_LL, REDUCE_DIRECT, REDUCE_STAGED],
                 )?,
-                Collective::AllToAllV => Self::all_to_all_v(shape)?,
+                Collective::AllToAllV => Self::one_shot_direct_staged(
+                    shape,
+                    [ALLTOALLV_ONESHOT_LL, ALLTOALLV_DIRECT, ALLTOALLV_STAGED],
+                )?,
                 Collective::ReduceScatter => Self::one_shot_direct_staged(
                     shape,
                     [
@@ -250,21 +255,6 @@ impl Selector {
             algorithm,
             plan: algorithm.plan(shape)?,
             reason: format!("{why}: the PortChannel algorithm"),
-        })
-    }
-
-    /// The all_to_all_v policy: straight into the peers' outputs where every rank reaches
-    /// them, else through the staging.
-    fn all_to_all_v(shape: &CallShape<'_>) -> Result<Choice> {
-        let (algorithm, reason) = if shape.zero_copy {
-            (ALLTOALLV_COPY, "every rank's output reachable")
-        } else {
-            (ALLTOALLV_STAGED, "outputs not reachable by the peers")
-        };
-        Ok(Choice {
-            algorithm,
-            plan: algorithm.plan(shape)?,
-            reason: reason.into(),
         })
     }
 
@@ -331,7 +321,9 @@ impl Selector {
 
     /// The policy of every collective but allreduce: the one-shot up to
     /// [`collective_oneshot_max`] (where its packets fit), above it the direct kernel on
-    /// registered buffers, else the staged one.
+    /// registered buffers, else the staged one. For all_to_all_v `shape.bytes` is the
+    /// layout's largest chunk, the same on every rank, so every rank chooses alike (the
+    /// copy-engine `alltoallv_copy` only when forced).
     fn one_shot_direct_staged(
         shape: &CallShape<'_>,
         [one_shot, direct, staged]: [Algorithm; 3],

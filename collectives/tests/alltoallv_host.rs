@@ -1,23 +1,41 @@
-//! all_to_all_v on the host backend across ranks: both algorithms forced and the default
-//! selection, every data type, world sizes 1 to 4 and 8, random per-pair counts (zeros
+//! all_to_all_v on the host backend across ranks: every algorithm forced (the SM kernels'
+//! host stand-ins run their device protocol) and the default selection, every data type, world sizes 1 to 4 and 8, random per-pair counts (zeros
 //! included, up to several staging rounds) at shuffled displacements with gaps, registered
 //! and unregistered outputs, real processes, and the errors: layouts that disagree across
 //! ranks, bad arrays, overlapping buffers. Every receive range is compared bit for bit
 //! with what its sender's input holds there; the output is poisoned first and the gaps
-//! must keep the poison.
+//! must keep the poison. The input starts one element past 16-byte alignment, so u8 calls
+//! put chunks at odd byte offsets.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::Duration;
 
-use oxccl_collectives::algorithms::all_to_all_v::{copy::ALLTOALLV_COPY, staged::ALLTOALLV_STAGED};
-use oxccl_collectives::hal::{DataType, Device, Memory, MemoryKind, Stream};
+use oxccl_collectives::algorithms::all_to_all_v::{
+    copy::ALLTOALLV_COPY, direct::ALLTOALLV_DIRECT, one_shot::ALLTOALLV_ONESHOT_LL,
+    staged::ALLTOALLV_STAGED,
+};
+use oxccl_collectives::backend::AnyMemory;
+use oxccl_collectives::hal::{DataType, Device, DevicePtr, Memory, MemoryKind, Stream};
 use oxccl_collectives::{Algorithm, Collective, CommConfig, Communicator};
 
 mod common;
 use common::{input, threads_with, Rank};
 
 const POISON: u8 = 0x5a;
+
+/// Every all_to_all_v algorithm.
+const ALL: [Algorithm; 4] = [
+    ALLTOALLV_ONESHOT_LL,
+    ALLTOALLV_DIRECT,
+    ALLTOALLV_COPY,
+    ALLTOALLV_STAGED,
+];
+
+/// Whether a forced `algo` needs the output registered (it stores into the peers' outputs).
+fn registers(algo: Option<Algorithm>) -> bool {
+    algo.is_some_and(|a| a == ALLTOALLV_DIRECT || a == ALLTOALLV_COPY)
+}
 
 fn threads(world: u32, forced: Option<Algorithm>, body: impl Fn(&Rank) + Send + Sync + 'static) {
     threads_with(
@@ -114,99 +132,134 @@ impl Plan {
     }
 }
 
-/// One checked call of `plan` on this rank; with `register`, the output buffer (of the
-/// largest receive extent, the same size everywhere) is registered first (collective).
-fn check(r: &Rank, dtype: DataType, plan: &Plan, register: bool, salt: u64) -> Result<(), String> {
-    let (rank, world) = (r.comm.rank() as usize, r.comm.world_size() as usize);
-    let es = dtype.size();
-    let send_extent = Plan::extent(&plan.counts[rank], &plan.send_displs[rank]);
-    let recv_counts = plan.recv_counts(rank);
-    let recv_extent = Plan::extent(&recv_counts, &plan.recv_displs[rank]);
-    let out_elems = (0..world)
-        .map(|p| Plan::extent(&plan.recv_counts(p), &plan.recv_displs[p]))
-        .max()
-        .unwrap()
-        + 1;
-    let dev = r.comm.device();
-    // The input one element past 16-byte alignment (the copies take any element address).
-    let in_mem = dev
-        .alloc((send_extent + 1) * es + 16, MemoryKind::Plain)
-        .unwrap();
-    let out_mem = dev.alloc(out_elems * es, MemoryKind::Plain).unwrap();
-    if register {
-        r.comm.register(&out_mem).unwrap();
+/// One rank's buffers of a call of `plan`: the input (one element past 16-byte
+/// alignment: the kernels take any element address) holding this rank's data, the output
+/// (of the largest receive extent, the same size everywhere) poisoned.
+struct Buffers {
+    in_mem: AnyMemory,
+    out_mem: AnyMemory,
+    out_elems: usize,
+}
+
+impl Buffers {
+    fn new(r: &Rank, dtype: DataType, plan: &Plan, salt: u64) -> Buffers {
+        let (rank, world) = (r.comm.rank() as usize, r.comm.world_size() as usize);
+        let es = dtype.size();
+        let send_extent = Plan::extent(&plan.counts[rank], &plan.send_displs[rank]);
+        let out_elems = (0..world)
+            .map(|p| Plan::extent(&plan.recv_counts(p), &plan.recv_displs[p]))
+            .max()
+            .unwrap()
+            + 1;
+        let dev = r.comm.device();
+        let in_mem = dev
+            .alloc((send_extent + 1) * es + 16, MemoryKind::Plain)
+            .unwrap();
+        let out_mem = dev.alloc(out_elems * es, MemoryKind::Plain).unwrap();
+        let b = Buffers {
+            in_mem,
+            out_mem,
+            out_elems,
+        };
+        r.stream
+            .write(b.out_mem.ptr(), &vec![POISON; out_elems * es])
+            .unwrap();
+        let mine = sender_input(plan, dtype, rank, salt);
+        r.stream
+            .write(b.input(dtype), &mine[..send_extent * es])
+            .unwrap();
+        b
     }
-    let inp = in_mem.ptr().offset(es).unwrap();
-    let out = out_mem.ptr();
-    r.stream.write(out, &vec![POISON; out_elems * es]).unwrap();
-    let sender_input = |s: usize| {
-        let n = Plan::extent(&plan.counts[s], &plan.send_displs[s]);
-        input(dtype, s as u32, n.max(1), salt)
-    };
-    let mine = sender_input(rank);
-    r.stream.write(inp, &mine[..send_extent * es]).unwrap();
-    // SAFETY: the input holds the send extent and the output every receive range; both
-    // live until the synchronize below.
-    let result = unsafe {
-        r.comm.all_to_all_v(
-            inp,
-            &plan.counts[rank],
-            &plan.send_displs[rank],
-            out,
-            &recv_counts,
-            &plan.recv_displs[rank],
-            dtype,
-            &r.stream,
-        )
-    };
+
+    fn input(&self, dtype: DataType) -> DevicePtr {
+        self.in_mem.ptr().offset(dtype.size()).unwrap()
+    }
+
+    /// Queues this rank's call.
+    fn call(&self, r: &Rank, dtype: DataType, plan: &Plan) -> oxccl_collectives::hal::Result<()> {
+        let rank = r.comm.rank() as usize;
+        // SAFETY: the input holds the send extent and the output every receive range; both
+        // live until the caller synchronizes.
+        unsafe {
+            r.comm.all_to_all_v(
+                self.input(dtype),
+                &plan.counts[rank],
+                &plan.send_displs[rank],
+                self.out_mem.ptr(),
+                &plan.recv_counts(rank),
+                &plan.recv_displs[rank],
+                dtype,
+                &r.stream,
+            )
+        }
+    }
+
+    /// Compares every receive range with its sender's input, and the gaps with the poison.
+    fn verify(&self, r: &Rank, dtype: DataType, plan: &Plan, salt: u64) -> Result<(), String> {
+        let rank = r.comm.rank() as usize;
+        let es = dtype.size();
+        let mut got = vec![0u8; self.out_elems * es];
+        r.stream.read(self.out_mem.ptr(), &mut got).unwrap();
+        let mut covered = vec![false; self.out_elems];
+        for (s, &count) in plan.recv_counts(rank).iter().enumerate() {
+            if count == 0 {
+                continue;
+            }
+            let from = plan.send_displs[s][rank] * es;
+            let at = plan.recv_displs[rank][s] * es;
+            let want = &sender_input(plan, dtype, s, salt)[from..][..count * es];
+            let slot = &got[at..][..count * es];
+            if let Some(i) = slot.iter().zip(want).position(|(g, w)| g != w) {
+                return Err(format!(
+                    "rank {rank} {dtype} seed {salt}: byte {i} from rank {s} is {:#x}, want {:#x}",
+                    slot[i], want[i]
+                ));
+            }
+            covered[plan.recv_displs[rank][s]..][..count].fill(true);
+        }
+        for (e, c) in covered.iter().enumerate() {
+            if !c && got[e * es..][..es].iter().any(|b| *b != POISON) {
+                return Err(format!(
+                    "rank {rank} {dtype}: element {e} of the output (no range) was written"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Rank `s`'s input data for `plan` (its send extent, at least one element).
+fn sender_input(plan: &Plan, dtype: DataType, s: usize, salt: u64) -> Vec<u8> {
+    let n = Plan::extent(&plan.counts[s], &plan.send_displs[s]);
+    input(dtype, s as u32, n.max(1), salt)
+}
+
+/// One checked call of `plan` on this rank; with `register`, the output buffer is
+/// registered first (collective).
+fn check(r: &Rank, dtype: DataType, plan: &Plan, register: bool, salt: u64) -> Result<(), String> {
+    let b = Buffers::new(r, dtype, plan, salt);
+    if register {
+        r.comm.register(&b.out_mem).unwrap();
+    }
+    let result = b.call(r, dtype, plan);
     r.stream.synchronize().unwrap();
     let outcome = result
         .and_then(|()| r.comm.check_error(&r.stream))
         .map_err(|e| e.to_string())
-        .and_then(|()| {
-            let mut got = vec![0u8; out_elems * es];
-            r.stream.read(out, &mut got).unwrap();
-            let mut covered = vec![false; out_elems];
-            for (s, &count) in recv_counts.iter().enumerate() {
-                if count == 0 {
-                    continue;
-                }
-                let from = plan.send_displs[s][rank] * es;
-                let at = plan.recv_displs[rank][s] * es;
-                let want = &sender_input(s)[from..][..count * es];
-                let slot = &got[at..][..count * es];
-                if let Some(i) = slot.iter().zip(want).position(|(g, w)| g != w) {
-                    return Err(format!(
-                        "rank {rank} {dtype} register {register} seed {salt}: byte {i} from \
-                         rank {s} is {:#x}, want {:#x}",
-                        slot[i], want[i]
-                    ));
-                }
-                covered[plan.recv_displs[rank][s]..][..count].fill(true);
-            }
-            for (e, c) in covered.iter().enumerate() {
-                if !c && got[e * es..][..es].iter().any(|b| *b != POISON) {
-                    return Err(format!(
-                        "rank {rank} {dtype}: element {e} of the output (no range) was written \
-                         (receive extent {recv_extent})"
-                    ));
-                }
-            }
-            Ok(())
-        });
+        .and_then(|()| b.verify(r, dtype, plan, salt));
     if register {
-        r.comm.deregister(&out_mem).unwrap();
+        r.comm.deregister(&b.out_mem).unwrap();
     }
     outcome
 }
 
 #[test]
-fn both_algorithms_every_type_on_three_ranks() {
-    for algo in [ALLTOALLV_COPY, ALLTOALLV_STAGED] {
+fn every_algorithm_every_type_on_three_ranks() {
+    for algo in ALL {
         threads(3, Some(algo), move |r| {
             for (i, dtype) in DataType::ALL.into_iter().enumerate() {
                 let plan = Plan::new(3, 3000, i as u64);
-                check(r, dtype, &plan, algo == ALLTOALLV_COPY, i as u64).unwrap();
+                check(r, dtype, &plan, registers(Some(algo)), i as u64).unwrap();
                 assert_eq!(r.comm.last_call().unwrap().algorithm, algo);
             }
         });
@@ -216,9 +269,9 @@ fn both_algorithms_every_type_on_three_ranks() {
 #[test]
 fn random_layouts_on_world_sizes_one_to_four() {
     for world in 1..=4u32 {
-        for algo in [None, Some(ALLTOALLV_COPY), Some(ALLTOALLV_STAGED)] {
+        for algo in [None].into_iter().chain(ALL.map(Some)) {
             threads(world, algo, move |r| {
-                let register = algo == Some(ALLTOALLV_COPY);
+                let register = registers(algo);
                 // Up to 100,003 bf16 elements per pair: several rounds of 64 KiB slots.
                 for (seed, max) in [(1u64, 7usize), (2, 12_345), (3, 100_003), (4, 1)] {
                     let plan = Plan::new(world as usize, max, seed * 31 + u64::from(world));
@@ -236,10 +289,10 @@ fn random_layouts_on_world_sizes_one_to_four() {
 #[test]
 fn matrix_counts_on_two_and_three_ranks() {
     for world in [2u32, 3] {
-        for algo in [ALLTOALLV_COPY, ALLTOALLV_STAGED] {
+        for algo in ALL {
             threads(world, Some(algo), move |r| {
-                let register = algo == ALLTOALLV_COPY;
-                for (i, count) in [1usize, 3, 1000, 12_345, (1 << 20) + 7]
+                let register = registers(Some(algo));
+                for (i, count) in [1usize, 3, 17, 1000, 12_345, (1 << 20) + 7]
                     .into_iter()
                     .enumerate()
                 {
@@ -255,6 +308,12 @@ fn matrix_counts_on_two_and_three_ranks() {
                     plan.recv_displs = (0..world as usize)
                         .map(|p| place(&plan.recv_counts(p), &mut g).0)
                         .collect();
+                    if algo == ALLTOALLV_ONESHOT_LL && count > 12_345 {
+                        // Too large for its packet slots: refused alike on every rank.
+                        let e = check(r, DataType::Bf16, &plan, register, 0).unwrap_err();
+                        assert!(e.contains("alltoallv_oneshot_ll"), "{e}");
+                        continue;
+                    }
                     let types: &[DataType] = if count <= 1000 {
                         &DataType::ALL
                     } else {
@@ -271,11 +330,11 @@ fn matrix_counts_on_two_and_three_ranks() {
 
 #[test]
 fn eight_ranks() {
-    for algo in [ALLTOALLV_COPY, ALLTOALLV_STAGED] {
+    for algo in ALL {
         threads(8, Some(algo), move |r| {
             for seed in 0..3u64 {
                 let plan = Plan::new(8, 5000, seed);
-                check(r, DataType::Bf16, &plan, algo == ALLTOALLV_COPY, seed).unwrap();
+                check(r, DataType::Bf16, &plan, registers(Some(algo)), seed).unwrap();
             }
         });
     }
@@ -284,12 +343,12 @@ fn eight_ranks() {
 #[test]
 fn default_selection_follows_registration() {
     threads(2, None, |r| {
-        let plan = Plan::new(2, 40_000, 5);
+        let plan = large_plan();
         check(r, DataType::F32, &plan, true, 1).unwrap();
         let rec = r.comm.last_call().unwrap();
         assert_eq!(
             (rec.collective, rec.algorithm),
-            (Collective::AllToAllV, ALLTOALLV_COPY),
+            (Collective::AllToAllV, ALLTOALLV_DIRECT),
             "{rec}"
         );
         assert!(rec.to_string().contains("registered"), "{rec}");
@@ -297,7 +356,7 @@ fn default_selection_follows_registration() {
         let rec = r.comm.last_call().unwrap();
         // Unregistered outputs: straight in when auto-registration maps them, else staged.
         assert!(
-            (rec.algorithm == ALLTOALLV_COPY && rec.to_string().contains("callers' allocations"))
+            (rec.algorithm == ALLTOALLV_DIRECT && rec.to_string().contains("callers' allocations"))
                 || (rec.algorithm == ALLTOALLV_STAGED && rec.to_string().contains("scratch")),
             "{rec}"
         );
@@ -309,7 +368,7 @@ fn nothing_to_move_and_one_sided_ranks() {
     threads(3, None, |r| {
         // Nobody sends anything: nothing is queued, null buffers are fine.
         let zeros = [0usize; 3];
-        let null = oxccl_collectives::hal::DevicePtr::NULL;
+        let null = DevicePtr::NULL;
         // SAFETY: no range reaches either buffer.
         unsafe {
             r.comm.all_to_all_v(
@@ -332,6 +391,114 @@ fn nothing_to_move_and_one_sided_ranks() {
         };
         check(r, DataType::Bf16, &plan, false, 3).unwrap();
     });
+}
+
+/// The one-shot's parity halves: many calls back to back without a synchronize, one rank
+/// slower than the others, layouts with empty chunks (acknowledgements instead of data)
+/// and u8 chunks at odd byte offsets. A rank that ran two calls ahead would overwrite a
+/// half its peer still reads.
+#[test]
+fn one_shot_calls_back_to_back_with_a_slow_rank() {
+    threads(3, Some(ALLTOALLV_ONESHOT_LL), |r| {
+        let calls: Vec<(DataType, Plan, Buffers)> = (0..24u64)
+            .map(|salt| {
+                let dtype = if salt % 2 == 0 {
+                    DataType::U8
+                } else {
+                    DataType::F32
+                };
+                let mut plan = Plan::new(3, 40, 1000 + salt);
+                if salt % 3 == 0 {
+                    // Rank (salt / 3) % 3 sends nothing and receives nothing at all.
+                    let quiet = (salt / 3 % 3) as usize;
+                    for p in 0..3 {
+                        plan.counts[quiet][p] = 0;
+                        plan.counts[p][quiet] = 0;
+                    }
+                }
+                let b = Buffers::new(r, dtype, &plan, salt);
+                (dtype, plan, b)
+            })
+            .collect();
+        for (dtype, plan, b) in &calls {
+            if r.comm.rank() == 2 {
+                std::thread::sleep(Duration::from_millis(2)); // the slow peer
+            }
+            b.call(r, *dtype, plan).unwrap();
+            assert_eq!(r.comm.last_call().unwrap().algorithm, ALLTOALLV_ONESHOT_LL);
+        }
+        r.stream.synchronize().unwrap();
+        r.comm.check_error(&r.stream).unwrap();
+        for (salt, (dtype, plan, b)) in calls.iter().enumerate() {
+            b.verify(r, *dtype, plan, salt as u64).unwrap();
+        }
+    });
+}
+
+/// Chunks of 1, 3 and 17 bytes (u8) at odd offsets, from every pair, through every
+/// algorithm; and a peer that sends this rank nothing at all.
+#[test]
+fn odd_byte_chunks_and_silent_peers() {
+    for algo in ALL {
+        threads(4, Some(algo), move |r| {
+            for (i, count) in [1usize, 3, 17].into_iter().enumerate() {
+                let mut plan = Plan::new(4, 1, 500 + i as u64);
+                for (q, row) in plan.counts.iter_mut().enumerate() {
+                    row.fill(count);
+                    row[(q + 1) % 4] = 0; // q sends its successor nothing
+                }
+                let mut g = Gen(600 + i as u64);
+                plan.send_displs = (0..4).map(|q| place(&plan.counts[q], &mut g).0).collect();
+                plan.recv_displs = (0..4)
+                    .map(|p| place(&plan.recv_counts(p), &mut g).0)
+                    .collect();
+                check(r, DataType::U8, &plan, registers(Some(algo)), i as u64).unwrap();
+                assert_eq!(r.comm.last_call().unwrap().algorithm, algo);
+            }
+        });
+    }
+}
+
+/// Two ranks, one chunk of 4 MiB of f32 (above every one-shot threshold), the others small;
+/// the ranks' own extents differ.
+fn large_plan() -> Plan {
+    Plan {
+        counts: vec![vec![10, 1 << 20], vec![5, 1]],
+        send_displs: vec![vec![1 << 20, 0], vec![0, 5]],
+        recv_displs: vec![vec![0, 10], vec![0, 1 << 20]],
+    }
+}
+
+/// The default choice: the one-shot for small calls (whatever the registration), the direct
+/// kernel for large ones on reachable outputs, the staged one otherwise; every rank alike
+/// although their own extents differ.
+#[test]
+fn default_selection_by_largest_chunk_and_reachability() {
+    threads_with(
+        2,
+        |_| CommConfig {
+            timeout: Duration::from_secs(20),
+            auto_register: false,
+            ..CommConfig::default()
+        },
+        |r| {
+            let mut small = Plan::new(2, 1, 3);
+            small.counts = vec![vec![1000, 10], vec![3, 0]];
+            small.send_displs = vec![vec![0, 1000], vec![0, 0]];
+            small.recv_displs = vec![vec![0, 1000], vec![0, 0]];
+            let large = large_plan();
+            for (plan, register, want) in [
+                (&small, false, ALLTOALLV_ONESHOT_LL),
+                (&small, true, ALLTOALLV_ONESHOT_LL),
+                (&large, true, ALLTOALLV_DIRECT),
+                (&large, false, ALLTOALLV_STAGED),
+            ] {
+                check(r, DataType::F32, plan, register, 1).unwrap();
+                let rec = r.comm.last_call().unwrap();
+                assert_eq!(rec.algorithm, want, "register {register}: {rec}");
+            }
+        },
+    );
 }
 
 /// A call every rank makes with `send_counts`/`recv_counts` as given per rank; returns this
@@ -447,7 +614,8 @@ fn child_rank() {
     let stream = comm.device().create_stream().unwrap();
     let r = Rank { comm, stream };
     let world = r.comm.world_size() as usize;
-    let register = std::env::var("OXCCL_ALGO").is_ok_and(|a| a == "alltoallv_copy");
+    let register =
+        std::env::var("OXCCL_ALGO").is_ok_and(|a| a == "alltoallv_copy" || a == "alltoallv_direct");
     for (seed, max) in [(1u64, 1usize), (2, 777), (3, 200_003)] {
         for dtype in [DataType::Bf16, DataType::Fp8E4m3, DataType::F64] {
             let plan = Plan::new(world, max, seed);
@@ -460,7 +628,12 @@ fn child_rank() {
 
 #[test]
 fn ranks_in_separate_processes() {
-    for (world, algo) in [(2, "auto"), (3, "alltoallv_staged"), (2, "alltoallv_copy")] {
+    for (world, algo) in [
+        (2, "auto"),
+        (3, "alltoallv_staged"),
+        (2, "alltoallv_copy"),
+        (3, "alltoallv_direct"),
+    ] {
         common::run_child_ranks(
             world,
             &[("OXCCL_ALGO", algo), ("OXCCL_STAGING_MB", "1")],

@@ -88,6 +88,7 @@ kernel_args!(
     OxcclPortChannelArgs,
     OxcclSwitchChannelArgs,
     OxcclAllreduceArgs,
+    OxcclAlltoallvArgs,
     OxcclPortAllreduceArgs,
     OxcclPortChannel,
     OxcclMemoryChannel,
@@ -104,7 +105,7 @@ macro_rules! layouts {
 /// Every struct of `abi.h`, `abi_channels.h` and `abi_allreduce.h` with its Rust size and
 /// alignment; the tests compare each with the C compiler's (`src/abi_check.c`, by name) and
 /// the list with the structs the headers define.
-pub const OXCCL_ABI_STRUCTS: [(&str, usize, usize); 22] = layouts!(
+pub const OXCCL_ABI_STRUCTS: [(&str, usize, usize); 23] = layouts!(
     OxcclLL16Packet,
     OxcclLL8Packet,
     OxcclDeviceSemaphore,
@@ -126,6 +127,7 @@ pub const OXCCL_ABI_STRUCTS: [(&str, usize, usize); 22] = layouts!(
     OxcclPortChannelArgs,
     OxcclSwitchChannelArgs,
     OxcclAllreduceArgs,
+    OxcclAlltoallvArgs,
     OxcclPortAllreduceArgs,
 );
 
@@ -161,6 +163,7 @@ mod tests {
         // The sizes device code and the launch paths rely on.
         let size = |n: &str| OXCCL_ABI_STRUCTS.iter().find(|s| s.0 == n).map(|s| s.1);
         assert_eq!(size("OxcclAllreduceArgs"), Some(288));
+        assert_eq!(size("OxcclAlltoallvArgs"), Some(608));
         assert_eq!(size("OxcclPortAllreduceArgs"), Some(104));
         assert_eq!(size("OxcclPortChannel"), Some(80));
         assert_eq!(size("OxcclMemoryChannelArgs"), Some(144));

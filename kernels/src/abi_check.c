@@ -57,6 +57,7 @@ static const OxcclAbiLayout kLayouts[] = {
     OXCCL_LAYOUT(OxcclPortChannelArgs),
     OXCCL_LAYOUT(OxcclSwitchChannelArgs),
     OXCCL_LAYOUT(OxcclAllreduceArgs),
+    OXCCL_LAYOUT(OxcclAlltoallvArgs),
     OXCCL_LAYOUT(OxcclPortAllreduceArgs),
 };
 

@@ -53,9 +53,15 @@ fn two_ranks_on_the_host_backend_pass() {
 
 /// Runs oxccl-perf on 2 host ranks; (stdout, the table's rows as their fields).
 fn host_run(args: &[&str]) -> (String, Vec<Vec<String>>) {
+    host_run_with(args, &[])
+}
+
+/// [`host_run`] with extra environment variables (`OXCCL_ALGO`).
+fn host_run_with(args: &[&str], envs: &[(&str, &str)]) -> (String, Vec<Vec<String>>) {
     let out = Command::new(env!("CARGO_BIN_EXE_oxccl-perf"))
         .args(["-N", "2", "-w", "1", "--iters", "2"])
         .args(args)
+        .envs(envs.iter().copied())
         .env("OXCCL_BACKEND", "host")
         .env("OXCCL_TIMEOUT_MS", "60000")
         .output()
@@ -469,11 +475,18 @@ fn soak_on_two_host_ranks_checks_every_call_and_stays_flat() {
 #[test]
 fn alltoallv_moves_uneven_chunks_registered_and_not() {
     // Rank r sends rank p 1/2 to all of each chunk (`v_count`); the rest of every receive
-    // slot must keep the poison, which the check verifies. Registered outputs take the
-    // copy engine straight into the peers' outputs, unregistered ones the staging.
-    for (flags, algorithm) in [
-        (&[][..], "alltoallv_copy"),
-        (&["--no-register"][..], "alltoallv_staged"),
+    // slot must keep the poison, which the check verifies. These sizes take the one-shot
+    // by default; every other algorithm forced (registered outputs where it stores into
+    // the peers' outputs, unregistered ones for the staging).
+    for (flags, forced, algorithm) in [
+        (&[][..], None, "alltoallv_oneshot_ll"),
+        (&[][..], Some("alltoallv_direct"), "alltoallv_direct"),
+        (&[][..], Some("alltoallv_copy"), "alltoallv_copy"),
+        (
+            &["--no-register"][..],
+            Some("alltoallv_staged"),
+            "alltoallv_staged",
+        ),
     ] {
         let mut args = vec![
             "-c",
@@ -488,7 +501,8 @@ fn alltoallv_moves_uneven_chunks_registered_and_not() {
             "f32",
         ];
         args.extend(flags);
-        let (stdout, rows) = host_run(&args);
+        let envs: Vec<_> = forced.map(|a| ("OXCCL_ALGO", a)).into_iter().collect();
+        let (stdout, rows) = host_run_with(&args, &envs);
         assert!(
             stdout.contains("# oxccl-perf alltoallv: 2 ranks"),
             "{stdout}"

@@ -26,6 +26,8 @@
 //! | `alltoall_oneshot_ll` | all-to-all | `alltoall_oneshot_ll` | small messages: every chunk as LL16 packets into its owner's packet half, no barrier |
 //! | `alltoall_staged` | all-to-all | `alltoall_staged` | any size on unregistered buffers: chunks pushed into their owners' staging, copied out locally |
 //! | `alltoall_direct` | all-to-all | `alltoall_direct` | registered outputs: every chunk stored straight into its owner's output between two barriers |
+//! | `alltoallv_oneshot_ll` | all-to-all-v | `alltoallv_oneshot_ll` | small calls: every chunk as LL16 packets into a fixed-size slot of its owner's packet half (an acknowledgement where empty), no barrier |
+//! | `alltoallv_direct` | all-to-all-v | `alltoallv_direct` | outputs every rank reaches (registered or auto-mapped): every chunk stored straight into its place in the peer's output between two barriers |
 //! | `alltoallv_copy` | all-to-all-v | `broadcast_barrier` | outputs every rank reaches (registered or auto-mapped): the copy engine copies each chunk into its place in the peer's output between two barrier kernels |
 //! | `alltoallv_staged` | all-to-all-v | `broadcast_barrier` | any buffers: the copy engine moves each chunk through its owner's staging, in rounds, between barrier kernels |
 //! | `broadcast_oneshot_ll` | broadcast | `broadcast_oneshot_ll` | small messages: the root's LL16 packets into every peer's packet half, acknowledgements back, no barrier |
@@ -79,7 +81,10 @@ use all_gather::{
 use all_reduce::port_channel::PORT_CHANNEL;
 use all_reduce::{nvls, one_shot, one_shot_ll128, two_shot, two_shot_push, two_shot_zc};
 use all_to_all::{direct::ALLTOALL_DIRECT, one_shot::ALLTOALL_ONESHOT_LL, staged::ALLTOALL_STAGED};
-use all_to_all_v::{copy::ALLTOALLV_COPY, staged::ALLTOALLV_STAGED};
+use all_to_all_v::{
+    copy::ALLTOALLV_COPY, direct::ALLTOALLV_DIRECT, one_shot::ALLTOALLV_ONESHOT_LL,
+    staged::ALLTOALLV_STAGED,
+};
 use broadcast::{
     copy_engine::BROADCAST_COPY, direct::BROADCAST_DIRECT, one_shot::BROADCAST_ONESHOT_LL,
     relay::BROADCAST_RELAY, staged::BROADCAST_STAGED,
@@ -113,7 +118,9 @@ pub const ALGORITHMS: &[Algorithm] = &[
     ALLTOALL_ONESHOT_LL,
     ALLTOALL_STAGED,
     ALLTOALL_DIRECT,
+    ALLTOALLV_ONESHOT_LL,
     ALLTOALLV_STAGED,
+    ALLTOALLV_DIRECT,
     ALLTOALLV_COPY,
     BROADCAST_ONESHOT_LL,
     BROADCAST_STAGED,

@@ -1,8 +1,9 @@
 //! The launch shared by the algorithms whose kernels work through the communicator's
 //! scratch ([`crate::scratch`]): one-shots (in their flag region) and two-shots. Their
-//! kernels take one argument block, [`OxcclAllreduceArgs`], filled here from the call,
-//! the plan and every rank's scratch; their device state (epoch, counters, error word)
-//! lives in the shared scratch, which the communicator checks.
+//! kernels take one argument block, [`OxcclAllreduceArgs`] (all_to_all_v's SM kernels a
+//! block that begins with it), filled here from the call, the plan and every rank's
+//! scratch; their device state (epoch, counters, error word) lives in the shared scratch,
+//! which the communicator checks.
 
 use std::sync::Arc;
 
@@ -93,8 +94,10 @@ pub(crate) struct Staging {
     pub(crate) bytes: usize,
 }
 
-impl Instance for ScratchKernel {
-    unsafe fn launch(&self, call: &Call, plan: &Plan, stream: &AnyStream) -> Result<()> {
+impl ScratchKernel {
+    /// The argument block of `call`: the call's buffers (every rank's where the algorithm
+    /// uses registered ones), every rank's scratch and this communicator's state.
+    pub(crate) fn args(&self, call: &Call) -> Result<OxcclAllreduceArgs> {
         let peers = match (self.algorithm.descriptor().buffers, call.peers) {
             (Buffers::Registered, None) => {
                 return Err(Error::InvalidArgument(format!(
@@ -115,7 +118,7 @@ impl Instance for ScratchKernel {
             }
         }
         let (flag_offset, flag_half) = s.layout.flag_region(self.region);
-        let args = OxcclAllreduceArgs {
+        Ok(OxcclAllreduceArgs {
             input: abi::ptr::<std::ffi::c_void>(call.input).cast_const(),
             output: abi::ptr(call.output),
             scratch: s.bases.map(abi::ptr),
@@ -134,16 +137,38 @@ impl Instance for ScratchKernel {
             root: call.root,
             peer_input,
             peer_output,
-        };
+        })
+    }
+
+    /// Launches this kernel with `args` (its argument block: [`OxcclAllreduceArgs`], or a
+    /// block that begins with one) on the plan's grid.
+    ///
+    /// # Safety
+    /// As [`Instance::launch`]; `args` is the block this kernel takes, built by
+    /// [`ScratchKernel::args`] (plus what the kernel reads beyond it).
+    pub(crate) unsafe fn launch_args<A: KernelArgs>(
+        &self,
+        args: &A,
+        plan: &Plan,
+        stream: &AnyStream,
+    ) -> Result<()> {
         // Asked for as configured: the backend launches as usual where the device cannot.
         let config = plan.config.with_early_launch(self.early_launch);
-        // SAFETY: the argument block matches the kernel (abi_allreduce.h); the scratch
-        // pointers are the communicator's live mappings and the abort word its live
-        // host-mapped allocation (both kept until it drops, after this instance); input,
-        // output and the plan are the caller's obligation (this trait
-        // method's contract). Every scratch kernel waits for the previous grid before it
+        // SAFETY: the argument block matches the kernel (abi_allreduce.h; the caller's
+        // obligation); the scratch pointers are the communicator's live mappings and the
+        // abort word its live host-mapped allocation (both kept until it drops, after this
+        // instance); input, output and the plan are the caller's obligation. Every scratch kernel waits for the previous grid before it
         // touches memory (`run_call` in allreduce_device.hpp), which an early launch requires.
         unsafe { stream.launch(&self.kernel, &config, args.as_bytes()) }
+    }
+}
+
+impl Instance for ScratchKernel {
+    unsafe fn launch(&self, call: &Call, plan: &Plan, stream: &AnyStream) -> Result<()> {
+        let args = self.args(call)?;
+        // SAFETY: the caller's obligations (this trait method's contract); the block is
+        // the one every scratch kernel takes.
+        unsafe { self.launch_args(&args, plan, stream) }
     }
 
     fn as_any(&self) -> &dyn std::any::Any {

@@ -224,6 +224,7 @@ fn agree(
         }
     }
     let mut max_chunk = 0usize;
+    let mut largest = 0usize;
     let mut total = 0usize;
     for (r, rec) in records.iter().enumerate() {
         for (p, peer) in records.iter().enumerate() {
@@ -237,6 +238,7 @@ fn agree(
                 .map_err(|_| mismatch(format!("rank {r} sends {sent} elements")))
                 .and_then(|c| dtype.bytes(c))?;
             total = total.saturating_add(bytes);
+            largest = largest.max(bytes);
             if r != p {
                 max_chunk = max_chunk.max(bytes);
             }
@@ -257,6 +259,7 @@ fn agree(
             recv: recv.ranges.clone(),
             remote,
             max_chunk,
+            largest,
         },
         total,
     ))
@@ -365,11 +368,18 @@ impl Communicator {
         } else {
             (None, BufferPath::Scratch)
         };
-        let bytes = send.extent.max(recv.extent);
-        let count = bytes / dtype.size();
-        let choice = self
-            .select(&self.shape(COLLECTIVE, count, dtype, bytes, peers.is_some()))
-            .map_err(at)?;
+        // The choice and the plan follow the largest chunk, which every rank knows alike
+        // (the extents differ per rank).
+        let largest = layout.largest;
+        let shape = self.shape(
+            COLLECTIVE,
+            largest / dtype.size(),
+            dtype,
+            largest,
+            peers.is_some(),
+        );
+        let choice = self.select(&shape).map_err(at)?;
+        let count = send.extent.max(recv.extent) / dtype.size();
         let instance = self
             .instance(choice.algorithm)
             .and_then(as_v)
@@ -395,7 +405,7 @@ impl Communicator {
         // SAFETY: the caller's obligations (this function's contract); the layout was
         // checked against every rank's, which chose the same algorithm (same forced one,
         // same registration outcome).
-        unsafe { instance.launch_v(&call, &layout, stream) }.map_err(at)?;
+        unsafe { instance.launch_v(&call, &choice.plan, &layout, stream) }.map_err(at)?;
         self.note_call(COLLECTIVE, choice.algorithm, path, peers.is_some());
         Ok(())
     }
@@ -500,6 +510,7 @@ mod tests {
         // Rank 0's chunk for rank 1 lands at rank 1's displacement for rank 0 (5 elements).
         assert_eq!(layout.remote, [0, 20]);
         assert_eq!(layout.max_chunk, 12, "3 elements from rank 1 to rank 0");
+        assert_eq!(layout.largest, 16, "4 elements from rank 1 to itself");
         assert_eq!(total, 40);
         // Rank 1 expects 9 elements from rank 0, which sends 2.
         let bad = record(&[3, 4], &[9, 4], &[5, 0]);

@@ -107,6 +107,33 @@ typedef struct OxcclAllreduceArgs {
 
 OXCCL_STATIC_ASSERT(sizeof(OxcclAllreduceArgs) == 288, "OxcclAllreduceArgs");
 
+/* The all_to_all_v kernels (alltoallv_oneshot_ll, alltoallv_direct in
+ * kernels/src/device/alltoall.cu; host stand-ins in collectives/src/algorithms/all_to_all_v/):
+ * the scratch kernels' block plus the call's layout, in bytes, index = peer rank. Chunks are
+ * byte ranges at any byte offset (the caller's displacements times the element size); data
+ * only moves, so dtype, op and accum are unused. base.count is the bytes this rank sends in
+ * all (the sum of send_bytes; informational, the kernels read the arrays).
+ *   send_offset[p], send_bytes[p]   what this rank sends to rank p, in its input
+ *   recv_offset[p], recv_bytes[p]   what this rank receives from rank p, in its output
+ *   remote_offset[p]                where this rank's chunk lands in rank p's output (p's
+ *                                   recv_offset[rank]); alltoallv_direct only
+ * alltoallv_oneshot_ll: every rank has a slot of packet_half_bytes / world_size (rounded
+ * down to 16 bytes) in every peer's current half; a chunk of B bytes needs
+ * 2 * ceil(B / 16) * 16 bytes of it. A zero-byte chunk still sends one acknowledgement
+ * packet (ll16_ack), so every rank hears from every peer every call.
+ * alltoallv_direct: barrier; SM stores of every chunk into peer_output[p] + remote_offset[p];
+ * barrier. peer_output must hold every rank's output as mapped here. */
+typedef struct OxcclAlltoallvArgs {
+  OxcclAllreduceArgs base;
+  uint64_t send_offset[OXCCL_ALLREDUCE_MAX_RANKS];
+  uint64_t send_bytes[OXCCL_ALLREDUCE_MAX_RANKS];
+  uint64_t recv_offset[OXCCL_ALLREDUCE_MAX_RANKS];
+  uint64_t recv_bytes[OXCCL_ALLREDUCE_MAX_RANKS];
+  uint64_t remote_offset[OXCCL_ALLREDUCE_MAX_RANKS];
+} OxcclAlltoallvArgs;
+
+OXCCL_STATIC_ASSERT(sizeof(OxcclAlltoallvArgs) == 608, "OxcclAlltoallvArgs");
+
 /* ---- PortChannel kernels (allreduce_port, reducescatter_port, allgather_port in
  * kernels/src/device/allreduce_port.cu; host stand-ins in
  * collectives/src/algorithms/port_channel/host.rs) -----------------------------------------

@@ -18,7 +18,7 @@ use crate::algorithms::{
 pub const ALLTOALLV_COPY: Algorithm = Algorithm::new(&Descriptor {
     collective: Collective::AllToAllV,
     name: "alltoallv_copy",
-    aliases: &["alltoallv_direct", "alltoallv_zc"],
+    aliases: &["alltoallv_copy_engine", "alltoallv_ce"],
     code: 351,
     serves: "all_to_all_v calls whose outputs every rank reaches (registered at the same \
              offset on every rank, or mapped by auto-registration); world size 1..=8",
@@ -57,7 +57,13 @@ impl Instance for CopyAllToAllV {
 }
 
 impl VInstance for CopyAllToAllV {
-    unsafe fn launch_v(&self, call: &Call, layout: &VLayout, stream: &AnyStream) -> Result<()> {
+    unsafe fn launch_v(
+        &self,
+        call: &Call,
+        _: &Plan,
+        layout: &VLayout,
+        stream: &AnyStream,
+    ) -> Result<()> {
         let Some(peers) = call.peers else {
             return Err(Error::InvalidArgument(format!(
                 "{ALLTOALLV_COPY}: needs every rank's output reachable from here"

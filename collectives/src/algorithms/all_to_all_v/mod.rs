@@ -1,15 +1,21 @@
 //! All-to-all with per-peer counts and displacements ([`crate::Communicator::all_to_all_v`],
 //! MPI's `Alltoallv`). Every rank's chunks have their own sizes, so the call's layout is
-//! exchanged once per call on the host ([`VLayout`]) and the data moves on the copy engine
-//! between one-block barrier kernels: no kernel reads a layout, and the same barriers serve
-//! every size.
+//! exchanged once per call on the host ([`VLayout`]). The SM kernels
+//! (`kernels/src/device/alltoall.cu`) read it from their argument block
+//! ([`kernel`]: `OxcclAlltoallvArgs`); the copy-engine algorithms move the data between
+//! one-block barrier kernels that read no layout.
 //!
 //! | algorithm | buffers | how |
 //! |---|---|---|
+//! | `alltoallv_oneshot_ll` | any | small calls: every chunk as LL16 packets into a fixed-size slot of its owner's packet half (an acknowledgement where empty), no barrier |
+//! | `alltoallv_direct` | outputs registered, or mapped by auto-registration | barrier; every block stores its share of every chunk straight into the peer's output; barrier |
 //! | `alltoallv_copy` | outputs registered, or mapped by auto-registration | barrier; each chunk copied straight into its place in the peer's output; barrier |
 //! | `alltoallv_staged` | any | in rounds of a slot of every peer's staging: chunks into the slots, barrier, slots into the output, barrier |
 
 pub mod copy;
+pub mod direct;
+pub(crate) mod kernel;
+pub mod one_shot;
 pub mod staged;
 
 use oxccl_hal::{Error, LaunchConfig, Result};
@@ -34,6 +40,10 @@ pub struct VLayout {
     pub remote: Vec<usize>,
     /// The largest chunk any rank sends to another rank (the staged rounds).
     pub max_chunk: usize,
+    /// The largest chunk of the call, a rank's chunk to itself included: the same on every
+    /// rank, the call's size for the selector and the SM kernels' plans (their grids must
+    /// match across ranks).
+    pub largest: usize,
 }
 
 /// The launch of each barrier: one block (a barrier needs a thread per rank).
@@ -44,7 +54,7 @@ pub(crate) fn barrier_plan() -> Plan {
     }
 }
 
-/// The setup of both algorithms, unless another one is forced: their barrier kernel
+/// The setup of both copy-engine algorithms, unless another one is forced: their barrier kernel
 /// (never launched early: it follows copies), wrapped by `make`.
 pub(crate) fn setup(
     ctx: &SetupContext<'_>,
@@ -71,7 +81,8 @@ pub(crate) fn needs_layout(call: &Call, name: &str) -> Error {
 /// An all_to_all_v algorithm set up in a communicator.
 pub(crate) trait VInstance: Instance {
     /// Queues one call: the layout's chunks of `call.input` into the peers' outputs
-    /// (`call.peers` where the algorithm uses them).
+    /// (`call.peers` where the algorithm uses them); `plan` is the selector's for the call
+    /// (the copy-engine algorithms launch their barrier plan instead).
     ///
     /// # Safety
     /// As [`Instance::launch`], with `layout` checked by the communicator against every
@@ -80,6 +91,7 @@ pub(crate) trait VInstance: Instance {
     unsafe fn launch_v(
         &self,
         call: &Call,
+        plan: &Plan,
         layout: &VLayout,
         stream: &oxccl_backend::AnyStream,
     ) -> Result<()>;
@@ -90,6 +102,9 @@ pub(crate) fn as_v(instance: &dyn Instance) -> Option<&dyn VInstance> {
     let any = instance.as_any();
     if let Some(c) = any.downcast_ref::<copy::CopyAllToAllV>() {
         return Some(c);
+    }
+    if let Some(k) = any.downcast_ref::<kernel::VKernel>() {
+        return Some(k);
     }
     any.downcast_ref::<staged::StagedAllToAllV>()
         .map(|s| s as &dyn VInstance)

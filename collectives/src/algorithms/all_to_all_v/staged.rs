@@ -70,7 +70,13 @@ impl Instance for StagedAllToAllV {
 }
 
 impl VInstance for StagedAllToAllV {
-    unsafe fn launch_v(&self, call: &Call, layout: &VLayout, stream: &AnyStream) -> Result<()> {
+    unsafe fn launch_v(
+        &self,
+        call: &Call,
+        _: &Plan,
+        layout: &VLayout,
+        stream: &AnyStream,
+    ) -> Result<()> {
         let plan = barrier_plan();
         let (me, world) = self.barriers.rank_and_world();
         let staging = self.barriers.staging();
