@@ -113,6 +113,37 @@ pub fn collective_oneshot_max(collective: Collective, world_size: u32) -> usize 
     }
 }
 
+/// The largest message (bytes per rank, as [`collective_oneshot_max`]) the one-shot takes
+/// when the buffers are registered, so that a direct kernel could serve the call instead.
+/// Since the direct kernels' first barrier is relaxed and the others lost their extra
+/// fence (2026-11-27), their floor is 4.0-5.8 us instead of about 10 (2 and 4 H200s,
+/// `session.sh collsweep`, graph replay, bf16), and they overtake the one-shot well below
+/// its capacity: on 2 ranks all-gather at 256 KiB per rank (5.07 against 6.40 us), the
+/// all-to-alls at 512 KiB per chunk (6.13 against 6.42), broadcast and reduce above 1 MiB
+/// (broadcast 7.87 against 7.96 at 1 MiB, 10.65 against 14.66 at 2 MiB); on 4 ranks
+/// all-gather at 128 KiB per rank (5.58 against 6.60) and the all-to-alls at 256 KiB per
+/// chunk (7.03 against 8.22). Reduce-scatter's one-shot was not measured against the new
+/// direct kernel, so it keeps its threshold; so do 4-rank broadcast and reduce (level at
+/// 256 KiB). Unregistered calls keep the one-shot up to [`collective_oneshot_max`]: the
+/// staged kernels copy twice.
+pub fn registered_oneshot_max(collective: Collective, world_size: u32) -> usize {
+    let registered = match (collective, world_size) {
+        (Collective::AllGather, 0..=2) => 128 << 10,
+        (Collective::AllGather, _) => 64 << 10,
+        (Collective::AllToAll | Collective::AllToAllV, 0..=2) => 256 << 10,
+        (Collective::AllToAll | Collective::AllToAllV, _) => 128 << 10,
+        (Collective::Broadcast | Collective::Reduce, 0..=2) => 1 << 20,
+        _ => usize::MAX,
+    };
+    registered.min(collective_oneshot_max(collective, world_size))
+}
+
+/// On more than 2 ranks, the largest registered broadcast `broadcast_direct` takes; above
+/// it `broadcast_relay` (4 H200s: direct 9.02 against relay 10.23 us at 512 KiB, relay
+/// 13.06 against 14.03 at 1 MiB and 17.71 against 22.93 at 2 MiB: the relay's extra
+/// barrier costs more than the root's link saves until then).
+pub const BROADCAST_DIRECT_MAX_BYTES: usize = 512 << 10;
+
 /// On 2 ranks, the largest registered message (bytes per rank) the zero-copy two-shot takes.
 pub const ZC_MAX_BYTES_2_RANKS: usize = 2 << 20;
 
@@ -185,13 +216,13 @@ impl Selector {
                     shape,
                     [ALLTOALL_ONESHOT_LL, ALLTOALL_DIRECT, ALLTOALL_STAGED],
                 )?,
-                // On more than 2 ranks the broadcast relays through the peers: the direct
+                // On more than 2 ranks large broadcasts relay through the peers: the direct
                 // kernel moves every byte through the root's link once per peer.
                 Collective::Broadcast => Self::one_shot_direct_staged(
                     shape,
                     [
                         BROADCAST_ONESHOT_LL,
-                        if shape.world_size > 2 {
+                        if shape.world_size > 2 && shape.bytes > BROADCAST_DIRECT_MAX_BYTES {
                             BROADCAST_RELAY
                         } else {
                             BROADCAST_DIRECT
@@ -338,13 +369,21 @@ impl Selector {
         if shape.world_size == 1 {
             return choose(one_shot, "one rank: a local copy".into());
         }
-        let oneshot_max = collective_oneshot_max(shape.collective, shape.world_size);
+        let oneshot_max = if shape.zero_copy {
+            registered_oneshot_max(shape.collective, shape.world_size)
+        } else {
+            collective_oneshot_max(shape.collective, shape.world_size)
+        };
         if shape.bytes <= oneshot_max {
             if let Ok(plan) = one_shot.plan(shape) {
                 return Ok(Choice {
                     algorithm: one_shot,
                     plan,
-                    reason: format!("{} bytes <= one-shot threshold {oneshot_max}", shape.bytes),
+                    reason: format!(
+                        "{} bytes <= one-shot threshold {oneshot_max}{}",
+                        shape.bytes,
+                        if shape.zero_copy { " (registered)" } else { "" }
+                    ),
                 });
             }
         }
@@ -565,26 +604,45 @@ mod tests {
             oneshot_max_bytes: 256 << 10,
             zc_threshold_bytes: 256 << 10,
         };
-        // (collective, world, largest one-shot bytes per rank): all-gather hands over above
-        // 1 MiB on 2 ranks (2 H200s), the others above 2 MiB; more ranks above 256 KiB.
-        for (c, world, max) in [
-            (Collective::AllGather, 2, 1usize << 20),
-            (Collective::ReduceScatter, 2, 2 << 20),
-            (Collective::AllToAll, 2, 2 << 20),
-            (Collective::AllGather, 4, 256 << 10),
-            (Collective::Broadcast, 8, 256 << 10),
+        // (collective, world, registered, largest one-shot bytes per rank): unregistered,
+        // all-gather hands over above 1 MiB on 2 ranks (2 H200s), the others above 2 MiB,
+        // more ranks above 256 KiB; registered, the direct kernels take over earlier.
+        for (c, world, registered, max) in [
+            (Collective::AllGather, 2, false, 1usize << 20),
+            (Collective::ReduceScatter, 2, false, 2 << 20),
+            (Collective::AllToAll, 2, false, 2 << 20),
+            (Collective::AllGather, 4, false, 256 << 10),
+            (Collective::Broadcast, 8, false, 256 << 10),
+            (Collective::AllGather, 2, true, 128 << 10),
+            (Collective::AllGather, 4, true, 64 << 10),
+            (Collective::AllToAll, 2, true, 256 << 10),
+            (Collective::AllToAll, 4, true, 128 << 10),
+            (Collective::Broadcast, 2, true, 1 << 20),
+            (Collective::Reduce, 2, true, 1 << 20),
+            (Collective::ReduceScatter, 2, true, 2 << 20),
+            (Collective::Broadcast, 8, true, 256 << 10),
         ] {
             for (bytes, one_shot) in [(max, true), (max + 2, false)] {
                 let mut sh = shape(bytes, world, &caps);
                 sh.collective = c;
-                sh.zero_copy = true;
+                sh.zero_copy = registered;
                 let choice = s.choose(&sh).unwrap();
                 assert_eq!(
                     choice.algorithm.name().contains("oneshot"),
                     one_shot,
-                    "{c} on {world} ranks, {bytes} bytes: {choice:?}"
+                    "{c} on {world} ranks, {bytes} bytes, registered {registered}: {choice:?}"
                 );
             }
+        }
+        // Registered broadcasts on more than 2 ranks: direct, then the relay.
+        for (bytes, want) in [
+            (BROADCAST_DIRECT_MAX_BYTES, BROADCAST_DIRECT),
+            (BROADCAST_DIRECT_MAX_BYTES + 2, BROADCAST_RELAY),
+        ] {
+            let mut sh = shape(bytes, 4, &caps);
+            sh.collective = Collective::Broadcast;
+            sh.zero_copy = true;
+            assert_eq!(s.choose(&sh).unwrap().algorithm, want, "{bytes} bytes");
         }
     }
 }
