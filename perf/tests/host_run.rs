@@ -144,10 +144,15 @@ fn allgather_on_two_ranks_passes_in_and_out_of_place() {
 fn allgather_sizes_round_like_nccl_tests_and_the_algorithm_follows_registration() {
     // 1001 bytes of bf16 on 2 ranks: 250 elements per rank, 1000 bytes gathered. Above
     // the one-shot size a registered output is stored into directly; unregistered ones
-    // go through the staging buffers.
-    for (flags, large) in [
-        (&[][..], "allgather_direct"),
-        (&["--no-register"][..], "allgather_staged"),
+    // go through the staging buffers. The one-shot hands over above 128 KiB per rank when
+    // the output is registered, above 1 MiB when not.
+    for (flags, middle, large) in [
+        (&[][..], "allgather_direct", "allgather_direct"),
+        (
+            &["--no-register"][..],
+            "allgather_oneshot_ll",
+            "allgather_staged",
+        ),
     ] {
         let mut args = vec!["-c", "allgather", "-b", "1001", "-e", "20M", "-f", "7"];
         args.extend(flags);
@@ -162,7 +167,8 @@ fn allgather_sizes_round_like_nccl_tests_and_the_algorithm_follows_registration(
                 ("1000", "250", "allgather_oneshot_ll"),
                 ("7004", "1751", "allgather_oneshot_ll"),
                 ("49048", "12262", "allgather_oneshot_ll"),
-                ("343340", "85835", "allgather_oneshot_ll"),
+                // 168 KiB per rank.
+                ("343340", "85835", middle),
                 // 1.2 MB per rank: above the all-gather one-shot's 1 MiB on 2 ranks.
                 ("2403400", "600850", large),
                 ("16823804", "4205951", large),
