@@ -108,6 +108,35 @@ impl Call {
         Ok(call)
     }
 
+    /// Every rank's registered output as mapped here (`peer_output`, which the direct
+    /// kernels store into), or why the call cannot use them: one is missing, or this rank's
+    /// is not its output.
+    pub(crate) fn peer_outputs(&self) -> Result<[*mut c_void; OXCCL_ALLREDUCE_MAX_RANKS as usize]> {
+        let outs = self.a.peer_output;
+        if outs[..self.world].iter().any(|p| p.is_null()) || outs[self.me] != self.a.output {
+            return Err(Error::InvalidArgument(format!(
+                "{}: missing registered peer outputs",
+                self.kernel
+            )));
+        }
+        Ok(outs)
+    }
+
+    /// Every rank's registered input as mapped here (`peer_input`, which the direct kernels
+    /// load from), or why the call cannot use them (as [`Call::peer_outputs`]).
+    pub(crate) fn peer_inputs(
+        &self,
+    ) -> Result<[*const c_void; OXCCL_ALLREDUCE_MAX_RANKS as usize]> {
+        let ins = self.a.peer_input;
+        if ins[..self.world].iter().any(|p| p.is_null()) || ins[self.me] != self.a.input {
+            return Err(Error::InvalidArgument(format!(
+                "{}: missing registered peer inputs",
+                self.kernel
+            )));
+        }
+        Ok(ins)
+    }
+
     pub(crate) fn scratch(&self, rank: usize) -> *mut u8 {
         self.a.scratch[rank].cast::<u8>()
     }

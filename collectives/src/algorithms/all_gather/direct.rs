@@ -3,7 +3,7 @@
 //! stores its input into its slot of every rank's output (peer stores over NVLink), and a
 //! second barrier (every peer's slot has arrived). No staging, each byte crosses once.
 
-use oxccl_hal::{Error, HostKernelTable, LaunchConfig, Result};
+use oxccl_hal::{HostKernelTable, LaunchConfig, Result};
 
 use super::copy_own_slot;
 use crate::algorithms::scratch_kernel::ScratchKernel;
@@ -43,12 +43,7 @@ pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
 fn host_kernel(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     let c = Call::new(bytes, KERNEL)?;
     let blocks = barrier_blocks(config);
-    let outs = c.a.peer_output;
-    if outs[..c.world].iter().any(|p| p.is_null()) || outs[c.me] != c.a.output {
-        return Err(Error::InvalidArgument(format!(
-            "{KERNEL}: missing registered peer outputs"
-        )));
-    }
+    let outs = c.peer_outputs()?;
     barrier(&c, blocks)?;
     for u in 0..c.total.div_ceil(16) {
         let v = c.load_input(u * 16);

@@ -88,16 +88,7 @@ pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
 fn host_kernel(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     let c = Call::new(bytes, KERNEL)?;
     let blocks = barrier_blocks(config);
-    let (ins, outs) = (c.a.peer_input, c.a.peer_output);
-    if ins[..c.world].iter().any(|p| p.is_null())
-        || outs[..c.world].iter().any(|p| p.is_null())
-        || ins[c.me] != c.a.input
-        || outs[c.me] != c.a.output
-    {
-        return Err(Error::InvalidArgument(format!(
-            "{KERNEL}: missing registered peer buffers"
-        )));
-    }
+    let (ins, outs) = (c.peer_inputs()?, c.peer_outputs()?);
     barrier(&c, blocks)?;
     let units = c.total.div_ceil(16);
     let chunk = units.div_ceil(c.world);

@@ -4,13 +4,11 @@
 //! own) with SM stores straight into its place in the peer's output, and a second barrier
 //! (every chunk has arrived). No staging, no copy engine; each byte crosses once.
 
-use oxccl_hal::{Error, HostKernelTable, LaunchConfig, Result};
+use oxccl_hal::{HostKernelTable, LaunchConfig, Result};
 
 use super::kernel::{VCall, VKernel};
-use crate::algorithms::scratch_kernel::ScratchKernel;
 use crate::algorithms::{direct_plan, Algorithm, Buffers, CallShape, Collective, Descriptor, Plan};
 use crate::host_kernels::{barrier, barrier_blocks, write_unit};
-use crate::scratch::FlagRegion;
 
 /// Kernel symbol (device image and host stand-in).
 const KERNEL: &str = "alltoallv_direct";
@@ -32,13 +30,7 @@ pub const ALLTOALLV_DIRECT: Algorithm = Algorithm::new(&Descriptor {
     buffers: Buffers::Registered,
     maps_peers: true,
     tuning: None,
-    setup: |ctx, me| {
-        if !ctx.wanted(me) {
-            return Ok(None);
-        }
-        let kernel = ScratchKernel::load(ctx, me, FlagRegion::Packets)?;
-        Ok(Some(Box::new(VKernel::new(kernel))))
-    },
+    setup: VKernel::setup,
 });
 
 /// The launch for a call, or why it cannot serve it (outputs not reachable). `s.bytes` is
@@ -53,12 +45,8 @@ fn host_kernel(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     let vc = VCall::new(bytes, KERNEL)?;
     let c = &vc.c;
     let blocks = barrier_blocks(config);
-    let outs = c.a.peer_output;
-    if outs[..c.world].iter().any(|p| p.is_null()) || outs[c.me] != c.a.output {
-        return Err(Error::InvalidArgument(format!(
-            "{KERNEL}: missing registered peer outputs"
-        )));
-    }
+    // Stores go through the layout's remote addresses (`vc.remote`), built from these.
+    c.peer_outputs()?;
     barrier(c, blocks)?;
     for k in 1..=c.world {
         let p = (c.me + k) % c.world;

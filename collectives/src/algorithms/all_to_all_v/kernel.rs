@@ -10,8 +10,9 @@ use oxccl_kernels::abi::{self, OxcclAlltoallvArgs, OXCCL_ALLREDUCE_MAX_RANKS};
 
 use super::{needs_layout, VInstance, VLayout};
 use crate::algorithms::scratch_kernel::ScratchKernel;
-use crate::algorithms::{Call, Instance, Plan};
+use crate::algorithms::{Algorithm, Call, Instance, Plan, SetupContext};
 use crate::host_kernels;
+use crate::scratch::FlagRegion;
 
 /// An all_to_all_v algorithm whose one kernel takes the layout in its argument block.
 #[derive(Debug)]
@@ -20,9 +21,17 @@ pub(crate) struct VKernel {
 }
 
 impl VKernel {
-    /// Wraps a loaded scratch kernel (the setup of both SM algorithms).
-    pub(crate) fn new(kernel: ScratchKernel) -> VKernel {
-        VKernel { kernel }
+    /// The setup of both SM algorithms, unless another one is forced: their kernel,
+    /// launched through the shared scratch like every scratch kernel.
+    pub(crate) fn setup(
+        ctx: &SetupContext<'_>,
+        me: Algorithm,
+    ) -> Result<Option<Box<dyn Instance>>> {
+        if !ctx.wanted(me) {
+            return Ok(None);
+        }
+        let kernel = ScratchKernel::load(ctx, me, FlagRegion::Packets)?;
+        Ok(Some(Box::new(VKernel { kernel })))
     }
 }
 

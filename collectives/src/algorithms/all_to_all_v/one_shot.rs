@@ -9,10 +9,8 @@ use oxccl_hal::{Error, HostKernelTable, LaunchConfig, Result};
 
 use super::kernel::{VCall, VKernel};
 use crate::algorithms::all_reduce::one_shot::ll16_plan;
-use crate::algorithms::scratch_kernel::ScratchKernel;
 use crate::algorithms::{Algorithm, Buffers, CallShape, Collective, Descriptor, Plan};
 use crate::host_kernels::{ll16_ack, ll16_read_unit, ll16_wait_ack, ll16_write_unit};
-use crate::scratch::FlagRegion;
 
 /// Kernel symbol (device image and host stand-in).
 const KERNEL: &str = "alltoallv_oneshot_ll";
@@ -34,13 +32,7 @@ pub const ALLTOALLV_ONESHOT_LL: Algorithm = Algorithm::new(&Descriptor {
     buffers: Buffers::Own,
     maps_peers: true,
     tuning: None,
-    setup: |ctx, me| {
-        if !ctx.wanted(me) {
-            return Ok(None);
-        }
-        let kernel = ScratchKernel::load(ctx, me, FlagRegion::Packets)?;
-        Ok(Some(Box::new(VKernel::new(kernel))))
-    },
+    setup: VKernel::setup,
 });
 
 /// The launch for a call, or why one-shot cannot serve it: `s.bytes` is the layout's

@@ -2,7 +2,7 @@
 //! barrier (every peer's output is free), the root stores its input into every rank's
 //! output (peer stores over NVLink), and a second barrier (every output is complete).
 
-use oxccl_hal::{Error, HostKernelTable, LaunchConfig, Result};
+use oxccl_hal::{HostKernelTable, LaunchConfig, Result};
 
 use crate::algorithms::scratch_kernel::ScratchKernel;
 use crate::algorithms::{direct_plan, Algorithm, Buffers, CallShape, Collective, Descriptor, Plan};
@@ -42,12 +42,7 @@ fn host_kernel(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     let c = Call::new(bytes, KERNEL)?;
     let blocks = barrier_blocks(config);
     let root = c.root()?;
-    let outs = c.a.peer_output;
-    if outs[..c.world].iter().any(|p| p.is_null()) || outs[c.me] != c.a.output {
-        return Err(Error::InvalidArgument(format!(
-            "{KERNEL}: missing registered peer outputs"
-        )));
-    }
+    let outs = c.peer_outputs()?;
     barrier(&c, blocks)?;
     if c.me == root {
         let in_place = c.a.input == c.a.output.cast_const();

@@ -7,7 +7,7 @@
 //! between rounds (every block with the same block of every peer), one before (every
 //! output is free) and the last after (every output is complete).
 
-use oxccl_hal::{Error, HostKernelTable, LaunchConfig, Result};
+use oxccl_hal::{HostKernelTable, LaunchConfig, Result};
 
 use crate::algorithms::scratch_kernel::ScratchKernel;
 use crate::algorithms::{direct_plan, Algorithm, Buffers, CallShape, Collective, Descriptor, Plan};
@@ -50,12 +50,7 @@ fn host_kernel(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     let c = Call::new(bytes, KERNEL)?;
     let blocks = barrier_blocks(config);
     let root = c.root()?;
-    let outs = c.a.peer_output;
-    if outs[..c.world].iter().any(|p| p.is_null()) || outs[c.me] != c.a.output {
-        return Err(Error::InvalidArgument(format!(
-            "{KERNEL}: missing registered peer outputs"
-        )));
-    }
+    let outs = c.peer_outputs()?;
     let g = RelayRounds::new(&c, KERNEL)?;
     let in_place = c.a.input == c.a.output.cast_const();
     barrier(&c, blocks)?;

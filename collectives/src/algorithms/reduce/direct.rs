@@ -3,7 +3,7 @@
 //! (peer loads over NVLink) in rank order into its output, and a second barrier (the root
 //! reads no peer's input any more). No staging, each byte crosses once.
 
-use oxccl_hal::{Error, HostKernelTable, LaunchConfig, Result};
+use oxccl_hal::{HostKernelTable, LaunchConfig, Result};
 
 use crate::algorithms::scratch_kernel::ScratchKernel;
 use crate::algorithms::{direct_plan, Algorithm, Buffers, CallShape, Collective, Descriptor, Plan};
@@ -43,12 +43,7 @@ fn host_kernel(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     let c = Call::new(bytes, KERNEL)?;
     let blocks = barrier_blocks(config);
     let root = c.root()?;
-    let ins = c.a.peer_input;
-    if ins[..c.world].iter().any(|p| p.is_null()) || ins[c.me] != c.a.input {
-        return Err(Error::InvalidArgument(format!(
-            "{KERNEL}: missing registered peer inputs"
-        )));
-    }
+    let ins = c.peer_inputs()?;
     barrier(&c, blocks)?;
     if c.me == root {
         let mut inputs = vec![[0u8; 16]; c.world];
