@@ -21,7 +21,7 @@
 //   empty chunk sends an acknowledgement instead; then every peer's packets (or its
 //   acknowledgement) from my half. No barrier.
 // - alltoallv_direct: outputs every rank reaches. Barrier; every block stores its share of
-//   every chunk into peer_output[p] + remote_offset[p]; barrier.
+//   every chunk into peer_output[p] + remote_offset[p], all chunks in one pass; barrier.
 
 #include "oxccl/abi.h"
 #include "oxccl/allreduce_device.hpp"
@@ -231,22 +231,40 @@ OXCCL_DEVICE_INLINE void v_direct_body(const OxcclAlltoallvArgs& v, const CallSt
   const uint32_t me = a.rank;
   const char* input = static_cast<const char*>(a.input);
 
-  // Every peer's call has started: its output is free to write.
-  if (!block_barrier(a, call.deadline, call.failed)) return;
-  // Peers first (remote stores take longest), my own chunk last (k == w); every block
-  // stores its share of every chunk.
-  for (uint32_t k = 1; k <= w; ++k) {
-    const uint32_t p = me + k < w ? me + k : me + k - w;
-    const uint64_t bytes = v.send_bytes[p];
-    const char* src = input + v.send_offset[p];
-    char* dst = p == me ? static_cast<char*>(a.output) + v.recv_offset[me]
-                        : static_cast<char*>(a.peer_output[p]) + v.remote_offset[p];
+  // This block's share of every chunk, in sending order (index k: peer me + 1 + k, my own
+  // chunk last): the source and destination from the share's first unit, its bytes from
+  // there to the chunk's end, and its units. Indexed by k, constant after unrolling.
+  const char* src[OXCCL_ALLREDUCE_MAX_RANKS];
+  char* dst[OXCCL_ALLREDUCE_MAX_RANKS];
+  uint64_t rest[OXCCL_ALLREDUCE_MAX_RANKS];
+  uint64_t mine[OXCCL_ALLREDUCE_MAX_RANKS];
+  uint64_t most = 0;
+#pragma unroll
+  for (uint32_t k = 0; k < OXCCL_ALLREDUCE_MAX_RANKS; ++k) {
+    const uint32_t p = k < w ? (me + 1 + k) % w : me;
+    const uint64_t bytes = k < w ? v.send_bytes[p] : 0;
     const uint64_t units = (bytes + 15) / 16;
     const uint64_t share = (units + gridDim.x - 1) / gridDim.x;
-    const uint64_t lo = blockIdx.x * share;
+    const uint64_t lo = blockIdx.x * share < units ? blockIdx.x * share : units;
     const uint64_t hi = lo + share < units ? lo + share : units;
-    for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
-      store_unit(dst, j * 16, load_unit(src, j * 16, bytes), bytes);
+    char* out = p == me ? static_cast<char*>(a.output) + v.recv_offset[me]
+                        : static_cast<char*>(a.peer_output[p]) + v.remote_offset[p];
+    src[k] = input + v.send_offset[p] + lo * 16;
+    dst[k] = out + lo * 16;
+    rest[k] = lo * 16 < bytes ? bytes - lo * 16 : 0;
+    mine[k] = hi - lo;
+    most = mine[k] > most ? mine[k] : most;
+  }
+
+  // Every peer's call has started: its output is free to write.
+  if (!start_barrier(a, call.deadline, call.failed)) return;
+  // Every thread moves its unit of every chunk in one pass: the remote stores of all the
+  // peers are in flight together and my own chunk's local copy fills their gaps (chunk
+  // after chunk left the local copy for the end, after the slowest peer's stores).
+  for (uint64_t i = threadIdx.x; i < most; i += blockDim.x) {
+#pragma unroll
+    for (uint32_t k = 0; k < OXCCL_ALLREDUCE_MAX_RANKS; ++k) {
+      if (i < mine[k]) store_unit(dst[k], i * 16, load_unit(src[k], i * 16, rest[k]), rest[k]);
     }
   }
   // Every peer stored its chunk into my output.

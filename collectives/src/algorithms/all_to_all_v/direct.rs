@@ -1,8 +1,9 @@
 //! Direct all_to_all_v on outputs every rank reaches (registered at the same offset on
 //! every rank, or mapped by auto-registration): a per-block barrier (every peer's output is
-//! free), every block stores its share of every chunk (the peers' first, then this rank's
-//! own) with SM stores straight into its place in the peer's output, and a second barrier
-//! (every chunk has arrived). No staging, no copy engine; each byte crosses once.
+//! free), every block stores its share of every chunk, all chunks in one pass (the remote
+//! stores to every peer in flight together, this rank's own local copy among them), with SM
+//! stores straight into its place in the peer's output, and a second barrier (every chunk
+//! has arrived). No staging, no copy engine; each byte crosses once.
 
 use oxccl_hal::{HostKernelTable, LaunchConfig, Result};
 
