@@ -14,6 +14,7 @@ use crate::{formats, pattern, reduce};
 pub static TABLE: HostKernelTable = HostKernelTable {
     name: "oxccl-kernels (host)",
     kernels: &[
+        ("oxccl_copy", copy),
         ("oxccl_scale", scale),
         ("oxccl_selftest_decode", selftest_decode),
         ("oxccl_selftest_encode", selftest_encode),
@@ -99,6 +100,19 @@ fn test_store16(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     // SAFETY: launch contract: src and dst are live for `bytes` bytes; the device kernel
     // has the same no-overlap requirement (copy semantics, not move).
     unsafe { std::ptr::copy(a.src.cast::<u8>(), a.dst.cast::<u8>(), n) };
+    Ok(())
+}
+
+fn copy(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
+    let a: abi::OxcclCopyArgs = abi::parse_args(bytes, "oxccl_copy")?;
+    let n = to_usize(a.bytes, "oxccl_copy")?;
+    if n == 0 {
+        return Ok(());
+    }
+    non_null(a.dst, "oxccl_copy", "dst")?;
+    non_null(a.src, "oxccl_copy", "src")?;
+    // SAFETY: launch contract: src and dst are live for `bytes` bytes and do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(a.src.cast::<u8>(), a.dst.cast::<u8>(), n) };
     Ok(())
 }
 
@@ -283,7 +297,7 @@ mod tests {
     #[test]
     fn host_table_has_every_test_kernel_of_the_images() {
         // The images also hold kernels whose host versions live in other crates (channels,
-        // collectives); the test, self-test and scale kernels are this table's.
+        // collectives); the test, self-test, scale and copy kernels are this table's.
         let host: Vec<&str> = TABLE.kernels.iter().map(|(n, _)| *n).collect();
         for name in &host {
             assert!(KERNEL_NAMES.contains(name), "{name} is not a device kernel");
@@ -292,11 +306,12 @@ mod tests {
             if name.starts_with("oxccl_test_")
                 || name.starts_with("oxccl_selftest_")
                 || *name == "oxccl_scale"
+                || *name == "oxccl_copy"
             {
                 assert!(host.contains(name), "{name} has no host version");
             }
         }
-        assert_eq!(host.len(), 17);
+        assert_eq!(host.len(), 18);
     }
 
     #[test]

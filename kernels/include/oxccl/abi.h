@@ -151,7 +151,9 @@ typedef struct OxcclWaitArgs {
   uint32_t* result;
 } OxcclWaitArgs;
 
-/* oxccl_test_store16: grid-stride copy of `bytes` bytes from src to dst with 16-byte loads
+/* oxccl_copy (collectives' copy lane): grid-stride copy of `bytes` bytes from src to dst,
+ * any alignment, the ranges not overlapping.
+ * oxccl_test_store16: grid-stride copy of `bytes` bytes from src to dst with 16-byte loads
  * and stores (the tail in smaller units). dst and src must be 16-byte aligned. */
 typedef struct OxcclCopyArgs {
   void* dst;

@@ -1,24 +1,30 @@
-//! Copy-engine all_to_all_v on outputs every rank can reach (registered, or mapped by
-//! auto-registration): a barrier kernel (every peer's output is free), one `cuMemcpyAsync`
-//! per non-empty chunk straight into its place in the peer's output (no SM involved, no
-//! staging), this rank's own chunk copied locally, and a second barrier kernel (every
-//! chunk has arrived).
+//! Two-stream all_to_all_v on outputs every rank can reach (registered, or mapped by
+//! auto-registration): a barrier kernel (every peer's output is free), the copy kernel
+//! (`oxccl_copy`) storing every non-empty chunk straight into its place in the peer's
+//! output on a second stream ([`CopyLane`]; no staging) while a second copy kernel moves
+//! this rank's own chunk on the caller's stream, and a second barrier kernel (every chunk
+//! has arrived). 2 H100s: 1194 against `alltoallv_direct`'s 1319 us at 1 GiB. With the
+//! copy engine for the peers' chunks (until 2026-11-27) it was slower than the direct
+//! kernel: the own chunk's local copy slows the copy engine (see [`CopyLane`]).
 
 use oxccl_backend::AnyStream;
-use oxccl_hal::{Error, HostKernelTable, Result, Stream};
+use oxccl_hal::{Error, HostKernelTable, Result};
 
 use super::{barrier_plan, needs_layout, VInstance, VLayout, BARRIER_KERNEL};
 use crate::algorithms::broadcast::copy_engine::host_kernel;
+use crate::algorithms::copy_lane::{CopyLane, Engine, Span};
 use crate::algorithms::scratch_kernel::ScratchKernel;
 use crate::algorithms::{
-    require_registered, Algorithm, Buffers, Call, CallShape, Collective, Descriptor, Instance, Plan,
+    require_registered, Algorithm, Buffers, Call, CallShape, Collective, Descriptor, Instance,
+    Plan, SetupContext,
 };
+use crate::scratch::FlagRegion;
 
 /// The copy-engine all_to_all_v.
 pub const ALLTOALLV_COPY: Algorithm = Algorithm::new(&Descriptor {
     collective: Collective::AllToAllV,
     name: "alltoallv_copy",
-    aliases: &["alltoallv_copy_engine", "alltoallv_ce"],
+    aliases: &["alltoallv_two_stream"],
     code: 351,
     serves: "all_to_all_v calls whose outputs every rank reaches (registered at the same \
              offset on every rank, or mapped by auto-registration); world size 1..=8",
@@ -31,7 +37,7 @@ pub const ALLTOALLV_COPY: Algorithm = Algorithm::new(&Descriptor {
     buffers: Buffers::Registered,
     maps_peers: true,
     tuning: None,
-    setup: |ctx, me| super::setup(ctx, me, |barriers| Box::new(CopyAllToAllV { barriers })),
+    setup,
 });
 
 /// The launch of each barrier, or why it cannot serve the call (outputs not reachable).
@@ -40,10 +46,22 @@ pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
     Ok(barrier_plan())
 }
 
-/// The barrier kernel; the copies are queued between its two launches.
+fn setup(ctx: &SetupContext<'_>, me: Algorithm) -> Result<Option<Box<dyn Instance>>> {
+    if !ctx.wanted(me) {
+        return Ok(None);
+    }
+    // Never launched early: the second barrier follows copies.
+    let barriers = ScratchKernel::load(ctx, me, FlagRegion::Packets)?.without_early_launch();
+    let lane = CopyLane::new(ctx)?;
+    Ok(Some(Box::new(CopyAllToAllV { barriers, lane })))
+}
+
+/// The barrier kernel; the copies are queued between its two launches, the peers' on the
+/// lane.
 #[derive(Debug)]
 pub(crate) struct CopyAllToAllV {
     barriers: ScratchKernel,
+    lane: CopyLane,
 }
 
 impl Instance for CopyAllToAllV {
@@ -74,26 +92,28 @@ impl VInstance for CopyAllToAllV {
         // buffers; the barrier kernel reads nothing else from the argument block.
         unsafe { self.barriers.launch(call, &plan, stream)? };
         let (me, world) = self.barriers.rank_and_world();
+        let mut to_peers = Vec::with_capacity(world as usize);
         for k in 1..world {
             let p = ((me + k) % world) as usize;
             let (from, bytes) = layout.send[p];
-            if bytes == 0 {
-                continue;
-            }
-            let dst = peers.outputs[p].offset(layout.remote[p])?;
-            // SAFETY: rank p's output as mapped here holds its receive range for this rank,
-            // `bytes` long at `remote[p]` (every rank's layout checked against the others');
-            // between the barriers only this rank writes that range. The source is inside
-            // this rank's input (checked).
-            unsafe { stream.copy(dst, call.input.offset(from)?, bytes)? };
+            to_peers.push(Span {
+                dst: peers.outputs[p].offset(layout.remote[p])?,
+                src: call.input.offset(from)?,
+                bytes,
+            });
         }
         let (from, bytes) = layout.send[me as usize];
-        if bytes > 0 {
-            let to = layout.recv[me as usize].0;
-            // SAFETY: this rank's own chunk, inside its input and output (checked); the
-            // input and output do not overlap (checked).
-            unsafe { stream.copy(call.output.offset(to)?, call.input.offset(from)?, bytes)? };
-        }
+        let own = Span {
+            dst: call.output.offset(layout.recv[me as usize].0)?,
+            src: call.input.offset(from)?,
+            bytes,
+        };
+        // SAFETY: rank p's output as mapped here holds its receive range for this rank,
+        // `bytes` long at `remote[p]` (every rank's layout checked against the others');
+        // between the barriers only this rank writes that range, and the second barrier is
+        // queued after the join. Every source is inside this rank's input, the own chunk's
+        // destination inside its output (checked), and the two do not overlap (checked).
+        unsafe { self.lane.copy(stream, &to_peers, Engine::Sm, Some(own))? };
         // SAFETY: as the first launch; it runs after this rank's copies (stream order).
         unsafe { self.barriers.launch(call, &plan, stream) }
     }

@@ -54,7 +54,7 @@ pub(crate) fn barrier_plan() -> Plan {
     }
 }
 
-/// The setup of both copy-engine algorithms, unless another one is forced: their barrier kernel
+/// The setup of the staged algorithm, unless another one is forced: its barrier kernel
 /// (never launched early: it follows copies), wrapped by `make`.
 pub(crate) fn setup(
     ctx: &SetupContext<'_>,
