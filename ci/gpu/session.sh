@@ -14,6 +14,8 @@
 #     ci/gpu/session.sh latency    # 1K..4M vs NCCL: early launch on/off, and an earlier
 #                                  # build in .gpu/base/ when there is one
 #     ci/gpu/session.sh probe      # where a small call's time goes (ci/gpu/probe/), 2 GPUs
+#     ci/gpu/session.sh bwprobe    # how fast large data moves between 2 GPUs: SM stores / loads,
+#                                  # copy engines, both (ci/gpu/probe/bandwidth_probe.cu)
 #     ci/gpu/session.sh copyengine # broadcast_copy (copy engine) vs broadcast_direct, vs NCCL
 #     ci/gpu/session.sh autoreg    # unregistered eager allreduce: zero-copy through a per-call
 #                                  # exchange vs the scratch, each vs NCCL
@@ -71,9 +73,17 @@ step() { # step NAME TIMEOUT CMD...
     if [[ -n ${OXCCL_SESSION_MATCH:-} ]] && ! grep -qE "${OXCCL_SESSION_MATCH}" <<<"${name}"; then
         return
     fi
-    if ((SECONDS - start + limit > budget)); then
-        summary+=("SKIP  ${name} (no time left in this phase)")
-        return
+    # A step gets its own limit, or what is left of the phase when that is less but still
+    # 45 s or more (most steps finish well inside their limit); a shortened step that runs
+    # out says so in its FAIL line.
+    local left=$((budget - (SECONDS - start) - 10)) note=""
+    if ((limit > left)); then
+        if ((left < 45)); then
+            summary+=("SKIP  ${name} (no time left in this phase)")
+            return
+        fi
+        limit=${left}
+        note=", limit shortened to ${left}s"
     fi
     local log="${logs}/$(echo "${name}" | tr -c 'A-Za-z0-9._-' '_').log"
     echo
@@ -85,7 +95,7 @@ step() { # step NAME TIMEOUT CMD...
     if ((rc == 0)); then
         summary+=("ok    ${name} ($((SECONDS - t0))s)")
     else
-        summary+=("FAIL  ${name} (exit ${rc}$( ((rc == 124)) && echo ', timed out'), $((SECONDS - t0))s)")
+        summary+=("FAIL  ${name} (exit ${rc}$( ((rc == 124)) && echo ', timed out'), $((SECONDS - t0))s${note})")
     fi
 }
 
@@ -93,8 +103,9 @@ suite_dir() { mktemp -d /tmp/oxccl-suite.XXXXXX; }
 # kinds_of COLLECTIVE: its algorithms' suffixes (COLLECTIVE_KIND).
 kinds_of() {
     case $1 in
+    alltoall) echo "oneshot_ll staged direct copy" ;;
     alltoallv) echo "oneshot_ll direct copy staged" ;;
-    broadcast) echo "oneshot_ll staged direct relay" ;;
+    broadcast) echo "oneshot_ll staged direct relay copy" ;;
     *) echo "oneshot_ll staged direct" ;;
     esac
 }
@@ -270,6 +281,17 @@ probe)
         summary+=("SKIP  latency probe (needs 2 GPUs and .gpu/probe/latency_probe.o)")
     fi
     ;;
+bwprobe)
+    # The probe's object is compiled here by ci/gpu/build-bandwidth-probe.sh; the device
+    # links it with its own CUDA runtime.
+    export CUDA_VISIBLE_DEVICES="$(devices 2)"
+    if ((ngpus >= 2)) && [[ -f .gpu/probe/bandwidth_probe.o ]]; then
+        step "link bandwidth probe" 60 nvcc -arch=sm_90 .gpu/probe/bandwidth_probe.o -o "${logs}/bandwidth_probe"
+        step "bandwidth probe 2gpu" 150 "${logs}/bandwidth_probe" 64,256,1024 5
+    else
+        summary+=("SKIP  bandwidth probe (needs 2 GPUs and .gpu/probe/bandwidth_probe.o)")
+    fi
+    ;;
 copyengine)
     # The copy-engine broadcast against the SM one on registered buffers, each vs NCCL in the
     # same run (graph replay), every size checked: where broadcast_copy should take over.
@@ -414,7 +436,7 @@ sanitizer)
         allgather:allgather_oneshot_ll allgather:allgather_staged allgather:allgather_direct
         reducescatter:reducescatter_oneshot_ll reducescatter:reducescatter_staged
         reducescatter:reducescatter_direct alltoall:alltoall_oneshot_ll alltoall:alltoall_staged
-        alltoall:alltoall_direct broadcast:broadcast_oneshot_ll broadcast:broadcast_staged
+        alltoall:alltoall_direct alltoall:alltoall_copy broadcast:broadcast_oneshot_ll broadcast:broadcast_staged
         alltoallv:alltoallv_oneshot_ll alltoallv:alltoallv_direct
         broadcast:broadcast_direct broadcast:broadcast_relay broadcast:broadcast_copy
         reduce:reduce_oneshot_ll reduce:reduce_staged reduce:reduce_direct)

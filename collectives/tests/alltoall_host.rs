@@ -9,7 +9,8 @@
 use std::time::Duration;
 
 use oxccl_collectives::algorithms::all_to_all::{
-    direct::ALLTOALL_DIRECT, one_shot::ALLTOALL_ONESHOT_LL, staged::ALLTOALL_STAGED,
+    copy_engine::ALLTOALL_COPY, direct::ALLTOALL_DIRECT, one_shot::ALLTOALL_ONESHOT_LL,
+    staged::ALLTOALL_STAGED,
 };
 use oxccl_collectives::hal::{DataType, Device, Memory, MemoryKind, Stream};
 use oxccl_collectives::{Algorithm, Collective, CommConfig, Communicator};
@@ -86,15 +87,25 @@ fn check(r: &Rank, dtype: DataType, count: usize, register: bool, salt: u64) -> 
     outcome
 }
 
+/// Whether `algo` needs registered outputs (the direct kernel and the copy engine).
+fn registers(algo: Algorithm) -> bool {
+    algo == ALLTOALL_DIRECT || algo == ALLTOALL_COPY
+}
+
 #[test]
 fn every_algorithm_and_type_on_three_ranks() {
-    for algo in [ALLTOALL_ONESHOT_LL, ALLTOALL_STAGED, ALLTOALL_DIRECT] {
+    for algo in [
+        ALLTOALL_ONESHOT_LL,
+        ALLTOALL_STAGED,
+        ALLTOALL_DIRECT,
+        ALLTOALL_COPY,
+    ] {
         threads(3, Some(algo), move |r| {
             let mut salt = 0;
             for dtype in DataType::ALL {
                 for count in [1, 3, 1000, 4097] {
                     salt += 1;
-                    check(r, dtype, count, algo == ALLTOALL_DIRECT, salt).unwrap();
+                    check(r, dtype, count, registers(algo), salt).unwrap();
                 }
             }
         });
@@ -109,9 +120,10 @@ fn odd_and_large_counts_on_world_sizes_one_to_four() {
             Some(ALLTOALL_ONESHOT_LL),
             Some(ALLTOALL_STAGED),
             Some(ALLTOALL_DIRECT),
+            Some(ALLTOALL_COPY),
         ] {
             threads(world, algo, move |r| {
-                let register = algo == Some(ALLTOALL_DIRECT);
+                let register = algo.is_some_and(registers);
                 let mut counts = vec![1usize, 7, 12_345];
                 if algo != Some(ALLTOALL_ONESHOT_LL) {
                     counts.push(100_003);
@@ -164,7 +176,8 @@ fn child_rank() {
     let comm = Communicator::from_env().unwrap();
     let stream = comm.device().create_stream().unwrap();
     let r = Rank { comm, stream };
-    let register = std::env::var("OXCCL_ALGO").is_ok_and(|a| a == "alltoall_direct");
+    let register =
+        std::env::var("OXCCL_ALGO").is_ok_and(|a| a == "alltoall_direct" || a == "alltoall_copy");
     for (i, count) in [1usize, 777, 50_001, 200_003].into_iter().enumerate() {
         for dtype in [DataType::Bf16, DataType::Fp8E4m3, DataType::F32] {
             check(&r, dtype, count, register, i as u64).unwrap();
@@ -181,6 +194,7 @@ fn ranks_in_separate_processes() {
         (3, "alltoall_staged"),
         (2, "alltoall_direct"),
         (3, "alltoall_oneshot_ll"),
+        (2, "alltoall_copy"),
     ] {
         common::run_child_ranks(
             world,
@@ -192,10 +206,15 @@ fn ranks_in_separate_processes() {
 
 #[test]
 fn eight_ranks() {
-    for algo in [ALLTOALL_ONESHOT_LL, ALLTOALL_STAGED, ALLTOALL_DIRECT] {
+    for algo in [
+        ALLTOALL_ONESHOT_LL,
+        ALLTOALL_STAGED,
+        ALLTOALL_DIRECT,
+        ALLTOALL_COPY,
+    ] {
         threads(8, Some(algo), move |r| {
             for (i, count) in [1usize, 1000, 12_345].into_iter().enumerate() {
-                check(r, DataType::Bf16, count, algo == ALLTOALL_DIRECT, i as u64).unwrap();
+                check(r, DataType::Bf16, count, registers(algo), i as u64).unwrap();
             }
         });
     }

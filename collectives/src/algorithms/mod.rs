@@ -26,6 +26,7 @@
 //! | `alltoall_oneshot_ll` | all-to-all | `alltoall_oneshot_ll` | small messages: every chunk as LL16 packets into its owner's packet half, no barrier |
 //! | `alltoall_staged` | all-to-all | `alltoall_staged` | any size on unregistered buffers: chunks pushed into their owners' staging, copied out locally |
 //! | `alltoall_direct` | all-to-all | `alltoall_direct` | registered outputs: every chunk stored straight into its owner's output between two barriers |
+//! | `alltoall_copy` | all-to-all | `broadcast_barrier` | registered outputs, large messages: the copy engine copies each chunk into its owner's output (a second stream) while the caller's stream copies the own chunk, between two barrier kernels |
 //! | `alltoallv_oneshot_ll` | all-to-all-v | `alltoallv_oneshot_ll` | small calls: every chunk as LL16 packets into a fixed-size slot of its owner's packet half (an acknowledgement where empty), no barrier |
 //! | `alltoallv_direct` | all-to-all-v | `alltoallv_direct` | outputs every rank reaches (registered or auto-mapped): every chunk stored straight into its place in the peer's output between two barriers |
 //! | `alltoallv_copy` | all-to-all-v | `broadcast_barrier` | outputs every rank reaches (registered or auto-mapped): the copy engine copies each chunk into its place in the peer's output between two barrier kernels |
@@ -34,7 +35,7 @@
 //! | `broadcast_staged` | broadcast | `broadcast_staged` | any size on unregistered buffers: the root pushes into the peers' staging, they copy out |
 //! | `broadcast_direct` | broadcast | `broadcast_direct` | registered outputs: the root stores into every rank's output between two barriers |
 //! | `broadcast_relay` | broadcast | `broadcast_relay` | registered outputs, 3 or more ranks: the root stores one chunk into each peer's output, each peer stores its chunk on into the others', in pipelined rounds |
-//! | `broadcast_copy` | broadcast | `broadcast_barrier` | registered outputs, large messages: the root's copy engine copies into the peers' outputs between two barrier kernels |
+//! | `broadcast_copy` | broadcast | `broadcast_barrier` | registered outputs, large messages: the root's copy engine copies into the peers' outputs (a second stream) while the caller's stream copies its own, between two barrier kernels |
 //! | `reduce_oneshot_ll` | reduce | `reduce_oneshot_ll` | small messages: every rank's LL16 packets into the root's packet half, acknowledgements back, no barrier |
 //! | `reduce_staged` | reduce | `reduce_staged` | any size on unregistered buffers: the other ranks push into the root's staging, the root reduces locally |
 //! | `reduce_direct` | reduce | `reduce_direct` | registered inputs: the root reduces straight from every rank's input between two barriers |
@@ -54,6 +55,7 @@ pub mod all_reduce;
 pub mod all_to_all;
 pub mod all_to_all_v;
 pub mod broadcast;
+pub(crate) mod copy_lane;
 pub mod port_channel;
 pub mod reduce;
 pub mod reduce_scatter;
@@ -80,7 +82,10 @@ use all_gather::{
 };
 use all_reduce::port_channel::PORT_CHANNEL;
 use all_reduce::{nvls, one_shot, one_shot_ll128, two_shot, two_shot_push, two_shot_zc};
-use all_to_all::{direct::ALLTOALL_DIRECT, one_shot::ALLTOALL_ONESHOT_LL, staged::ALLTOALL_STAGED};
+use all_to_all::{
+    copy_engine::ALLTOALL_COPY, direct::ALLTOALL_DIRECT, one_shot::ALLTOALL_ONESHOT_LL,
+    staged::ALLTOALL_STAGED,
+};
 use all_to_all_v::{
     copy::ALLTOALLV_COPY, direct::ALLTOALLV_DIRECT, one_shot::ALLTOALLV_ONESHOT_LL,
     staged::ALLTOALLV_STAGED,
@@ -118,6 +123,7 @@ pub const ALGORITHMS: &[Algorithm] = &[
     ALLTOALL_ONESHOT_LL,
     ALLTOALL_STAGED,
     ALLTOALL_DIRECT,
+    ALLTOALL_COPY,
     ALLTOALLV_ONESHOT_LL,
     ALLTOALLV_STAGED,
     ALLTOALLV_DIRECT,
@@ -682,6 +688,21 @@ impl<'a> SetupContext<'a> {
             None => {
                 let module = self.device.load_module(&ModuleImage::Host(&d.host))?;
                 let kernel = module.kernel(d.kernel)?;
+                self.host_modules.borrow_mut().push(module);
+                Ok(kernel)
+            }
+        }
+    }
+
+    /// A kernel of the kernels crate itself (not an algorithm's, e.g. `oxccl_copy`): from
+    /// the device image, or the kernels crate's host table on the host backend.
+    pub(crate) fn own_kernel(&self, name: &str) -> Result<AnyKernel> {
+        match self.image {
+            Some(module) => module.kernel(name),
+            None => {
+                let image = oxccl_kernels::module_image(oxccl_hal::BackendKind::Host)?;
+                let module = self.device.load_module(&image)?;
+                let kernel = module.kernel(name)?;
                 self.host_modules.borrow_mut().push(module);
                 Ok(kernel)
             }
