@@ -252,6 +252,7 @@ impl TcpConnection {
             rank,
             peer,
             sock: incoming.try_clone().map_err(os("dup (socket)"))?,
+            out: out.try_clone().map_err(os("dup (socket)"))?,
             shared: Arc::clone(&shared),
             stream: recv_stream,
             bounce: Vec::new(),
@@ -298,12 +299,15 @@ impl TcpConnection {
     }
 
     fn send_failed(&self, out: &mut Out, e: std::io::Error) -> Error {
-        let err = match e.kind() {
-            ErrorKind::WouldBlock | ErrorKind::TimedOut => Error::Timeout {
+        let lost = lock(&self.shared.lost).clone();
+        let err = match (e.kind(), lost) {
+            // The receiver saw the peer go and shut the socket: its reason is the clearer.
+            (_, Some(why)) => Error::PeerLost(format!("rank {}: {why}", self.peer)),
+            (ErrorKind::WouldBlock | ErrorKind::TimedOut, None) => Error::Timeout {
                 what: format!("rank {} to take data on its TCP connection", self.peer),
                 waited: self.timeout,
             },
-            _ => Error::PeerLost(format!("rank {}: sending failed: {e}", self.peer)),
+            (_, None) => Error::PeerLost(format!("rank {}: sending failed: {e}", self.peer)),
         };
         // Part of a frame may have gone out: nothing more can be sent on this stream.
         out.broken = Some(clone_error(&err));
@@ -522,6 +526,8 @@ struct Receiver {
     rank: u32,
     peer: u32,
     sock: TcpStream,
+    /// The connection's sending socket, shut down when the receiver stops.
+    out: TcpStream,
     shared: Arc<Shared>,
     stream: Option<AnyStream>,
     bounce: Vec<u8>,
@@ -563,6 +569,10 @@ impl Receiver {
         tracing::debug!(rank = self.rank, peer = self.peer, %why, "TCP receiver stops");
         *lock(&self.shared.lost) = Some(why);
         let _ = self.sock.shutdown(Shutdown::Both);
+        // A peer that closed its side may never read again, and a peer socket closed after
+        // a shutdown can sit at a zero window without resetting: a send blocked on it would
+        // wait out the whole timeout. Shutting our sending side wakes it with an error.
+        let _ = self.out.shutdown(Shutdown::Both);
     }
 
     fn note(&mut self, outcome: Result<()>) {
@@ -705,36 +715,4 @@ struct Target {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn acks_parse_only_when_complete() {
-        let mut buf = Vec::new();
-        buf.extend_from_slice(&7u64.to_le_bytes());
-        buf.push(1);
-        buf.extend_from_slice(&3u32.to_le_bytes());
-        buf.extend_from_slice(b"ba");
-        assert!(take_ack(&mut buf).unwrap().is_none());
-        buf.push(b'd');
-        buf.extend_from_slice(&8u64.to_le_bytes());
-        buf.push(0);
-        buf.extend_from_slice(&0u32.to_le_bytes());
-        assert_eq!(take_ack(&mut buf).unwrap(), Some((7, Err("bad".into()))));
-        assert_eq!(take_ack(&mut buf).unwrap(), Some((8, Ok(()))));
-        assert!(buf.is_empty());
-        let mut huge = 1u64.to_le_bytes().to_vec();
-        huge.push(1);
-        huge.extend_from_slice(&u32::MAX.to_le_bytes());
-        assert!(take_ack(&mut huge).is_err());
-    }
-
-    #[test]
-    fn headers_are_little_endian_words() {
-        let h = header(OP_WRITE, 1, 2, 0x0102_0304_0506_0708);
-        assert_eq!(h[0], OP_WRITE);
-        assert_eq!(h[1], 1);
-        assert_eq!(h[9], 2);
-        assert_eq!(&h[17..25], &[8, 7, 6, 5, 4, 3, 2, 1]);
-    }
-}
+mod tests;
