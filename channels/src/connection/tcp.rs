@@ -20,6 +20,10 @@
 //! write issued after the earlier ones (device memory), so a waiter that sees the value
 //! sees every earlier write. A peer that goes away shows up as [`Error::PeerLost`] on the
 //! next operation; stalled sockets are bounded by the bootstrap timeout.
+//!
+//! Host-backend memory is sent and received in place; GPU memory goes through bounce
+//! buffers and a stream of the connection. [`BOUNCE_VAR`] sends host-backend memory that
+//! way too, so a run without a GPU (CI) exercises the GPU path.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -33,7 +37,9 @@ use oxccl_hal::{BackendKind, Device, DevicePtr, Error, Result, Stream};
 
 use super::{check_update, check_write, Transport};
 use crate::bootstrap::Bootstrap;
-use crate::registered_memory::{lookup, HostIdentity, Reader, RegisteredMemory, RemoteMemory};
+use crate::registered_memory::{
+    lookup, HostIdentity, Reader, RegisteredMemory, Registration, RemoteMemory,
+};
 
 const OP_WRITE: u8 = 1;
 const OP_UPDATE: u8 = 2;
@@ -47,6 +53,24 @@ const SMALL_WRITE: usize = 4096;
 const CHUNK: usize = 1 << 20;
 /// Longest error message an acknowledgement carries.
 const MAX_ACK_MESSAGE: usize = 4096;
+
+/// Environment variable: `1` makes TCP connections move the data of host-backend memory the
+/// way they move GPU memory (bounce buffers and a stream) instead of in place, so a run
+/// without a GPU exercises that path; `0` or unset: off. Read when a connection is made.
+/// Updates of host memory stay atomic stores (made after the earlier writes completed).
+pub const BOUNCE_VAR: &str = "OXCCL_TCP_BOUNCE";
+
+/// Parses the value of [`BOUNCE_VAR`] (`None`: unset): `1` on, `0` or empty off, anything
+/// else an error naming the variable.
+pub fn bounce_all(value: Option<&str>) -> std::result::Result<bool, String> {
+    match value.map(str::trim) {
+        None | Some("") | Some("0") => Ok(false),
+        Some("1") => Ok(true),
+        Some(other) => Err(format!(
+            "{BOUNCE_VAR}='{other}': want 1 (host memory through the bounce buffers) or 0"
+        )),
+    }
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every critical section leaves the state consistent between statements.
@@ -85,6 +109,8 @@ pub struct TcpConnection {
     shared: Arc<Shared>,
     /// Reads device memory (GPU backends) before sending it.
     stream: Option<AnyStream>,
+    /// Host-backend memory takes the device path too ([`BOUNCE_VAR`]).
+    bounce_all: bool,
     receiver: Option<JoinHandle<()>>,
 }
 
@@ -197,12 +223,28 @@ fn tune(s: &TcpStream, timeout: Duration) -> Result<()> {
 impl TcpConnection {
     /// Sets up the socket pair with `peer` (collective between the two; called by
     /// [`super::Connection::connect`] after the handshake).
+    ///
+    /// Fails with [`Error::InvalidArgument`] on a bad value of [`BOUNCE_VAR`].
     pub fn connect(
         bootstrap: &Bootstrap,
         device: &AnyDevice,
         peer: u32,
         tag: u32,
         peer_host: &HostIdentity,
+    ) -> Result<TcpConnection> {
+        let bounce = bounce_all(std::env::var(BOUNCE_VAR).ok().as_deref())
+            .map_err(Error::InvalidArgument)?;
+        TcpConnection::connect_with(bootstrap, device, peer, tag, peer_host, bounce)
+    }
+
+    /// [`TcpConnection::connect`] with [`BOUNCE_VAR`]'s setting given.
+    pub(crate) fn connect_with(
+        bootstrap: &Bootstrap,
+        device: &AnyDevice,
+        peer: u32,
+        tag: u32,
+        peer_host: &HostIdentity,
+        bounce_all: bool,
     ) -> Result<TcpConnection> {
         let rank = bootstrap.rank();
         let timeout = bootstrap.timeout();
@@ -237,15 +279,16 @@ impl TcpConnection {
         tune(&out, timeout)?;
         tune(&incoming, timeout)?;
 
-        let stream = if device.backend() == BackendKind::Host {
-            None
-        } else {
+        let device_path = bounce_all || device.backend() != BackendKind::Host;
+        let stream = if device_path {
             Some(device.create_stream()?)
+        } else {
+            None
         };
-        let recv_stream = if device.backend() == BackendKind::Host {
-            None
-        } else {
+        let recv_stream = if device_path {
             Some(device.create_stream()?)
+        } else {
+            None
         };
         let shared = Arc::new(Shared::default());
         let receiver = Receiver {
@@ -255,6 +298,7 @@ impl TcpConnection {
             out: out.try_clone().map_err(os("dup (socket)"))?,
             shared: Arc::clone(&shared),
             stream: recv_stream,
+            bounce_all,
             bounce: Vec::new(),
             error: None,
         };
@@ -277,6 +321,7 @@ impl TcpConnection {
             incoming,
             shared,
             stream,
+            bounce_all,
             receiver: Some(thread),
         })
     }
@@ -340,7 +385,7 @@ impl TcpConnection {
         let out = &mut *out;
         let header = header(OP_WRITE, dst.id(), dst_offset as u64, bytes as u64);
         let registration = src.registration();
-        let sent = match registration.host_base() {
+        let sent = match in_place(registration, self.bounce_all) {
             Some(base) => {
                 // SAFETY: `src_offset + bytes <= src.len()` (check_write) and the registered
                 // range lies inside the allocation, which `registration` keeps mapped for
@@ -530,6 +575,8 @@ struct Receiver {
     out: TcpStream,
     shared: Arc<Shared>,
     stream: Option<AnyStream>,
+    /// Host-backend memory takes the device path too ([`BOUNCE_VAR`]).
+    bounce_all: bool,
     bounce: Vec<u8>,
     /// The first frame that could not be applied, reported by the next acknowledgement.
     error: Option<String>,
@@ -638,7 +685,7 @@ impl Receiver {
     fn place(&self, t: &Target, at: u64, n: usize) -> Result<()> {
         let at = usize::try_from(at)
             .map_err(|_| Error::InvalidArgument(format!("offset {at} does not fit")))?;
-        match t.reg.host_base() {
+        match in_place(&t.reg, self.bounce_all) {
             Some(base) => {
                 // SAFETY: `at + n <= reg.len` (write_target checked the whole write and this
                 // chunk lies inside it); the registration keeps the allocation mapped, and the
@@ -709,9 +756,19 @@ impl Receiver {
     }
 }
 
+/// Host address of a registration's first byte when its data moves in place (host-backend
+/// memory, unless [`BOUNCE_VAR`] sends it through the device path).
+fn in_place(reg: &Registration, bounce_all: bool) -> Option<*mut u8> {
+    if bounce_all {
+        None
+    } else {
+        reg.host_base()
+    }
+}
+
 /// A registration a frame writes into.
 struct Target {
-    reg: Arc<crate::registered_memory::Registration>,
+    reg: Arc<Registration>,
 }
 
 #[cfg(test)]
