@@ -159,29 +159,52 @@ fn host(m: &oxccl_backend::AnyMemory) -> &oxccl_hal::host::HostMemory {
     }
 }
 
+/// Rounds of the ordering tests below. A missing wait shows in a good share of them, not
+/// in all; each round writes into fresh (never touched) pages of the peer, whose first
+/// touch makes a copy into them slow.
+const ROUNDS: usize = 16;
+
+/// Where round `round` (from 0) of the ordering tests writes in the peer's buffer of
+/// [`round_buffer`] bytes, and where the sender's source is: after a flag word, odd offsets.
+fn round_at(n: usize, round: usize) -> usize {
+    8 + round * (n + 64) + 5
+}
+
+fn round_buffer(n: usize) -> usize {
+    round_at(n, ROUNDS + 1)
+}
+
 /// An update sent right after a large write (no flush) is seen only once every byte of the
 /// write is in place.
 #[test]
 fn update_after_a_large_write_is_seen_after_the_data() {
-    let n = 2 * CHUNK + 333;
+    // The last chunk is nearly full: its copy is the longest to land.
+    let n = 3 * CHUNK - 333;
     for bounce in PATHS {
+        let payloads = [random_nonzero(0x5eed, n), random_nonzero(0x5eee, n)];
         with_ranks(2, |b, d| {
-            let s = side(b, &d, 8 + 2 * n + 8, bounce);
-            for round in 1..=4u64 {
-                let data = random_nonzero(0x5eed ^ round, n);
+            let s = side(b, &d, round_buffer(n), bounce);
+            let src = round_at(n, ROUNDS);
+            for round in 0..ROUNDS {
+                let (data, at) = (&payloads[round % 2], round_at(n, round));
+                let value = round as u64 + 1;
                 if s.b.rank() == 0 {
-                    write(&s.mem, 8 + n + 8, &data);
-                    s.conn
-                        .write(&s.remotes[1], 8, &s.reg, 8 + n + 8, n)
-                        .unwrap();
-                    s.conn.update_and_sync(&s.remotes[1], 0, round).unwrap();
-                    // The peer has checked this round before the next one overwrites it.
+                    write(&s.mem, src, data);
+                    s.conn.write(&s.remotes[1], at, &s.reg, src, n).unwrap();
+                    s.conn.update_and_sync(&s.remotes[1], 0, value).unwrap();
+                    // The peer has checked before the source changes (a blocking wait: the
+                    // copies need the cores).
                     s.b.recv(1, 5).unwrap();
                 } else {
                     let flag = HostFlag::new(host(&s.mem), 0).unwrap();
-                    assert_eq!(flag.wait_at_least(round, WAIT).unwrap(), round);
+                    assert_eq!(flag.wait_at_least(value, WAIT).unwrap(), value);
+                    // The last bytes first: they are the last to land.
                     assert!(
-                        read(&s.mem, 8, n) == data,
+                        read(&s.mem, at + n - 64, 64) == data[n - 64..],
+                        "bounce {bounce}, round {round}: last chunk missing when the flag was set"
+                    );
+                    assert!(
+                        read(&s.mem, at, n) == *data,
                         "bounce {bounce}, round {round}: data incomplete when the flag was set"
                     );
                     s.b.send(0, 5, b"checked").unwrap();
@@ -192,33 +215,56 @@ fn update_after_a_large_write_is_seen_after_the_data() {
     }
 }
 
-/// After `flush` returns, a large write is in the peer's memory: checked on an out-of-band
-/// message, with no flag involved.
+/// After `flush` returns, a large write is in the peer's memory: the peer checks the
+/// moment the writer's `flush` has returned (the ranks are threads: a shared counter tells
+/// it, faster than any copy), with no flag in the peer's memory involved.
 #[test]
 fn flush_after_a_large_write_means_landed() {
-    let n = 3 * CHUNK + 5;
+    // The last chunk is nearly full: its copy is the longest to land.
+    let n = 3 * CHUNK - 5;
     for bounce in PATHS {
+        let flushed = AtomicU64::new(0);
+        let payloads = [random_nonzero(0xf1, n), random_nonzero(0xf2, n)];
         with_ranks(2, |b, d| {
-            let s = side(b, &d, 2 * n + 16, bounce);
-            for round in 0..3u64 {
-                let data = random_nonzero(0xf1u64 << 8 | round, n);
+            let s = side(b, &d, round_buffer(n), bounce);
+            let src = round_at(n, ROUNDS);
+            for round in 0..ROUNDS {
+                let (data, at) = (&payloads[round % 2], round_at(n, round));
+                let value = round as u64 + 1;
                 if s.b.rank() == 0 {
-                    write(&s.mem, n + 16, &data);
-                    s.conn.write(&s.remotes[1], 7, &s.reg, n + 16, n).unwrap();
+                    write(&s.mem, src, data);
+                    s.conn.write(&s.remotes[1], at, &s.reg, src, n).unwrap();
                     s.conn.flush(WAIT).unwrap();
-                    s.b.send(1, 6, &round.to_le_bytes()).unwrap();
+                    flushed.store(value, Ordering::Release);
+                    // A blocking wait: the copies need the cores.
                     s.b.recv(1, 6).unwrap();
                 } else {
-                    assert_eq!(s.b.recv(0, 6).unwrap(), round.to_le_bytes());
+                    wait_for(&flushed, value);
                     assert!(
-                        read(&s.mem, 7, n) == data,
+                        read(&s.mem, at + n - 64, 64) == data[n - 64..],
+                        "bounce {bounce}, round {round}: last chunk missing after the flush"
+                    );
+                    assert!(
+                        read(&s.mem, at, n) == *data,
                         "bounce {bounce}, round {round}: flushed write incomplete"
                     );
-                    s.b.send(0, 6, b"ok").unwrap();
+                    s.b.send(0, 6, b"checked").unwrap();
                 }
             }
             s.b.barrier().unwrap();
         });
+    }
+}
+
+/// Spins (yielding) until `counter` reaches `value`; panics after [`WAIT`].
+fn wait_for(counter: &AtomicU64, value: u64) {
+    let start = Instant::now();
+    while counter.load(Ordering::Acquire) < value {
+        assert!(
+            start.elapsed() < WAIT,
+            "the other rank never reached {value}"
+        );
+        std::thread::yield_now();
     }
 }
 
