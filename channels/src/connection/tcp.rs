@@ -217,7 +217,12 @@ fn accept_until(
     }
 }
 
+/// Socket options of both sockets. The buffer sizes are left to the kernel: setting
+/// SO_SNDBUF or SO_RCVBUF turns off its autotuning (up to `tcp_wmem` / `tcp_rmem`, 4 MiB
+/// and more) and is capped by `net.core.wmem_max` / `rmem_max` (208 KiB on a default
+/// kernel); fixed 1, 4 and 16 MiB buffers measured no better than autotuning on loopback.
 fn tune(s: &TcpStream, timeout: Duration) -> Result<()> {
+    // Small frames (updates, flushes, acknowledgements) must not wait for more data.
     s.set_nodelay(true).map_err(os("setsockopt(TCP_NODELAY)"))?;
     s.set_write_timeout(Some(timeout))
         .map_err(os("setsockopt(SO_SNDTIMEO)"))?;
