@@ -20,6 +20,15 @@
 //! write issued after the earlier ones (device memory), so a waiter that sees the value
 //! sees every earlier write. A peer that goes away shows up as [`Error::PeerLost`] on the
 //! next operation; stalled sockets are bounded by the bootstrap timeout.
+//!
+//! Host-backend memory is sent and received in place. GPU memory goes through pinned
+//! bounce buffers (`tcp/staging.rs`), pipelined so that the socket streams while the device
+//! copies: the sender copies the next chunks out of device memory while the socket sends
+//! the current one, and the receiver copies a chunk into device memory while it reads the
+//! next one. The receiver's copies are queued on one stream, so a device update queued on
+//! it after them lands after them; before a host update or a flush acknowledgement the
+//! receiver waits for every queued copy. [`BOUNCE_VAR`] sends host-backend memory through
+//! the bounce buffers too, so a run without a GPU (CI) exercises that path.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -28,12 +37,17 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use oxccl_backend::{AnyDevice, AnyStream};
-use oxccl_hal::{BackendKind, Device, DevicePtr, Error, Result, Stream};
+use oxccl_backend::AnyDevice;
+use oxccl_hal::{BackendKind, Error, Result, Stream};
 
 use super::{check_update, check_write, Transport};
 use crate::bootstrap::Bootstrap;
-use crate::registered_memory::{lookup, HostIdentity, Reader, RegisteredMemory, RemoteMemory};
+use crate::registered_memory::{
+    lookup, HostIdentity, Reader, RegisteredMemory, Registration, RemoteMemory,
+};
+use staging::{Staging, CHUNK, SLOTS};
+
+mod staging;
 
 const OP_WRITE: u8 = 1;
 const OP_UPDATE: u8 = 2;
@@ -43,10 +57,26 @@ const ACK_HEADER: usize = 13;
 const HELLO_MAGIC: &[u8; 4] = b"OXTC";
 /// Writes up to this size travel in one `send` with their header.
 const SMALL_WRITE: usize = 4096;
-/// Bounce buffer for device memory and for receiving.
-const CHUNK: usize = 1 << 20;
 /// Longest error message an acknowledgement carries.
 const MAX_ACK_MESSAGE: usize = 4096;
+
+/// Environment variable: `1` makes TCP connections move the data of host-backend memory the
+/// way they move GPU memory (bounce buffers and a stream) instead of in place, so a run
+/// without a GPU exercises that path; `0` or unset: off. Read when a connection is made.
+/// Updates of host memory stay atomic stores (made after the earlier writes completed).
+pub const BOUNCE_VAR: &str = "OXCCL_TCP_BOUNCE";
+
+/// Parses the value of [`BOUNCE_VAR`] (`None`: unset): `1` on, `0` or empty off, anything
+/// else an error naming the variable.
+pub fn bounce_all(value: Option<&str>) -> std::result::Result<bool, String> {
+    match value.map(str::trim) {
+        None | Some("") | Some("0") => Ok(false),
+        Some("1") => Ok(true),
+        Some(other) => Err(format!(
+            "{BOUNCE_VAR}='{other}': want 1 (host memory through the bounce buffers) or 0"
+        )),
+    }
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every critical section leaves the state consistent between statements.
@@ -68,7 +98,8 @@ struct Out {
     sock: TcpStream,
     seq: u64,
     acks: Vec<u8>,
-    bounce: Vec<u8>,
+    /// Bounce slots and stream for device memory (GPU backends, or [`BOUNCE_VAR`]).
+    staging: Option<Staging>,
     /// Set when a failed send left the byte stream in an unknown state.
     broken: Option<Error>,
 }
@@ -83,8 +114,8 @@ pub struct TcpConnection {
     /// The socket the receiver reads (kept to shut it down on drop).
     incoming: TcpStream,
     shared: Arc<Shared>,
-    /// Reads device memory (GPU backends) before sending it.
-    stream: Option<AnyStream>,
+    /// Host-backend memory takes the device path too ([`BOUNCE_VAR`]).
+    bounce_all: bool,
     receiver: Option<JoinHandle<()>>,
 }
 
@@ -186,7 +217,12 @@ fn accept_until(
     }
 }
 
+/// Socket options of both sockets. The buffer sizes are left to the kernel: setting
+/// SO_SNDBUF or SO_RCVBUF turns off its autotuning (up to `tcp_wmem` / `tcp_rmem`, 4 MiB
+/// and more) and is capped by `net.core.wmem_max` / `rmem_max` (208 KiB on a default
+/// kernel); fixed 1, 4 and 16 MiB buffers measured no better than autotuning on loopback.
 fn tune(s: &TcpStream, timeout: Duration) -> Result<()> {
+    // Small frames (updates, flushes, acknowledgements) must not wait for more data.
     s.set_nodelay(true).map_err(os("setsockopt(TCP_NODELAY)"))?;
     s.set_write_timeout(Some(timeout))
         .map_err(os("setsockopt(SO_SNDTIMEO)"))?;
@@ -197,12 +233,28 @@ fn tune(s: &TcpStream, timeout: Duration) -> Result<()> {
 impl TcpConnection {
     /// Sets up the socket pair with `peer` (collective between the two; called by
     /// [`super::Connection::connect`] after the handshake).
+    ///
+    /// Fails with [`Error::InvalidArgument`] on a bad value of [`BOUNCE_VAR`].
     pub fn connect(
         bootstrap: &Bootstrap,
         device: &AnyDevice,
         peer: u32,
         tag: u32,
         peer_host: &HostIdentity,
+    ) -> Result<TcpConnection> {
+        let bounce = bounce_all(std::env::var(BOUNCE_VAR).ok().as_deref())
+            .map_err(Error::InvalidArgument)?;
+        TcpConnection::connect_with(bootstrap, device, peer, tag, peer_host, bounce)
+    }
+
+    /// [`TcpConnection::connect`] with [`BOUNCE_VAR`]'s setting given.
+    pub(crate) fn connect_with(
+        bootstrap: &Bootstrap,
+        device: &AnyDevice,
+        peer: u32,
+        tag: u32,
+        peer_host: &HostIdentity,
+        bounce_all: bool,
     ) -> Result<TcpConnection> {
         let rank = bootstrap.rank();
         let timeout = bootstrap.timeout();
@@ -237,23 +289,18 @@ impl TcpConnection {
         tune(&out, timeout)?;
         tune(&incoming, timeout)?;
 
-        let stream = if device.backend() == BackendKind::Host {
-            None
-        } else {
-            Some(device.create_stream()?)
-        };
-        let recv_stream = if device.backend() == BackendKind::Host {
-            None
-        } else {
-            Some(device.create_stream()?)
-        };
+        let device_path = bounce_all || device.backend() != BackendKind::Host;
+        let staging = || device_path.then(|| Staging::new(device)).transpose();
+        let (send_staging, recv_staging) = (staging()?, staging()?);
         let shared = Arc::new(Shared::default());
         let receiver = Receiver {
             rank,
             peer,
             sock: incoming.try_clone().map_err(os("dup (socket)"))?,
+            out: out.try_clone().map_err(os("dup (socket)"))?,
             shared: Arc::clone(&shared),
-            stream: recv_stream,
+            staging: recv_staging,
+            bounce_all,
             bounce: Vec::new(),
             error: None,
         };
@@ -270,12 +317,12 @@ impl TcpConnection {
                 sock: out,
                 seq: 0,
                 acks: Vec::new(),
-                bounce: Vec::new(),
+                staging: send_staging,
                 broken: None,
             }),
             incoming,
             shared,
-            stream,
+            bounce_all,
             receiver: Some(thread),
         })
     }
@@ -297,16 +344,20 @@ impl TcpConnection {
         Ok(out)
     }
 
-    fn send_failed(&self, out: &mut Out, e: std::io::Error) -> Error {
-        let err = match e.kind() {
-            ErrorKind::WouldBlock | ErrorKind::TimedOut => Error::Timeout {
+    /// The error for a failed send; marks the sending side `broken`.
+    fn send_failed(&self, broken: &mut Option<Error>, e: std::io::Error) -> Error {
+        let lost = lock(&self.shared.lost).clone();
+        let err = match (e.kind(), lost) {
+            // The receiver saw the peer go and shut the socket: its reason is the clearer.
+            (_, Some(why)) => Error::PeerLost(format!("rank {}: {why}", self.peer)),
+            (ErrorKind::WouldBlock | ErrorKind::TimedOut, None) => Error::Timeout {
                 what: format!("rank {} to take data on its TCP connection", self.peer),
                 waited: self.timeout,
             },
-            _ => Error::PeerLost(format!("rank {}: sending failed: {e}", self.peer)),
+            (_, None) => Error::PeerLost(format!("rank {}: sending failed: {e}", self.peer)),
         };
         // Part of a frame may have gone out: nothing more can be sent on this stream.
-        out.broken = Some(clone_error(&err));
+        *broken = Some(clone_error(&err));
         err
     }
 
@@ -336,50 +387,65 @@ impl TcpConnection {
         let out = &mut *out;
         let header = header(OP_WRITE, dst.id(), dst_offset as u64, bytes as u64);
         let registration = src.registration();
-        let sent = match registration.host_base() {
-            Some(base) => {
-                // SAFETY: `src_offset + bytes <= src.len()` (check_write) and the registered
-                // range lies inside the allocation, which `registration` keeps mapped for
-                // this call. The caller must not write the range while the write runs (the
-                // contract of every transport's `write`), so nothing mutates these bytes.
-                let data = unsafe { std::slice::from_raw_parts(base.add(src_offset), bytes) };
-                if bytes <= SMALL_WRITE {
-                    let mut frame = Vec::with_capacity(HEADER + bytes);
-                    frame.extend_from_slice(&header);
-                    frame.extend_from_slice(data);
-                    out.sock.write_all(&frame)
-                } else {
-                    out.sock
-                        .write_all(&header)
-                        .and_then(|()| out.sock.write_all(data))
-                }
-            }
-            None => {
-                let stream = self.stream.as_ref().ok_or_else(|| {
-                    Error::InvalidArgument("device memory without a device stream".into())
-                })?;
-                if let Err(e) = out.sock.write_all(&header) {
-                    return Err(self.send_failed(out, e));
-                }
-                out.bounce.resize(CHUNK.min(bytes), 0);
-                let mut done = 0;
-                while done < bytes {
-                    let n = CHUNK.min(bytes - done);
-                    let from = registration.ptr_at(src_offset + done)?;
-                    if let Err(e) = stream.read(from, &mut out.bounce[..n]) {
-                        // The header promised bytes that will not come.
-                        out.broken = Some(clone_error(&e));
-                        return Err(e);
-                    }
-                    if let Err(e) = out.sock.write_all(&out.bounce[..n]) {
-                        return Err(self.send_failed(out, e));
-                    }
-                    done += n;
-                }
-                Ok(())
-            }
+        let Some(base) = in_place(registration, self.bounce_all) else {
+            return self.send_staged(out, &header, registration, src_offset, bytes);
         };
-        sent.map_err(|e| self.send_failed(out, e))
+        // SAFETY: `src_offset + bytes <= src.len()` (check_write) and the registered range
+        // lies inside the allocation, which `registration` keeps mapped for this call. The
+        // caller must not write the range while the write runs (the contract of every
+        // transport's `write`), so nothing mutates these bytes.
+        let data = unsafe { std::slice::from_raw_parts(base.add(src_offset), bytes) };
+        let sent = if bytes <= SMALL_WRITE {
+            let mut frame = Vec::with_capacity(HEADER + bytes);
+            frame.extend_from_slice(&header);
+            frame.extend_from_slice(data);
+            out.sock.write_all(&frame)
+        } else {
+            out.sock
+                .write_all(&header)
+                .and_then(|()| out.sock.write_all(data))
+        };
+        sent.map_err(|e| self.send_failed(&mut out.broken, e))
+    }
+
+    /// Sends a write of device memory through the bounce slots: while the socket takes
+    /// chunk `i`, the copies of the next chunks run. The first chunk carries the header,
+    /// so a small write is one send. Every copy has completed when this returns.
+    fn send_staged(
+        &self,
+        out: &mut Out,
+        header: &[u8; HEADER],
+        src: &Arc<Registration>,
+        src_offset: usize,
+        bytes: usize,
+    ) -> Result<()> {
+        let Out {
+            sock,
+            staging,
+            broken,
+            ..
+        } = out;
+        let st = staging.as_mut().ok_or_else(|| {
+            Error::InvalidArgument("device memory reached a connection without a stream".into())
+        })?;
+        let mut started = false;
+        let outcome = pipeline_send(st, sock, header, src, src_offset, bytes, &mut started);
+        let failure = match outcome {
+            Ok(()) => return Ok(()),
+            Err(f) => f,
+        };
+        // Nothing may still read the source once this returns.
+        let _ = st.drain();
+        Err(match failure {
+            SendFailure::Socket(e) => self.send_failed(broken, e),
+            SendFailure::Device(e) => {
+                if started {
+                    // The header promised bytes that will not come.
+                    *broken = Some(clone_error(&e));
+                }
+                e
+            }
+        })
     }
 
     /// Sends an update (see [`super::Connection::update_and_sync`]); the receiver applies it
@@ -390,7 +456,7 @@ impl TcpConnection {
         let frame = header(OP_UPDATE, dst.id(), dst_offset as u64, value);
         out.sock
             .write_all(&frame)
-            .map_err(|e| self.send_failed(&mut out, e))
+            .map_err(|e| self.send_failed(&mut out.broken, e))
     }
 
     /// Sends a flush marker and waits for its acknowledgement, which the peer sends after
@@ -403,7 +469,7 @@ impl TcpConnection {
         let frame = header(OP_FLUSH, seq, 0, 0);
         out.sock
             .write_all(&frame)
-            .map_err(|e| self.send_failed(&mut out, e))?;
+            .map_err(|e| self.send_failed(&mut out.broken, e))?;
         let mut earlier_failure = None;
         let mut buf = [0u8; 1024];
         loop {
@@ -522,8 +588,14 @@ struct Receiver {
     rank: u32,
     peer: u32,
     sock: TcpStream,
+    /// The connection's sending socket, shut down when the receiver stops.
+    out: TcpStream,
     shared: Arc<Shared>,
-    stream: Option<AnyStream>,
+    /// Bounce slots and stream for device memory (GPU backends, or [`BOUNCE_VAR`]).
+    staging: Option<Staging>,
+    /// Host-backend memory takes the device path too ([`BOUNCE_VAR`]).
+    bounce_all: bool,
+    /// Where bytes for host memory, or for no valid target, are read.
     bounce: Vec<u8>,
     /// The first frame that could not be applied, reported by the next acknowledgement.
     error: Option<String>,
@@ -563,6 +635,10 @@ impl Receiver {
         tracing::debug!(rank = self.rank, peer = self.peer, %why, "TCP receiver stops");
         *lock(&self.shared.lost) = Some(why);
         let _ = self.sock.shutdown(Shutdown::Both);
+        // A peer that closed its side may never read again, and a peer socket closed after
+        // a shutdown can sit at a zero window without resetting: a send blocked on it would
+        // wait out the whole timeout. Shutting our sending side wakes it with an error.
+        let _ = self.out.shutdown(Shutdown::Both);
     }
 
     fn note(&mut self, outcome: Result<()>) {
@@ -576,6 +652,16 @@ impl Receiver {
     /// still read off the socket (the stream stays in step) and reported by the next ack.
     fn apply_write(&mut self, id: u64, offset: u64, len: u64) -> std::result::Result<(), String> {
         let target = self.write_target(id, offset, len);
+        if let Ok(t) = &target {
+            if in_place(&t.reg, self.bounce_all).is_none() {
+                let reg = Arc::clone(&t.reg);
+                return self.receive_staged(&reg, offset, len);
+            }
+            // Host memory is written by this thread: copies still queued must not land
+            // after it.
+            let drained = self.drain();
+            self.note(drained);
+        }
         let mut left = len;
         let mut at = offset;
         self.bounce.resize(CHUNK, 0);
@@ -601,6 +687,69 @@ impl Receiver {
         Ok(())
     }
 
+    /// Reads a write for device memory through the bounce slots: while the device copies
+    /// one chunk out of its slot, the next chunk is read into another. The copies stay
+    /// queued when this returns (see [`Receiver::drain`]).
+    fn receive_staged(
+        &mut self,
+        reg: &Arc<Registration>,
+        offset: u64,
+        len: u64,
+    ) -> std::result::Result<(), String> {
+        let Some(st) = self.staging.as_mut() else {
+            // Only a receiver with staging registers device memory; read and drop.
+            self.note(Err(Error::Unsupported(
+                "device memory reached a TCP receiver without a stream".into(),
+            )));
+            return self.discard(len);
+        };
+        let mut failed = None;
+        let mut done = 0u64;
+        while done < len {
+            let n = CHUNK.min(usize::try_from(len - done).unwrap_or(CHUNK));
+            let i = st.take_next();
+            // The slot's previous copy must have left it before it is refilled.
+            if let Err(e) = st.wait(i) {
+                failed.get_or_insert(e);
+            }
+            if let Err(e) = self.sock.read_exact(st.bytes(i, 0, n)) {
+                return Err(format!("TCP connection failed inside a write: {e}"));
+            }
+            if failed.is_none() {
+                // `offset + len` fits the registration (write_target), hence a usize.
+                let at = usize::try_from(offset + done).unwrap_or(usize::MAX);
+                failed = st.empty(i, reg, at, n).err();
+            }
+            done += n as u64;
+        }
+        if let Some(e) = failed {
+            self.note(Err(e));
+        }
+        Ok(())
+    }
+
+    /// Reads `len` bytes off the socket and drops them.
+    fn discard(&mut self, len: u64) -> std::result::Result<(), String> {
+        self.bounce.resize(CHUNK, 0);
+        let mut left = len;
+        while left > 0 {
+            let n = CHUNK.min(usize::try_from(left).unwrap_or(CHUNK));
+            if let Err(e) = self.sock.read_exact(&mut self.bounce[..n]) {
+                return Err(format!("TCP connection failed inside a write: {e}"));
+            }
+            left -= n as u64;
+        }
+        Ok(())
+    }
+
+    /// Waits until every queued device copy has landed.
+    fn drain(&mut self) -> Result<()> {
+        match self.staging.as_mut() {
+            Some(st) => st.drain(),
+            None => Ok(()),
+        }
+    }
+
     fn write_target(&self, id: u64, offset: u64, len: u64) -> Result<Target> {
         let reg = lookup(id).ok_or_else(|| {
             Error::InvalidArgument(format!(
@@ -624,37 +773,31 @@ impl Receiver {
         Ok(Target { reg })
     }
 
-    /// Copies `n` bounce bytes to byte `at` of the target (bounds checked by the caller).
+    /// Copies `n` bounce bytes to byte `at` of the host-memory target (bounds checked by
+    /// the caller).
     fn place(&self, t: &Target, at: u64, n: usize) -> Result<()> {
         let at = usize::try_from(at)
             .map_err(|_| Error::InvalidArgument(format!("offset {at} does not fit")))?;
-        match t.reg.host_base() {
-            Some(base) => {
-                // SAFETY: `at + n <= reg.len` (write_target checked the whole write and this
-                // chunk lies inside it); the registration keeps the allocation mapped, and the
-                // bounce buffer is a separate allocation.
-                unsafe { std::ptr::copy_nonoverlapping(self.bounce.as_ptr(), base.add(at), n) };
-                Ok(())
-            }
-            None => self.device_write(t.reg.ptr_at(at)?, &self.bounce[..n]),
-        }
+        let base = in_place(&t.reg, self.bounce_all).ok_or_else(|| {
+            Error::InvalidArgument("device memory reached the host-memory path".into())
+        })?;
+        // SAFETY: `at + n <= reg.len` (write_target checked the whole write and this chunk
+        // lies inside it); the registration keeps the allocation mapped, and the bounce
+        // buffer is a separate allocation.
+        unsafe { std::ptr::copy_nonoverlapping(self.bounce.as_ptr(), base.add(at), n) };
+        Ok(())
     }
 
-    fn device_write(&self, to: DevicePtr, data: &[u8]) -> Result<()> {
-        match &self.stream {
-            Some(s) => s.write(to, data),
-            None => Err(Error::Unsupported(
-                "device memory reached a receiver without a device stream".into(),
-            )),
-        }
-    }
-
-    fn apply_update(&self, id: u64, offset: u64, value: u64) -> Result<()> {
+    fn apply_update(&mut self, id: u64, offset: u64, value: u64) -> Result<()> {
         let t = self.write_target(id, offset, 8)?;
         let at = usize::try_from(offset)
             .map_err(|_| Error::InvalidArgument(format!("offset {offset} does not fit")))?;
         match t.reg.host_base() {
             Some(base) => {
+                // Earlier writes may still be being copied: they land first. A failed one
+                // is reported by the next acknowledgement; the value is stored all the same,
+                // as it would be after a write that failed to apply.
+                let drained = self.drain();
                 let p = base.wrapping_add(at);
                 if (p as usize) % 8 != 0 {
                     return Err(Error::InvalidArgument(format!(
@@ -668,15 +811,22 @@ impl Receiver {
                 // Release: a waiter that acquires the value sees every earlier write, which
                 // this thread made before.
                 cell.store(value, Ordering::Release);
-                Ok(())
+                drained
             }
-            // The stream write is ordered after the earlier ones, which were complete when
-            // their `write` returned.
-            None => self.device_write(t.reg.ptr_at(at)?, &value.to_le_bytes()),
+            // Queued on the stream of the earlier writes' copies, so it lands after them.
+            None => match &self.staging {
+                Some(st) => st.stream().write(t.reg.ptr_at(at)?, &value.to_le_bytes()),
+                None => Err(Error::Unsupported(
+                    "device memory reached a TCP receiver without a stream".into(),
+                )),
+            },
         }
     }
 
     fn acknowledge(&mut self, seq: u64) -> std::result::Result<(), String> {
+        // The acknowledgement says every earlier write landed: the copies must have run.
+        let drained = self.drain();
+        self.note(drained);
         let (status, mut msg) = match self.error.take() {
             None => (0u8, String::new()),
             Some(m) => (1u8, m),
@@ -699,42 +849,67 @@ impl Receiver {
     }
 }
 
+/// Host address of a registration's first byte when its data moves in place (host-backend
+/// memory, unless [`BOUNCE_VAR`] sends it through the device path).
+fn in_place(reg: &Registration, bounce_all: bool) -> Option<*mut u8> {
+    if bounce_all {
+        None
+    } else {
+        reg.host_base()
+    }
+}
+
 /// A registration a frame writes into.
 struct Target {
-    reg: Arc<crate::registered_memory::Registration>,
+    reg: Arc<Registration>,
+}
+
+/// Why a staged send stopped.
+enum SendFailure {
+    /// A device copy or its event failed.
+    Device(Error),
+    /// The socket failed.
+    Socket(std::io::Error),
+}
+
+/// The pipeline of [`TcpConnection::send_staged`]: copies run `SLOTS` chunks ahead of the
+/// socket; a chunk is sent once its copy's event has completed, and its slot is refilled
+/// after the send has taken the bytes. `started` is set once any byte of the frame is sent.
+fn pipeline_send(
+    st: &mut Staging,
+    sock: &mut TcpStream,
+    header: &[u8; HEADER],
+    src: &Arc<Registration>,
+    src_offset: usize,
+    bytes: usize,
+    started: &mut bool,
+) -> std::result::Result<(), SendFailure> {
+    let chunks = bytes.div_ceil(CHUNK);
+    let len = |i: usize| CHUNK.min(bytes - i * CHUNK);
+    let fill = |st: &mut Staging, i: usize| {
+        st.fill(i, src, src_offset + i * CHUNK, len(i))
+            .map_err(SendFailure::Device)
+    };
+    for i in 0..chunks.min(SLOTS) {
+        fill(st, i)?;
+    }
+    for i in 0..chunks {
+        st.wait(i).map_err(SendFailure::Device)?;
+        let frame = if i == 0 {
+            let frame = st.bytes(i, HEADER, len(i));
+            frame[..HEADER].copy_from_slice(header);
+            frame
+        } else {
+            st.bytes(i, 0, len(i))
+        };
+        *started = true;
+        sock.write_all(frame).map_err(SendFailure::Socket)?;
+        if i + SLOTS < chunks {
+            fill(st, i + SLOTS)?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn acks_parse_only_when_complete() {
-        let mut buf = Vec::new();
-        buf.extend_from_slice(&7u64.to_le_bytes());
-        buf.push(1);
-        buf.extend_from_slice(&3u32.to_le_bytes());
-        buf.extend_from_slice(b"ba");
-        assert!(take_ack(&mut buf).unwrap().is_none());
-        buf.push(b'd');
-        buf.extend_from_slice(&8u64.to_le_bytes());
-        buf.push(0);
-        buf.extend_from_slice(&0u32.to_le_bytes());
-        assert_eq!(take_ack(&mut buf).unwrap(), Some((7, Err("bad".into()))));
-        assert_eq!(take_ack(&mut buf).unwrap(), Some((8, Ok(()))));
-        assert!(buf.is_empty());
-        let mut huge = 1u64.to_le_bytes().to_vec();
-        huge.push(1);
-        huge.extend_from_slice(&u32::MAX.to_le_bytes());
-        assert!(take_ack(&mut huge).is_err());
-    }
-
-    #[test]
-    fn headers_are_little_endian_words() {
-        let h = header(OP_WRITE, 1, 2, 0x0102_0304_0506_0708);
-        assert_eq!(h[0], OP_WRITE);
-        assert_eq!(h[1], 1);
-        assert_eq!(h[9], 2);
-        assert_eq!(&h[17..25], &[8, 7, 6, 5, 4, 3, 2, 1]);
-    }
-}
+mod tests;
