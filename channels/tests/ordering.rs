@@ -9,6 +9,8 @@
 // Helpers outside #[test] functions unwrap and panic too: a failed step is a failed test.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
+mod common;
+
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -253,28 +255,9 @@ fn ipc_updates_never_overtake_writes() {
     ordering(Transport::Ipc);
 }
 
-/// Marks the child process of [`tcp_tests_again_through_the_bounce_buffers`].
-const BOUNCE_CHILD: &str = "OXCCL_TEST_BOUNCE_CHILD";
-
-/// The TCP tests of this file again, in a child process with `OXCCL_TCP_BOUNCE=1`: the data
-/// of host-backend memory then takes the bounce buffers and streams of GPU memory, a path
-/// the host backend otherwise never runs.
+/// The TCP tests of this file again, through the bounce buffers of GPU memory
+/// ([`common::rerun_tcp_tests_through_the_bounce_buffers`]).
 #[test]
 fn tcp_tests_again_through_the_bounce_buffers() {
-    if std::env::var_os(BOUNCE_CHILD).is_some() {
-        return; // the child itself
-    }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .arg("tcp_")
-        .env(oxccl_channels::connection::tcp::BOUNCE_VAR, "1")
-        .env(BOUNCE_CHILD, "1")
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "through the bounce buffers:\n{text}");
-    assert!(text.contains("test result: ok."), "{text}");
+    common::rerun_tcp_tests_through_the_bounce_buffers();
 }

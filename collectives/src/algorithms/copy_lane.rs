@@ -20,11 +20,27 @@ use oxccl_backend::{AnyDevice, AnyEvent, AnyKernel, AnyStream};
 use oxccl_hal::{BackendKind, Device, DevicePtr, LaunchConfig, Result, Stream};
 use oxccl_kernels::abi::{self, KernelArgs, OxcclCopyArgs};
 
-use super::{max_blocks, SetupContext, THREADS};
+use super::scratch_kernel::ScratchKernel;
+use super::{max_blocks, Algorithm, Instance, SetupContext, THREADS};
+use crate::scratch::FlagRegion;
 
 /// The local copy kernel (kernels/src/device/copy.cu; its host stand-in in the kernels
 /// crate's table).
 const COPY_KERNEL: &str = "oxccl_copy";
+
+/// The setup of a copy-lane algorithm, unless another one is forced: its barrier kernel
+/// (never launched early: the second barrier follows copies) and a lane, wrapped by `make`.
+pub(crate) fn setup(
+    ctx: &SetupContext<'_>,
+    me: Algorithm,
+    make: fn(ScratchKernel, CopyLane) -> Box<dyn Instance>,
+) -> Result<Option<Box<dyn Instance>>> {
+    if !ctx.wanted(me) {
+        return Ok(None);
+    }
+    let barriers = ScratchKernel::load(ctx, me, FlagRegion::Packets)?.without_early_launch();
+    Ok(Some(make(barriers, CopyLane::new(ctx)?)))
+}
 
 /// What moves a span.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,13 +12,11 @@ use oxccl_hal::{Error, HostKernelTable, Result};
 
 use crate::algorithms::all_to_all_v::{barrier_plan, BARRIER_KERNEL};
 use crate::algorithms::broadcast::copy_engine::host_kernel;
-use crate::algorithms::copy_lane::{CopyLane, Engine, Span};
+use crate::algorithms::copy_lane::{self, CopyLane, Engine, Span};
 use crate::algorithms::scratch_kernel::ScratchKernel;
 use crate::algorithms::{
-    require_registered, Algorithm, Buffers, Call, CallShape, Collective, Descriptor, Instance,
-    Plan, SetupContext,
+    require_registered, Algorithm, Buffers, Call, CallShape, Collective, Descriptor, Instance, Plan,
 };
-use crate::scratch::FlagRegion;
 
 /// The copy-engine all-to-all.
 pub const ALLTOALL_COPY: Algorithm = Algorithm::new(&Descriptor {
@@ -38,23 +36,17 @@ pub const ALLTOALL_COPY: Algorithm = Algorithm::new(&Descriptor {
     buffers: Buffers::Registered,
     maps_peers: true,
     tuning: None,
-    setup,
+    setup: |ctx, me| {
+        copy_lane::setup(ctx, me, |barriers, lane| {
+            Box::new(CopyAllToAll { barriers, lane })
+        })
+    },
 });
 
 /// The launch of each barrier, or why it cannot serve the call (output not registered).
 pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
     require_registered(ALLTOALL_COPY.descriptor().name, "the output", s)?;
     Ok(barrier_plan())
-}
-
-fn setup(ctx: &SetupContext<'_>, me: Algorithm) -> Result<Option<Box<dyn Instance>>> {
-    if !ctx.wanted(me) {
-        return Ok(None);
-    }
-    // Never launched early: the second barrier follows copies.
-    let barriers = ScratchKernel::load(ctx, me, FlagRegion::Packets)?.without_early_launch();
-    let lane = CopyLane::new(ctx)?;
-    Ok(Some(Box::new(CopyAllToAll { barriers, lane })))
 }
 
 /// The barrier kernel; the copies are queued between its two launches, the peers' on the

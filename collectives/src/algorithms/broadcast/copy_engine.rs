@@ -12,14 +12,12 @@
 use oxccl_backend::AnyStream;
 use oxccl_hal::{Error, HostKernelTable, LaunchConfig, Result};
 
-use crate::algorithms::copy_lane::{CopyLane, Engine, Span};
+use crate::algorithms::copy_lane::{self, CopyLane, Engine, Span};
 use crate::algorithms::scratch_kernel::ScratchKernel;
 use crate::algorithms::{
-    require_registered, Algorithm, Buffers, Call, CallShape, Collective, Descriptor, Instance,
-    Plan, SetupContext,
+    require_registered, Algorithm, Buffers, Call, CallShape, Collective, Descriptor, Instance, Plan,
 };
 use crate::host_kernels::{barrier, Call as KernelCall};
-use crate::scratch::FlagRegion;
 
 /// Kernel symbol of the barriers (device image and host stand-in).
 const KERNEL: &str = "broadcast_barrier";
@@ -44,7 +42,11 @@ pub const BROADCAST_COPY: Algorithm = Algorithm::new(&Descriptor {
     buffers: Buffers::Registered,
     maps_peers: true,
     tuning: None,
-    setup: |ctx, me| setup(ctx, me),
+    setup: |ctx, me| {
+        copy_lane::setup(ctx, me, |barriers, lane| {
+            Box::new(CopyBroadcast { barriers, lane })
+        })
+    },
 });
 
 /// The launch of each barrier, or why it cannot serve the call (output not registered).
@@ -55,15 +57,6 @@ pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
         kernel: KERNEL,
         config: LaunchConfig::linear(1, 32),
     })
-}
-
-fn setup(ctx: &SetupContext<'_>, me: Algorithm) -> Result<Option<Box<dyn Instance>>> {
-    if !ctx.wanted(me) {
-        return Ok(None);
-    }
-    let barriers = ScratchKernel::load(ctx, me, FlagRegion::Packets)?.without_early_launch();
-    let lane = CopyLane::new(ctx)?;
-    Ok(Some(Box::new(CopyBroadcast { barriers, lane })))
 }
 
 /// The barrier kernel; the copies are queued between its two launches, the peers' on the
