@@ -21,10 +21,10 @@ use crate::host_kernels::{barrier, Call as KernelCall};
 
 /// Kernel symbol of the barriers (device image and host stand-in).
 const KERNEL: &str = "broadcast_barrier";
-/// The same barrier for the other copy-engine algorithms (all_to_all_v).
+/// The same barrier for the other copy-lane and staged algorithms (the all-to-alls).
 pub(crate) const BARRIER_KERNEL: &str = KERNEL;
 
-/// The copy-engine broadcast.
+/// The copy-lane broadcast.
 pub const BROADCAST_COPY: Algorithm = Algorithm::new(&Descriptor {
     collective: Collective::Broadcast,
     name: "broadcast_copy",
@@ -32,7 +32,7 @@ pub const BROADCAST_COPY: Algorithm = Algorithm::new(&Descriptor {
     code: 404,
     serves: "broadcasts whose output lies 16-byte aligned in a buffer registered on every rank \
              (Communicator::register), at the same offset; world size 1..=8; the root's copy \
-             engine moves the data",
+             engine moves the data in place, copy kernels on two streams out of place",
     kernel: KERNEL,
     host: HostKernelTable {
         name: "broadcast_barrier (host)",
