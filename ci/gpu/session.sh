@@ -220,6 +220,13 @@ collperf)
         for c in ${OXCCL_SESSION_COLLECTIVES:-allgather reducescatter alltoall alltoallv broadcast reduce}; do
             step "perf ${n}gpu ${c} bf16 vs NCCL graph" 150 "${BIN}/oxccl-perf" -c "${c}" -N "${n}" -b 1K -e 1G -f 2 \
                 -d bf16 -w 5 --iters 20 --graph --compare nccl --json "${out}/${c}-bf16-${n}gpu.json"
+            # PyTorch's broadcast is in place, and in place the root of a large broadcast has no
+            # local copy (broadcast_copy takes the copy engine then).
+            if [[ ${c} == broadcast ]]; then
+                step "perf ${n}gpu broadcast bf16 in place vs NCCL graph" 150 "${BIN}/oxccl-perf" -c broadcast \
+                    -N "${n}" -b 1K -e 1G -f 4 -d bf16 -w 5 --iters 20 --graph --in-place --compare nccl \
+                    --json "${out}/broadcast-bf16-inplace-${n}gpu.json"
+            fi
         done
     done
     ;;
