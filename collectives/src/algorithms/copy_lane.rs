@@ -10,6 +10,10 @@
 //! traffic slows the copy engine's peer copy by far more than its own length, so callers
 //! with a local copy move the peers' data by the SMs too ([`Engine::Sm`]).
 //!
+//! [`Barriered`] queues a whole call of such an algorithm: its one-block barrier kernel
+//! (every peer's destination is free), the copies, the barrier kernel again (every copy has
+//! landed); the algorithms only say what goes where ([`Span`]).
+//!
 //! The fork and the join are an event record and a wait each, so a graph capture of the
 //! caller's stream takes the lane's copies in as a parallel branch, and every fork is
 //! joined even when a copy fails to queue (a capture with an unjoined branch cannot end).
@@ -20,26 +24,83 @@ use oxccl_backend::{AnyDevice, AnyEvent, AnyKernel, AnyStream};
 use oxccl_hal::{BackendKind, Device, DevicePtr, LaunchConfig, Result, Stream};
 use oxccl_kernels::abi::{self, KernelArgs, OxcclCopyArgs};
 
+use super::broadcast::copy_engine::barrier_plan;
 use super::scratch_kernel::ScratchKernel;
-use super::{max_blocks, Algorithm, Instance, SetupContext, THREADS};
+use super::{
+    max_blocks, require_registered, Algorithm, Call, CallShape, Instance, Plan, SetupContext,
+    THREADS,
+};
 use crate::scratch::FlagRegion;
 
 /// The local copy kernel (kernels/src/device/copy.cu; its host stand-in in the kernels
 /// crate's table).
 const COPY_KERNEL: &str = "oxccl_copy";
 
+/// The barrier plan of the copy-lane algorithms (one block: a barrier needs a thread per
+/// rank, nothing more), or why one cannot serve the call (`name`'s output not reachable).
+pub(crate) fn plan(name: &str, s: &CallShape<'_>) -> Result<Plan> {
+    require_registered(name, "the output", s)?;
+    Ok(barrier_plan())
+}
+
 /// The setup of a copy-lane algorithm, unless another one is forced: its barrier kernel
 /// (never launched early: the second barrier follows copies) and a lane, wrapped by `make`.
 pub(crate) fn setup(
     ctx: &SetupContext<'_>,
     me: Algorithm,
-    make: fn(ScratchKernel, CopyLane) -> Box<dyn Instance>,
+    make: fn(Barriered) -> Box<dyn Instance>,
 ) -> Result<Option<Box<dyn Instance>>> {
     if !ctx.wanted(me) {
         return Ok(None);
     }
     let barriers = ScratchKernel::load(ctx, me, FlagRegion::Packets)?.without_early_launch();
-    Ok(Some(make(barriers, CopyLane::new(ctx)?)))
+    Ok(Some(make(Barriered {
+        barriers,
+        lane: CopyLane::new(ctx)?,
+    })))
+}
+
+/// A copy-lane algorithm's state: its one-block barrier kernel and its lane.
+#[derive(Debug)]
+pub(crate) struct Barriered {
+    barriers: ScratchKernel,
+    lane: CopyLane,
+}
+
+impl Barriered {
+    /// This rank and the world size of the communicator.
+    pub(crate) fn rank_and_world(&self) -> (u32, u32) {
+        self.barriers.rank_and_world()
+    }
+
+    /// Queues one call on `stream`: the barrier kernel (every peer's destination is free),
+    /// the copies ([`CopyLane::copy`]; nothing where there are none), and the barrier kernel
+    /// again after the join (every copy has landed).
+    ///
+    /// # Safety
+    /// [`Instance::launch`]'s obligations for `call` and `plan` (the barrier plan), and
+    /// [`CopyLane::copy`]'s for the spans, with every peer's destination written by this
+    /// rank alone between the two barriers.
+    pub(crate) unsafe fn run(
+        &self,
+        call: &Call,
+        plan: &Plan,
+        stream: &AnyStream,
+        to_peers: &[Span],
+        peers_by: Engine,
+        own: Option<Span>,
+    ) -> Result<()> {
+        // SAFETY: the caller's obligations cover the call's buffers and the plan; the
+        // barrier kernel reads nothing else from the argument block.
+        unsafe { self.barriers.launch(call, plan, stream)? };
+        if !to_peers.is_empty() || own.is_some() {
+            // SAFETY: the caller's obligations cover the spans; the second barrier below is
+            // queued after the join, so no peer touches its destination before then.
+            unsafe { self.lane.copy(stream, to_peers, peers_by, own)? };
+        }
+        // SAFETY: as the first launch; it runs after this rank's copies (the join).
+        unsafe { self.barriers.launch(call, plan, stream) }
+    }
 }
 
 /// What moves a span.

@@ -1,21 +1,20 @@
 //! Two-stream all_to_all_v on outputs every rank can reach (registered, or mapped by
 //! auto-registration): a barrier kernel (every peer's output is free), the copy kernel
 //! (`oxccl_copy`) storing every non-empty chunk straight into its place in the peer's
-//! output on a second stream ([`CopyLane`]; no staging) while a second copy kernel moves
+//! output on a second stream ([`copy_lane`]; no staging) while a second copy kernel moves
 //! this rank's own chunk on the caller's stream, and a second barrier kernel (every chunk
 //! has arrived). 2 H100s: 1194 against `alltoallv_direct`'s 1319 us at 1 GiB. With the
 //! copy engine for the peers' chunks (until 2026-11-27) it was slower than the direct
-//! kernel: the own chunk's local copy slows the copy engine (see [`CopyLane`]).
+//! kernel: the own chunk's local copy slows the copy engine (see [`copy_lane`]).
 
 use oxccl_backend::AnyStream;
 use oxccl_hal::{Error, HostKernelTable, Result};
 
 use super::{barrier_plan, needs_layout, VInstance, VLayout, BARRIER_KERNEL};
 use crate::algorithms::broadcast::copy_engine::host_kernel;
-use crate::algorithms::copy_lane::{self, CopyLane, Engine, Span};
-use crate::algorithms::scratch_kernel::ScratchKernel;
+use crate::algorithms::copy_lane::{self, Barriered, Engine, Span};
 use crate::algorithms::{
-    require_registered, Algorithm, Buffers, Call, CallShape, Collective, Descriptor, Instance, Plan,
+    Algorithm, Buffers, Call, CallShape, Collective, Descriptor, Instance, Plan,
 };
 
 /// The copy-engine all_to_all_v.
@@ -35,26 +34,17 @@ pub const ALLTOALLV_COPY: Algorithm = Algorithm::new(&Descriptor {
     buffers: Buffers::Registered,
     maps_peers: true,
     tuning: None,
-    setup: |ctx, me| {
-        copy_lane::setup(ctx, me, |barriers, lane| {
-            Box::new(CopyAllToAllV { barriers, lane })
-        })
-    },
+    setup: |ctx, me| copy_lane::setup(ctx, me, |b| Box::new(CopyAllToAllV(b))),
 });
 
 /// The launch of each barrier, or why it cannot serve the call (outputs not reachable).
 pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
-    require_registered(ALLTOALLV_COPY.descriptor().name, "the output", s)?;
-    Ok(barrier_plan())
+    copy_lane::plan(ALLTOALLV_COPY.descriptor().name, s)
 }
 
-/// The barrier kernel; the copies are queued between its two launches, the peers' on the
-/// lane.
+/// The barrier kernel and the lane; the copies are queued between the two barriers.
 #[derive(Debug)]
-pub(crate) struct CopyAllToAllV {
-    barriers: ScratchKernel,
-    lane: CopyLane,
-}
+pub(crate) struct CopyAllToAllV(Barriered);
 
 impl Instance for CopyAllToAllV {
     unsafe fn launch(&self, call: &Call, _: &Plan, _: &AnyStream) -> Result<()> {
@@ -79,11 +69,7 @@ impl VInstance for CopyAllToAllV {
                 "{ALLTOALLV_COPY}: needs every rank's output reachable from here"
             )));
         };
-        let plan = barrier_plan();
-        // SAFETY: the caller's obligations (this trait method's contract) cover the call's
-        // buffers; the barrier kernel reads nothing else from the argument block.
-        unsafe { self.barriers.launch(call, &plan, stream)? };
-        let (me, world) = self.barriers.rank_and_world();
+        let (me, world) = self.0.rank_and_world();
         let mut to_peers = Vec::with_capacity(world as usize);
         for k in 1..world {
             let p = ((me + k) % world) as usize;
@@ -100,13 +86,16 @@ impl VInstance for CopyAllToAllV {
             src: call.input.offset(from)?,
             bytes,
         };
-        // SAFETY: rank p's output as mapped here holds its receive range for this rank,
-        // `bytes` long at `remote[p]` (every rank's layout checked against the others');
-        // between the barriers only this rank writes that range, and the second barrier is
-        // queued after the join. Every source is inside this rank's input, the own chunk's
-        // destination inside its output (checked), and the two do not overlap (checked).
-        unsafe { self.lane.copy(stream, &to_peers, Engine::Sm, Some(own))? };
-        // SAFETY: as the first launch; it runs after this rank's copies (stream order).
-        unsafe { self.barriers.launch(call, &plan, stream) }
+        let plan = barrier_plan();
+        // SAFETY: the caller's obligations cover the call's buffers; the barrier plan is
+        // this algorithm's. Rank p's output as mapped here holds its receive range for this
+        // rank, `bytes` long at `remote[p]` (every rank's layout checked against the
+        // others'); between the barriers only this rank writes that range. Every source is
+        // inside this rank's input, the own chunk's destination inside its output (checked),
+        // and the two do not overlap (checked).
+        unsafe {
+            self.0
+                .run(call, &plan, stream, &to_peers, Engine::Sm, Some(own))
+        }
     }
 }

@@ -18,7 +18,7 @@ pub(crate) mod kernel;
 pub mod one_shot;
 pub mod staged;
 
-use oxccl_hal::{Error, LaunchConfig, Result};
+use oxccl_hal::{Error, Result};
 
 use crate::algorithms::scratch_kernel::ScratchKernel;
 use crate::algorithms::{broadcast::copy_engine, Algorithm, Call, Instance, Plan, SetupContext};
@@ -47,12 +47,7 @@ pub struct VLayout {
 }
 
 /// The launch of each barrier: one block (a barrier needs a thread per rank).
-pub(crate) fn barrier_plan() -> Plan {
-    Plan {
-        kernel: BARRIER_KERNEL,
-        config: LaunchConfig::linear(1, 32),
-    }
-}
+pub(crate) use copy_engine::barrier_plan;
 
 /// The setup of the staged algorithm, unless another one is forced: its barrier kernel
 /// (never launched early: it follows copies), wrapped by `make`.
