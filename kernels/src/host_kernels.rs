@@ -90,29 +90,27 @@ fn test_wait(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
 }
 
 fn test_store16(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
-    let a: abi::OxcclCopyArgs = abi::parse_args(bytes, "oxccl_test_store16")?;
-    let n = to_usize(a.bytes, "oxccl_test_store16")?;
-    if n == 0 {
-        return Ok(());
-    }
-    non_null(a.dst, "oxccl_test_store16", "dst")?;
-    non_null(a.src, "oxccl_test_store16", "src")?;
-    // SAFETY: launch contract: src and dst are live for `bytes` bytes; the device kernel
-    // has the same no-overlap requirement (copy semantics, not move).
-    unsafe { std::ptr::copy(a.src.cast::<u8>(), a.dst.cast::<u8>(), n) };
-    Ok(())
+    copy_bytes(bytes, "oxccl_test_store16")
 }
 
 fn copy(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
-    let a: abi::OxcclCopyArgs = abi::parse_args(bytes, "oxccl_copy")?;
-    let n = to_usize(a.bytes, "oxccl_copy")?;
+    copy_bytes(bytes, "oxccl_copy")
+}
+
+/// The host form of the copy kernels (`oxccl_copy`, `oxccl_test_store16`): `bytes` bytes
+/// from src to dst.
+fn copy_bytes(bytes: &[u8], kernel: &str) -> Result<()> {
+    let a: abi::OxcclCopyArgs = abi::parse_args(bytes, kernel)?;
+    let n = to_usize(a.bytes, kernel)?;
     if n == 0 {
         return Ok(());
     }
-    non_null(a.dst, "oxccl_copy", "dst")?;
-    non_null(a.src, "oxccl_copy", "src")?;
-    // SAFETY: launch contract: src and dst are live for `bytes` bytes and do not overlap.
-    unsafe { std::ptr::copy_nonoverlapping(a.src.cast::<u8>(), a.dst.cast::<u8>(), n) };
+    non_null(a.dst, kernel, "dst")?;
+    non_null(a.src, kernel, "src")?;
+    // SAFETY: launch contract: src and dst are live for `bytes` bytes; the device kernels
+    // have a no-overlap requirement (copy semantics, not move), which `ptr::copy` does not
+    // even need.
+    unsafe { std::ptr::copy(a.src.cast::<u8>(), a.dst.cast::<u8>(), n) };
     Ok(())
 }
 
