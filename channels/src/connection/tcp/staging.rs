@@ -94,18 +94,7 @@ impl Staging {
         at: usize,
         n: usize,
     ) -> Result<()> {
-        let from = device_range(reg, at, n)?;
-        let slot = &mut self.slots[i % SLOTS];
-        let to = slot.mem.ptr().offset(DATA_AT)?;
-        slot.keep = Some(Arc::clone(reg));
-        self.pending = true;
-        // SAFETY: `from` is `n <= CHUNK` bytes inside `reg`'s range (device_range), and
-        // `reg` is held in the slot until its event has been waited for or the stream
-        // drained; the slot holds DATA_AT + CHUNK bytes and lives as long as `self`, whose
-        // drop drains the stream, and the host leaves it alone until its event (recorded
-        // next) completes. A slot and a registration are different allocations.
-        unsafe { self.stream.copy(to, from, n) }?;
-        self.stream.record(&slot.done)
+        self.queue(i, reg, at, n, true)
     }
 
     /// Queues the copy of `n` bytes of slot `i` to byte `at` of `reg`'s range.
@@ -116,12 +105,34 @@ impl Staging {
         at: usize,
         n: usize,
     ) -> Result<()> {
-        let to = device_range(reg, at, n)?;
+        self.queue(i, reg, at, n, false)
+    }
+
+    /// Queues the copy between slot `i` and `n` bytes at byte `at` of `reg`'s range: into
+    /// the slot when `into_slot`, else out of it; then records the slot's event.
+    fn queue(
+        &mut self,
+        i: usize,
+        reg: &Arc<Registration>,
+        at: usize,
+        n: usize,
+        into_slot: bool,
+    ) -> Result<()> {
+        let range = device_range(reg, at, n)?;
         let slot = &mut self.slots[i % SLOTS];
-        let from = slot.mem.ptr().offset(DATA_AT)?;
+        let data = slot.mem.ptr().offset(DATA_AT)?;
+        let (to, from) = if into_slot {
+            (data, range)
+        } else {
+            (range, data)
+        };
         slot.keep = Some(Arc::clone(reg));
         self.pending = true;
-        // SAFETY: as in `fill`, with the roles of slot and registration swapped.
+        // SAFETY: `range` is `n <= CHUNK` bytes inside `reg`'s range (device_range), and
+        // `reg` is held in the slot until its event has been waited for or the stream
+        // drained; the slot holds DATA_AT + CHUNK bytes and lives as long as `self`, whose
+        // drop drains the stream, and the host leaves it alone until its event (recorded
+        // next) completes. A slot and a registration are different allocations.
         unsafe { self.stream.copy(to, from, n) }?;
         self.stream.record(&slot.done)
     }

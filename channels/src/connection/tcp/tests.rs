@@ -198,15 +198,8 @@ fn update_after_a_large_write_is_seen_after_the_data() {
                 } else {
                     let flag = HostFlag::new(host(&s.mem), 0).unwrap();
                     assert_eq!(flag.wait_at_least(value, WAIT).unwrap(), value);
-                    // The last bytes first: they are the last to land.
-                    assert!(
-                        read(&s.mem, at + n - 64, 64) == data[n - 64..],
-                        "bounce {bounce}, round {round}: last chunk missing when the flag was set"
-                    );
-                    assert!(
-                        read(&s.mem, at, n) == *data,
-                        "bounce {bounce}, round {round}: data incomplete when the flag was set"
-                    );
+                    let when = format!("bounce {bounce}, round {round}, when the flag was set");
+                    assert_landed(&s.mem, at, data, &when);
                     s.b.send(0, 5, b"checked").unwrap();
                 }
             }
@@ -240,20 +233,25 @@ fn flush_after_a_large_write_means_landed() {
                     s.b.recv(1, 6).unwrap();
                 } else {
                     wait_for(&flushed, value);
-                    assert!(
-                        read(&s.mem, at + n - 64, 64) == data[n - 64..],
-                        "bounce {bounce}, round {round}: last chunk missing after the flush"
-                    );
-                    assert!(
-                        read(&s.mem, at, n) == *data,
-                        "bounce {bounce}, round {round}: flushed write incomplete"
-                    );
+                    let when = format!("bounce {bounce}, round {round}, after the flush");
+                    assert_landed(&s.mem, at, data, &when);
                     s.b.send(0, 6, b"checked").unwrap();
                 }
             }
             s.b.barrier().unwrap();
         });
     }
+}
+
+/// Asserts that `data` is in `mem` at `at`, the last bytes checked first: they are the last
+/// to land.
+fn assert_landed(mem: &oxccl_backend::AnyMemory, at: usize, data: &[u8], when: &str) {
+    let n = data.len();
+    assert!(
+        read(mem, at + n - 64, 64) == data[n - 64..],
+        "{when}: last chunk missing"
+    );
+    assert!(read(mem, at, n) == *data, "{when}: data incomplete");
 }
 
 /// Spins (yielding) until `counter` reaches `value`; panics after [`WAIT`].
