@@ -17,6 +17,8 @@
 #     ci/gpu/session.sh bwprobe    # how fast large data moves between 2 GPUs: SM stores / loads,
 #                                  # copy engines, both (ci/gpu/probe/bandwidth_probe.cu)
 #     ci/gpu/session.sh copyengine # broadcast_copy (copy engine) vs broadcast_direct, vs NCCL
+#     ci/gpu/session.sh reducecopy # reduce_copy (copy-engine pull + local reduce) vs
+#                                  # reduce_direct, vs NCCL, over chunk sizes and grids
 #     ci/gpu/session.sh autoreg    # unregistered eager allreduce: zero-copy through a per-call
 #                                  # exchange vs the scratch, each vs NCCL
 #     ci/gpu/session.sh perf       # bf16 sum vs NCCL (default and symmetric), graph replay
@@ -106,6 +108,7 @@ kinds_of() {
     alltoall) echo "oneshot_ll staged direct copy" ;;
     alltoallv) echo "oneshot_ll direct copy staged" ;;
     broadcast) echo "oneshot_ll staged direct relay copy" ;;
+    reduce) echo "oneshot_ll staged direct copy" ;;
     *) echo "oneshot_ll staged direct" ;;
     esac
 }
@@ -186,6 +189,8 @@ collectives)
         for c in allgather reducescatter alltoall alltoallv broadcast reduce; do
             for kind in $(kinds_of "${c}"); do
                 algo="${c}_${kind}"
+                # reduce_copy serves 1-2 ranks (its root's one link would carry every peer's input).
+                [[ ${algo} == reduce_copy ]] && ((n > 2)) && continue
                 if [[ ${kind} == oneshot_ll ]]; then max=1M; else max=256M; fi
                 # oxccl-perf registers its buffers (direct needs that); staged gets them
                 # unregistered.
@@ -310,6 +315,24 @@ copyengine)
     done
     step "check 2gpu broadcast_copy bf16 root 1 in-place odd 1003B..256M" 60 env OXCCL_ALGO=broadcast_copy \
         "${BIN}/oxccl-perf" -c broadcast -N 2 -b 1003 -e 256M -f 7 -d bf16 -r 1 --in-place -w 1 --iters 2
+    ;;
+reducecopy)
+    # reduce_copy against reduce_direct on registered buffers, each vs NCCL in the same run
+    # (graph replay), every size checked. The chunk is half the staging (OXCCL_STAGING_MB);
+    # OXCCL_REDUCE_COPY_BLOCKS sets the local reduce's grid (default one block per SM).
+    export CUDA_VISIBLE_DEVICES="$(devices 2)"
+    rc=(-c reduce -N 2 -b 64M -e 1G -f 2 -d bf16 -w 5 --iters 20 --graph --compare nccl)
+    step "perf 2gpu reduce_direct 64M..1G vs NCCL graph" 90 env OXCCL_ALGO=reduce_direct \
+        "${BIN}/oxccl-perf" "${rc[@]}" --json "${out}/reduce_direct-2gpu.json"
+    for v in ${OXCCL_REDUCECOPY_VARIANTS:-64:0 16:0 128:0 256:0 64:32 64:16 128:32}; do
+        mb=${v%%:*} blocks=${v#*:}
+        knob=(); ((blocks > 0)) && knob=(OXCCL_REDUCE_COPY_BLOCKS="${blocks}")
+        step "perf 2gpu reduce_copy staging ${mb}M blocks ${blocks} 64M..1G vs NCCL graph" 90 env \
+            OXCCL_ALGO=reduce_copy OXCCL_STAGING_MB="${mb}" "${knob[@]}" "${BIN}/oxccl-perf" "${rc[@]}" \
+            --json "${out}/reduce_copy-${mb}M-${blocks}-2gpu.json"
+    done
+    step "perf 2gpu reduce_copy in place 64M..1G vs NCCL graph" 90 env OXCCL_ALGO=reduce_copy \
+        "${BIN}/oxccl-perf" "${rc[@]}" --in-place --json "${out}/reduce_copy-inplace-2gpu.json"
     ;;
 autoreg)
     # Unregistered buffers, eager calls (no graph): zero-copy with an exchange per call
@@ -446,14 +469,16 @@ sanitizer)
         alltoall:alltoall_direct alltoall:alltoall_copy broadcast:broadcast_oneshot_ll broadcast:broadcast_staged
         alltoallv:alltoallv_oneshot_ll alltoallv:alltoallv_direct
         broadcast:broadcast_direct broadcast:broadcast_relay broadcast:broadcast_copy
-        reduce:reduce_oneshot_ll reduce:reduce_staged reduce:reduce_direct)
+        reduce:reduce_oneshot_ll reduce:reduce_staged reduce:reduce_direct reduce:reduce_copy)
     for tool in ${OXCCL_SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}; do
         for a in "${algos[@]}"; do
             c=${a%%:*} algo=${a#*:}
             reg=()
             [[ ${algo} == *staged ]] && reg=(--no-register)
-            san "${tool}" "${sn}gpu ${algo}" OXCCL_ALGO="${algo}" -- -c "${c}" -b 1000 -e 300000 -f 17 \
-                -d bf16 "${reg[@]}"
+            sizes=(-b 1000 -e 300000 -f 17) envs=(OXCCL_ALGO="${algo}")
+            # reduce_copy's pipeline over several chunks: 512 KiB slots of a 1 MiB staging.
+            [[ ${algo} == reduce_copy ]] && sizes=(-b 1000 -e 3000000 -f 7) envs+=(OXCCL_STAGING_MB=1)
+            san "${tool}" "${sn}gpu ${algo}" "${envs[@]}" -- -c "${c}" "${sizes[@]}" -d bf16 "${reg[@]}"
         done
         [[ ${tool} == memcheck ]] || continue
         for dtype in f32 f16 fp8_e4m3 fp8_e4m3b15 i8 i32 u64 f64; do

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use oxccl_collectives::algorithms::reduce::{
-    direct::REDUCE_DIRECT, one_shot::REDUCE_ONESHOT_LL, staged::REDUCE_STAGED,
+    copy::REDUCE_COPY, direct::REDUCE_DIRECT, one_shot::REDUCE_ONESHOT_LL, staged::REDUCE_STAGED,
 };
 use oxccl_collectives::hal::{
     AccumType, DataType, Device, DevicePtr, Memory, MemoryKind, ReduceOp, Stream,
@@ -124,18 +124,29 @@ fn check(
     outcome
 }
 
-const ALGOS: [Algorithm; 3] = [REDUCE_ONESHOT_LL, REDUCE_STAGED, REDUCE_DIRECT];
+/// Every algorithm and the world size it is checked on (`reduce_copy` serves 1-2 ranks).
+const ALGOS: [(Algorithm, u32); 4] = [
+    (REDUCE_ONESHOT_LL, 3),
+    (REDUCE_STAGED, 3),
+    (REDUCE_DIRECT, 3),
+    (REDUCE_COPY, 2),
+];
+
+/// Whether `algo` needs its inputs registered.
+fn registers(algo: Option<Algorithm>) -> bool {
+    algo == Some(REDUCE_DIRECT) || algo == Some(REDUCE_COPY)
+}
 
 #[test]
 fn every_algorithm_root_type_op_and_accumulation_on_three_ranks() {
-    for algo in ALGOS {
-        threads(3, Some(algo), move |r| {
-            let register = algo == REDUCE_DIRECT;
+    for (algo, world) in ALGOS {
+        threads(world, Some(algo), move |r| {
+            let register = registers(Some(algo));
             let mut salt = 0;
             for dtype in DataType::ALL {
                 for op in ReduceOp::ALL {
                     for accum in accums(dtype) {
-                        for root in 0..3 {
+                        for root in 0..world {
                             for (count, in_place) in [(1, false), (3, true), (1000, false)] {
                                 salt += 1;
                                 check(r, dtype, op, accum, count, root, in_place, register, salt)
@@ -157,11 +168,16 @@ fn odd_and_large_counts_on_one_to_four_and_eight_ranks() {
             Some(REDUCE_ONESHOT_LL),
             Some(REDUCE_STAGED),
             Some(REDUCE_DIRECT),
+            Some(REDUCE_COPY),
         ] {
+            if algo == Some(REDUCE_COPY) && world > 2 {
+                continue;
+            }
             threads(world, algo, move |r| {
-                let register = algo == Some(REDUCE_DIRECT);
+                let register = registers(algo);
                 // 64 KiB staging: 12_345 and 100_003 bf16 per rank take several rounds of
-                // the staged one (one slot per rank).
+                // the staged one (one slot per rank), and several chunks of reduce_copy's
+                // pipeline (two 32 KiB slots, each reused).
                 for (i, count) in [1usize, 3, 1000, 12_345, 100_003].into_iter().enumerate() {
                     // The one-shot's packets of 200 KB per rank do not fit 8 ranks' halves.
                     if algo == Some(REDUCE_ONESHOT_LL) && count > 50_000 {
@@ -443,6 +459,96 @@ fn mismatched_roots_are_detected_on_first_call() {
     });
 }
 
+/// `reduce_copy`'s local reduces run on the root alone: they must leave the epoch (the
+/// one-shots' flags) as the other rank's, so a one-shot allreduce after each pipelined
+/// reduce (several chunks, slots reused) gets its own call's result on both ranks.
+#[test]
+fn copy_pipeline_leaves_the_ranks_in_step_for_the_one_shots() {
+    threads(2, Some(REDUCE_COPY), |r| {
+        let (count, dtype) = (1001usize, DataType::F32);
+        let b = r.comm.device().alloc(4004, MemoryKind::Plain).unwrap();
+        for salt in 0..6u64 {
+            check(
+                r,
+                DataType::Bf16,
+                ReduceOp::Sum,
+                AccumType::F32,
+                100_003,
+                salt as u32 % 2,
+                salt % 3 == 0,
+                true,
+                salt,
+            )
+            .unwrap();
+            r.stream
+                .write(b.ptr(), &input(dtype, r.comm.rank(), count, salt))
+                .unwrap();
+            // SAFETY: `b` holds `count` f32; synchronized below.
+            unsafe {
+                r.comm
+                    .all_reduce(
+                        b.ptr(),
+                        b.ptr(),
+                        count,
+                        dtype,
+                        ReduceOp::Sum,
+                        AccumType::Auto,
+                        &r.stream,
+                    )
+                    .unwrap();
+            }
+            r.stream.synchronize().unwrap();
+            r.comm.check_error(&r.stream).unwrap();
+            let mut got = vec![0u8; 4004];
+            r.stream.read(b.ptr(), &mut got).unwrap();
+            let want = expected(dtype, ReduceOp::Sum, AccumType::Auto, 2, count, salt);
+            same_bits(dtype, &got, &want, count).unwrap();
+        }
+    });
+}
+
+/// `reduce_copy` forced where it cannot serve: more than 2 ranks, or inputs nobody
+/// registered. Each is a clear error before any launch, and the communicator still works.
+#[test]
+fn copy_refuses_three_ranks_and_unregistered_inputs() {
+    for world in [3, 2] {
+        threads(world, Some(REDUCE_COPY), move |r| {
+            let e = check(
+                r,
+                DataType::F32,
+                ReduceOp::Sum,
+                AccumType::Auto,
+                100,
+                0,
+                false,
+                world == 3,
+                1,
+            )
+            .unwrap_err();
+            let want = if world == 3 {
+                "reduce_copy: serves 1 or 2 ranks, not 3"
+            } else {
+                "reduce_copy: the input must lie 16-byte aligned inside buffers registered"
+            };
+            assert!(e.contains(want), "{e}");
+            if world == 2 {
+                check(
+                    r,
+                    DataType::F32,
+                    ReduceOp::Sum,
+                    AccumType::Auto,
+                    100,
+                    1,
+                    false,
+                    true,
+                    2,
+                )
+                .unwrap();
+            }
+        });
+    }
+}
+
 #[test]
 #[ignore = "a rank process of ranks_in_separate_processes"]
 fn child_rank() {
@@ -452,7 +558,8 @@ fn child_rank() {
     let comm = Communicator::from_env().unwrap();
     let stream = comm.device().create_stream().unwrap();
     let r = Rank { comm, stream };
-    let register = std::env::var("OXCCL_ALGO").is_ok_and(|a| a == "reduce_direct");
+    let register =
+        std::env::var("OXCCL_ALGO").is_ok_and(|a| a == "reduce_direct" || a == "reduce_copy");
     let world = r.comm.world_size();
     for (i, count) in [1usize, 777, 50_001, 200_003].into_iter().enumerate() {
         for dtype in [DataType::Bf16, DataType::Fp8E4m3, DataType::F32] {
@@ -481,6 +588,7 @@ fn ranks_in_separate_processes() {
         (3, "reduce_staged"),
         (3, "reduce_direct"),
         (3, "reduce_oneshot_ll"),
+        (2, "reduce_copy"),
     ] {
         common::run_child_ranks(
             world,

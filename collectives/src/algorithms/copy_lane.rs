@@ -25,7 +25,7 @@ use oxccl_hal::{BackendKind, Device, DevicePtr, LaunchConfig, Result, Stream};
 use oxccl_kernels::abi::{self, KernelArgs, OxcclCopyArgs};
 
 use super::broadcast::copy_engine::barrier_plan;
-use super::scratch_kernel::ScratchKernel;
+use super::scratch_kernel::{ScratchKernel, Staging};
 use super::{
     max_blocks, require_registered, Algorithm, Call, CallShape, Instance, Plan, SetupContext,
     THREADS,
@@ -53,11 +53,7 @@ pub(crate) fn setup(
     if !ctx.wanted(me) {
         return Ok(None);
     }
-    let barriers = ScratchKernel::load(ctx, me, FlagRegion::Packets)?.without_early_launch();
-    Ok(Some(make(Barriered {
-        barriers,
-        lane: CopyLane::new(ctx)?,
-    })))
+    Ok(Some(make(Barriered::load(ctx, me)?)))
 }
 
 /// A copy-lane algorithm's state: its one-block barrier kernel and its lane.
@@ -68,6 +64,21 @@ pub(crate) struct Barriered {
 }
 
 impl Barriered {
+    /// The barrier kernel of `me` (never launched early: the second barrier follows
+    /// copies) and a lane.
+    pub(crate) fn load(ctx: &SetupContext<'_>, me: Algorithm) -> Result<Barriered> {
+        Ok(Barriered {
+            barriers: ScratchKernel::load(ctx, me, FlagRegion::Packets)?.without_early_launch(),
+            lane: CopyLane::new(ctx)?,
+        })
+    }
+
+    /// Every rank's staging region as mapped here (free between the two barriers: no
+    /// algorithm but the running one touches a staging then).
+    pub(crate) fn staging(&self) -> Staging {
+        self.barriers.staging()
+    }
+
     /// This rank and the world size of the communicator.
     pub(crate) fn rank_and_world(&self) -> (u32, u32) {
         self.barriers.rank_and_world()
@@ -90,15 +101,37 @@ impl Barriered {
         peers_by: Engine,
         own: Option<Span>,
     ) -> Result<()> {
+        let copies = |lane: &CopyLane| {
+            if to_peers.is_empty() && own.is_none() {
+                return Ok(());
+            }
+            // SAFETY: the caller's obligations cover the spans; the second barrier is
+            // queued after the join, so no peer touches its destination before then.
+            unsafe { lane.copy(stream, to_peers, peers_by, own) }
+        };
+        // SAFETY: the caller's obligations cover the call's buffers, the plan and the spans.
+        unsafe { self.around(call, plan, stream, copies) }
+    }
+
+    /// Queues one call on `stream`: the barrier kernel (every peer's call has started),
+    /// what `between` queues (given the lane, joined to `stream` before it returns), and
+    /// the barrier kernel again (this rank's work between is done).
+    ///
+    /// # Safety
+    /// [`Instance::launch`]'s obligations for `call` and `plan` (the barrier plan); what
+    /// `between` queues must be sound while every peer is between its own two barriers.
+    pub(crate) unsafe fn around(
+        &self,
+        call: &Call,
+        plan: &Plan,
+        stream: &AnyStream,
+        between: impl FnOnce(&CopyLane) -> Result<()>,
+    ) -> Result<()> {
         // SAFETY: the caller's obligations cover the call's buffers and the plan; the
         // barrier kernel reads nothing else from the argument block.
         unsafe { self.barriers.launch(call, plan, stream)? };
-        if !to_peers.is_empty() || own.is_some() {
-            // SAFETY: the caller's obligations cover the spans; the second barrier below is
-            // queued after the join, so no peer touches its destination before then.
-            unsafe { self.lane.copy(stream, to_peers, peers_by, own)? };
-        }
-        // SAFETY: as the first launch; it runs after this rank's copies (the join).
+        between(&self.lane)?;
+        // SAFETY: as the first launch; it runs after the work `between` queued.
         unsafe { self.barriers.launch(call, plan, stream) }
     }
 }
@@ -120,12 +153,20 @@ pub(crate) struct Span {
     pub bytes: usize,
 }
 
-/// The lane's stream and its two events.
+/// How many destinations a [`CopyLane::pipeline`] keeps in use at once: the copy of one
+/// while the caller's stream consumes the other.
+pub(crate) const PIPELINE_DEPTH: usize = 2;
+
+/// The lane's stream, its fork and join events, and a pipeline's per-slot events.
 #[derive(Debug)]
 struct Lane {
     stream: AnyStream,
     forked: AnyEvent,
     joined: AnyEvent,
+    /// Recorded on the lane when a slot's copy has been queued.
+    copied: [AnyEvent; PIPELINE_DEPTH],
+    /// Recorded on the caller's stream when a slot's consumer has been queued.
+    consumed: [AnyEvent; PIPELINE_DEPTH],
 }
 
 /// A stream beside the caller's and the local copy kernel (see the module docs). One call
@@ -155,6 +196,8 @@ impl CopyLane {
                 stream: device.create_stream()?,
                 forked: device.create_event()?,
                 joined: device.create_event()?,
+                copied: [device.create_event()?, device.create_event()?],
+                consumed: [device.create_event()?, device.create_event()?],
             }),
             copy,
             copy_config,
@@ -175,18 +218,58 @@ impl CopyLane {
         side: impl FnOnce(&AnyStream) -> Result<()>,
         main: impl FnOnce(&AnyStream) -> Result<()>,
     ) -> Result<()> {
+        self.forked(stream, |lane| {
+            let sided = side(&lane.stream);
+            sided.and(main(stream))
+        })
+    }
+
+    /// Queues a pipeline beside `stream`: span i's copy by the copy engine on the lane,
+    /// then `consume(i, stream)` on `stream` once it has landed, while the lane copies span
+    /// i + 1. Span i + [`PIPELINE_DEPTH`]'s copy waits for the work `consume(i)` queued, so
+    /// spans that many apart may share a destination. Work queued on `stream` afterwards
+    /// waits for all of it; the first error is returned, after the join is queued.
+    ///
+    /// # Safety
+    /// As [`CopyLane::copy`] for every span, with destinations reused only
+    /// [`PIPELINE_DEPTH`] spans apart.
+    pub(crate) unsafe fn pipeline(
+        &self,
+        stream: &AnyStream,
+        spans: &[Span],
+        mut consume: impl FnMut(usize, &AnyStream) -> Result<()>,
+    ) -> Result<()> {
+        self.forked(stream, |lane| {
+            for (i, span) in spans.iter().enumerate() {
+                let slot = i % PIPELINE_DEPTH;
+                if i >= PIPELINE_DEPTH {
+                    lane.stream.wait_event(&lane.consumed[slot])?;
+                }
+                // SAFETY: the caller's obligations cover the span; its destination's last
+                // consumer (PIPELINE_DEPTH spans back) is done (the wait above).
+                unsafe { self.queue(&lane.stream, span, Engine::CopyEngine)? };
+                lane.stream.record(&lane.copied[slot])?;
+                stream.wait_event(&lane.copied[slot])?;
+                consume(i, stream)?;
+                stream.record(&lane.consumed[slot])?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Forks the lane from `stream`, runs `body` (which queues on both), and joins the lane
+    /// back whatever `body` returned: the fork already put the lane in a capture, which
+    /// cannot end with a branch unjoined.
+    fn forked(&self, stream: &AnyStream, body: impl FnOnce(&Lane) -> Result<()>) -> Result<()> {
         let lane = self.lock();
         stream.record(&lane.forked)?;
         lane.stream.wait_event(&lane.forked)?;
-        let sided = side(&lane.stream);
-        // Joined whatever `side` queued: the fork above already put the lane in a capture.
-        let recorded = lane.stream.record(&lane.joined);
-        let mained = main(stream);
-        let joined = match recorded {
-            Ok(()) => stream.wait_event(&lane.joined),
-            Err(e) => Err(e),
-        };
-        sided.and(mained).and(joined)
+        let done = body(&lane);
+        let joined = lane
+            .stream
+            .record(&lane.joined)
+            .and_then(|()| stream.wait_event(&lane.joined));
+        done.and(joined)
     }
 
     /// Queues the copies to the peers on the lane, one after another, by `peers_by`, and

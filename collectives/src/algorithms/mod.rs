@@ -94,7 +94,9 @@ use broadcast::{
     copy_engine::BROADCAST_COPY, direct::BROADCAST_DIRECT, one_shot::BROADCAST_ONESHOT_LL,
     relay::BROADCAST_RELAY, staged::BROADCAST_STAGED,
 };
-use reduce::{direct::REDUCE_DIRECT, one_shot::REDUCE_ONESHOT_LL, staged::REDUCE_STAGED};
+use reduce::{
+    copy::REDUCE_COPY, direct::REDUCE_DIRECT, one_shot::REDUCE_ONESHOT_LL, staged::REDUCE_STAGED,
+};
 use reduce_scatter::{
     direct::REDUCESCATTER_DIRECT, one_shot::REDUCESCATTER_ONESHOT_LL,
     port_channel::REDUCESCATTER_PORT, staged::REDUCESCATTER_STAGED,
@@ -136,6 +138,7 @@ pub const ALGORITHMS: &[Algorithm] = &[
     REDUCE_ONESHOT_LL,
     REDUCE_STAGED,
     REDUCE_DIRECT,
+    REDUCE_COPY,
 ];
 
 /// The collective operations algorithms serve.
@@ -682,12 +685,18 @@ impl<'a> SetupContext<'a> {
     /// The kernel of `algorithm`: from the device image, or its host stand-in on the
     /// host backend.
     pub fn kernel(&self, algorithm: Algorithm) -> Result<AnyKernel> {
+        self.kernel_named(algorithm, algorithm.descriptor().kernel)
+    }
+
+    /// Another kernel of `algorithm` (one its host table also holds, e.g. `reduce_copy`'s
+    /// local reduce beside its barrier): from the device image, or the host table.
+    pub(crate) fn kernel_named(&self, algorithm: Algorithm, name: &str) -> Result<AnyKernel> {
         let d = algorithm.descriptor();
         match self.image {
-            Some(module) => module.kernel(d.kernel),
+            Some(module) => module.kernel(name),
             None => {
                 let module = self.device.load_module(&ModuleImage::Host(&d.host))?;
-                let kernel = module.kernel(d.kernel)?;
+                let kernel = module.kernel(name)?;
                 self.host_modules.borrow_mut().push(module);
                 Ok(kernel)
             }

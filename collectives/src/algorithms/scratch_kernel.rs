@@ -50,9 +50,20 @@ impl ScratchKernel {
         algorithm: Algorithm,
         region: FlagRegion,
     ) -> Result<ScratchKernel> {
+        Self::load_named(ctx, algorithm, algorithm.descriptor().kernel, region)
+    }
+
+    /// As [`ScratchKernel::load`], for another kernel of the algorithm
+    /// ([`SetupContext::kernel_named`]) that takes the same argument block.
+    pub(crate) fn load_named(
+        ctx: &SetupContext<'_>,
+        algorithm: Algorithm,
+        kernel: &str,
+        region: FlagRegion,
+    ) -> Result<ScratchKernel> {
         Ok(ScratchKernel {
             algorithm,
-            kernel: ctx.kernel(algorithm)?,
+            kernel: ctx.kernel_named(algorithm, kernel)?,
             region,
             scratch: ctx.shared_scratch()?,
             timeout_ns: u64::try_from(ctx.timeout.as_nanos()).unwrap_or(u64::MAX),

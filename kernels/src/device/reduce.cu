@@ -20,6 +20,12 @@
 //   straight from every rank's input (peer loads) into its output; barrier (no one reads the
 //   peers' inputs any more).
 //
+// - reduce_local: one GPU's half of reduce_copy (collectives/src/algorithms/reduce/copy.rs).
+//   No peer, no barrier, no epoch: a.peer_input[0..world) are buffers of this GPU in rank
+//   order (the root's input and the peers' inputs its copy engine pulled), reduced into
+//   a.output. Launched per chunk on the root only, so it leaves the epoch alone (the other
+//   ranks' epochs would fall behind, and the one-shots' flags with them).
+//
 // In place (input == output at the root), each unit is read before the same thread writes it.
 
 #include "oxccl/abi.h"
@@ -146,6 +152,21 @@ OXCCL_DEVICE_INLINE void direct_body(const Reducer reduce, const OxcclAllreduceA
   block_barrier(a, call.deadline, call.failed);
 }
 
+template <typename Fmt, typename Reducer>
+OXCCL_DEVICE_INLINE void local_body(const Reducer reduce, const OxcclAllreduceArgs& a) {
+  const uint64_t total = a.count * sizeof(typename Fmt::Storage);
+  const uint64_t units = (total + 15) / 16;
+  const uint32_t w = a.world_size;
+  for (uint64_t j = thread_index(); j < units; j += thread_count()) {
+    Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
+#pragma unroll
+    for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
+      if (r < w) in[r] = load_unit(a.peer_input[r], j * 16, total);
+    }
+    store_unit(a.output, j * 16, reduce_ranks(reduce, in, w), total);
+  }
+}
+
 }  // namespace reduce_to_root
 }  // namespace oxccl
 
@@ -173,4 +194,17 @@ OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void reduce_direct(const OXCCL_GRID_CONSTA
                       [&]<typename Fmt>(auto reducer, const CallState call) OXCCL_INLINE_LAMBDA {
                         oxccl::reduce_to_root::direct_body<Fmt>(reducer, args, call);
                       });
+}
+
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void reduce_local(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {
+  const OxcclAllreduceArgs& args = oxccl::kernel_args(param);
+  using namespace oxccl::allreduce;
+  // Not run_call: that advances the epoch (see the file's head).
+  if (!args_ok(args)) {
+    if (oxccl::thread_index() == 0) report(own_scratch(args), OXCCL_ALLREDUCE_ERR_ARGS, args.rank);
+    return;
+  }
+  dispatch_all(args, [&]<typename Fmt>(auto reducer) OXCCL_INLINE_LAMBDA {
+    oxccl::reduce_to_root::local_body<Fmt>(reducer, args);
+  });
 }

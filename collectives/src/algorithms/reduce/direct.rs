@@ -46,20 +46,31 @@ fn host_kernel(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     let ins = c.peer_inputs()?;
     barrier(&c, blocks)?;
     if c.me == root {
-        let mut inputs = vec![[0u8; 16]; c.world];
-        for u in 0..c.total.div_ceil(16) {
-            for (r, input) in inputs.iter_mut().enumerate() {
-                // SAFETY: every rank's registered input holds `total` bytes at ins[r]; it is
-                // not written during the call (its owner passed the first barrier and only
-                // reads it, or, in place on the root, this loop writes each unit after
-                // reading it).
-                *input = unsafe { read_unit(ins[r], c.total, u * 16) };
-            }
-            let valid = c.total.saturating_sub(u * 16).min(16);
-            c.store_output(u * 16, &c.reduce_unit(&inputs, valid)?);
-        }
+        // SAFETY: every rank's registered input holds `total` bytes at ins[r]; it is not
+        // written during the call (its owner passed the first barrier and only reads it,
+        // or, in place on the root, each unit is written after it was read).
+        unsafe { reduce_into_output(&c, &ins[..c.world])? };
     }
     barrier(&c, blocks)?;
     c.finish();
+    Ok(())
+}
+
+/// Stores into `c`'s output the reduction, in rank order, of `ins` (one pointer per rank),
+/// unit by unit (shared with `reduce_copy`'s local reduce).
+///
+/// # Safety
+/// Every pointer must be readable for `c.total` bytes and not written during the call but
+/// by this function, which writes each output unit after reading that unit of every input.
+pub(crate) unsafe fn reduce_into_output(c: &Call, ins: &[*const std::ffi::c_void]) -> Result<()> {
+    let mut inputs = vec![[0u8; 16]; ins.len()];
+    for u in 0..c.total.div_ceil(16) {
+        for (input, &at) in inputs.iter_mut().zip(ins) {
+            // SAFETY: the caller's obligations: `at` holds `total` readable bytes.
+            *input = unsafe { read_unit(at, c.total, u * 16) };
+        }
+        let valid = c.total.saturating_sub(u * 16).min(16);
+        c.store_output(u * 16, &c.reduce_unit(&inputs, valid)?);
+    }
     Ok(())
 }
