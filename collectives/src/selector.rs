@@ -160,6 +160,8 @@ pub const BROADCAST_DIRECT_MAX_BYTES: usize = 512 << 10;
 ///   256 MiB, 103 against 101 at 64 MiB (H100): from 64 MiB per chunk (128 MiB buffers).
 /// - all_to_all_v: 1194 against `alltoallv_direct`'s 1319 us at 1 GiB, 84 against 88 at
 ///   64 MiB, 26.2 against 27.3 at 16 MiB (buffers; H100): from 16 MiB largest chunks.
+/// - reduce: never; `reduce_copy` took 4.19 ms for 1 GiB against `reduce_direct`'s 3.08
+///   (H100; see its module).
 pub fn copy_lane_min(collective: Collective, world_size: u32) -> Option<(Algorithm, usize)> {
     match (collective, world_size) {
         (Collective::Broadcast, 2) => Some((BROADCAST_COPY, 128 << 20)),
