@@ -13,12 +13,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use oxccl_collectives::backend::AnyMemory;
-use oxccl_collectives::hal::{AccumType, DataType, Device, Memory, MemoryKind, ReduceOp, Stream};
+use oxccl_collectives::hal::{AccumType, DataType, Device, Memory, MemoryKind, ReduceOp};
 use oxccl_collectives::CommConfig;
 use proptest::prelude::*;
 
 mod common;
-use common::{expected, same_bits, stage, threads_with};
+use common::{all_reduce_and_read, expected, same_bits, stage, threads_with};
 
 /// Allocations each rank juggles.
 const SLOTS: usize = 3;
@@ -110,24 +110,10 @@ fn run(ops: Vec<Op>) {
                         count,
                         salt,
                     );
-                    // SAFETY: both ranges lie inside `mem`, which outlives the synchronize.
-                    unsafe {
-                        r.comm
-                            .all_reduce(
-                                inp,
-                                out,
-                                count,
-                                DataType::F32,
-                                ReduceOp::Sum,
-                                AccumType::Auto,
-                                &r.stream,
-                            )
-                            .unwrap();
-                    }
-                    r.stream.synchronize().unwrap();
-                    r.comm.check_error(&r.stream).unwrap();
-                    let mut got = vec![0u8; DataType::F32.bytes(count).unwrap()];
-                    r.stream.read(out, &mut got).unwrap();
+                    // SAFETY: both ranges lie inside `mem`, which outlives the call.
+                    let got = unsafe {
+                        all_reduce_and_read(r, (inp, out), count, DataType::F32, ReduceOp::Sum)
+                    };
                     let want = expected(
                         DataType::F32,
                         ReduceOp::Sum,

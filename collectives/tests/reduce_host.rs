@@ -19,7 +19,7 @@ use oxccl_collectives::hal::{
 use oxccl_collectives::{Algorithm, Collective, CommConfig, Communicator};
 
 mod common;
-use common::{accums, expected, input, same_bits, threads_with, Rank};
+use common::{accums, all_reduce_and_read, expected, input, same_bits, threads_with, Rank};
 
 fn threads(world: u32, forced: Option<Algorithm>, body: impl Fn(&Rank) + Send + Sync + 'static) {
     threads_with(
@@ -483,24 +483,9 @@ fn copy_pipeline_leaves_the_ranks_in_step_for_the_one_shots() {
             r.stream
                 .write(b.ptr(), &input(dtype, r.comm.rank(), count, salt))
                 .unwrap();
-            // SAFETY: `b` holds `count` f32; synchronized below.
-            unsafe {
-                r.comm
-                    .all_reduce(
-                        b.ptr(),
-                        b.ptr(),
-                        count,
-                        dtype,
-                        ReduceOp::Sum,
-                        AccumType::Auto,
-                        &r.stream,
-                    )
-                    .unwrap();
-            }
-            r.stream.synchronize().unwrap();
-            r.comm.check_error(&r.stream).unwrap();
-            let mut got = vec![0u8; 4004];
-            r.stream.read(b.ptr(), &mut got).unwrap();
+            // SAFETY: `b` holds `count` f32 and outlives the call.
+            let got =
+                unsafe { all_reduce_and_read(r, (b.ptr(), b.ptr()), count, dtype, ReduceOp::Sum) };
             let want = expected(dtype, ReduceOp::Sum, AccumType::Auto, 2, count, salt);
             same_bits(dtype, &got, &want, count).unwrap();
         }

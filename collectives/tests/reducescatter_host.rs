@@ -19,7 +19,7 @@ use oxccl_collectives::kernels::reduce;
 use oxccl_collectives::{Algorithm, Collective, CommConfig, Communicator};
 
 mod common;
-use common::{accums, input, same_bits, threads_with, Rank};
+use common::{accums, all_reduce_and_read, input, same_bits, threads_with, Rank};
 
 fn threads(world: u32, forced: Option<Algorithm>, body: impl Fn(&Rank) + Send + Sync + 'static) {
     threads_with(
@@ -239,27 +239,14 @@ fn default_selection_and_the_other_collectives_on_one_communicator() {
             r.stream
                 .write(own, &input(DataType::F32, r.comm.rank(), 100, salt))
                 .unwrap();
-            // SAFETY: `buf` holds 2 x 100 f32, in place; synchronized below.
-            unsafe {
+            // SAFETY: `buf` holds 2 x 100 f32, in place, and outlives both calls (the
+            // second synchronizes).
+            let got = unsafe {
                 r.comm
                     .all_gather(own, buf.ptr(), 100, DataType::F32, &r.stream)
                     .unwrap();
-                r.comm
-                    .all_reduce(
-                        buf.ptr(),
-                        buf.ptr(),
-                        200,
-                        DataType::F32,
-                        ReduceOp::Sum,
-                        AccumType::Auto,
-                        &r.stream,
-                    )
-                    .unwrap();
-            }
-            r.stream.synchronize().unwrap();
-            r.comm.check_error(&r.stream).unwrap();
-            let mut got = vec![0u8; 800];
-            r.stream.read(buf.ptr(), &mut got).unwrap();
+                all_reduce_and_read(r, (buf.ptr(), buf.ptr()), 200, DataType::F32, ReduceOp::Sum)
+            };
             // Every rank gathered the same 200 values and summed two copies of them.
             let mut gathered = input(DataType::F32, 0, 100, salt);
             gathered.extend(input(DataType::F32, 1, 100, salt));

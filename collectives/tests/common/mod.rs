@@ -194,3 +194,30 @@ pub fn first_call_signature(count: u64, dtype: DataType, algorithm: u32) -> Vec<
     }
     v
 }
+
+/// Queues an allreduce (`op`, automatic accumulation) of `count` elements from `inp` into
+/// `out` on `r`'s stream after whatever is queued there, synchronizes, checks the
+/// communicator's device error word, and returns `out`'s bytes.
+///
+/// # Safety
+/// `inp` and `out` must hold `count` elements of `dtype` on `r`'s device (one buffer in
+/// place), live and written by nothing else until this returns.
+pub unsafe fn all_reduce_and_read(
+    r: &Rank,
+    (inp, out): (DevicePtr, DevicePtr),
+    count: usize,
+    dtype: DataType,
+    op: ReduceOp,
+) -> Vec<u8> {
+    // SAFETY: the caller's obligations; synchronized before returning.
+    unsafe {
+        r.comm
+            .all_reduce(inp, out, count, dtype, op, AccumType::Auto, &r.stream)
+            .unwrap();
+    }
+    r.stream.synchronize().unwrap();
+    r.comm.check_error(&r.stream).unwrap();
+    let mut got = vec![0u8; dtype.bytes(count).unwrap()];
+    r.stream.read(out, &mut got).unwrap();
+    got
+}
