@@ -30,6 +30,23 @@
 //   local-copy     GPU 0's source into its own buffer, by SM (b) and by cudaMemcpyAsync (the
 //                  driver may run it as a kernel): HBM for reference (bytes copied; each is
 //                  read once and written once)
+//   ce+local       one copy-engine copy of s between the GPUs while GPU 0's SMs copy s of its
+//                  own (sm-store b into a spare buffer) on another stream: does local memory
+//                  traffic slow the copy engine, and on which side?
+//                  push-src  GPU 0's engine pushes to GPU 1 (an out-of-place broadcast's root)
+//                  push-dst  GPU 1's engine pushes into GPU 0 (a reduce pushed to its root)
+//                  pull-dst  GPU 0's engine pulls from GPU 1 (reduce_copy's root)
+//                  push-dst16  push-dst with the local copy on 16 blocks
+//   ce-pipe        reduce_copy's shape in one process: GPU 0's engine pulls GPU 1's source in
+//                  chunks (32 or 128 MiB) into two slots of GPU 0's spare on a side stream,
+//                  and as each lands a kernel on the main stream reads it and GPU 0's own
+//                  source and writes GPU 0's destination (3 bytes of local traffic per byte,
+//                  as a reduce; the result is the landed data, so it is checked); `serial`
+//                  runs that kernel on the side stream after each copy instead (no overlap)
+//   ce+busy        the same three copies while GPU 0 runs a kernel that holds every SM
+//                  whole (1024 threads and all of the shared memory per block) and only
+//                  spins for the copy's expected time: level with ce-1dir when the copy
+//                  engine needs no SM, about half when the driver moves the copy with SMs
 //
 // Plain loads of a local source compile to ld.global.nc (it is const __restrict__).
 //
@@ -107,6 +124,39 @@ __global__ void verify_kernel(const uint32_t* p, uint64_t words, uint32_t g, uns
   }
 }
 
+// out = a ^ (b & mask), 16-byte units, kUnroll per thread per iteration: a reduce's memory
+// traffic (two loads, one store) with a result that is `a` when mask is 0.
+template <int kUnroll>
+__global__ void __launch_bounds__(512) mix_kernel(const uint4* __restrict__ a, const uint4* __restrict__ b,
+                                                  uint4* __restrict__ out, uint64_t bytes, uint32_t mask) {
+  const uint64_t units = bytes / 16;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  uint64_t u = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;
+  const auto mix = [mask](const uint4& x, const uint4& y) {
+    return uint4{x.x ^ (y.x & mask), x.y ^ (y.y & mask), x.z ^ (y.z & mask), x.w ^ (y.w & mask)};
+  };
+  for (; u + (kUnroll - 1) * stride < units; u += kUnroll * stride) {
+    uint4 va[kUnroll], vb[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      va[k] = a[u + k * stride];
+      vb[k] = b[u + k * stride];
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) out[u + k * stride] = mix(va[k], vb[k]);
+  }
+  for (; u < units; u += stride) out[u] = mix(a[u], b[u]);
+}
+
+// Holds its SM (the launch takes all of its threads and shared memory) for `cycles` clocks.
+__global__ void __launch_bounds__(1024) busy_kernel(long long cycles) {
+  extern __shared__ char hold[];
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+  if (threadIdx.x == 0 && cycles < 0) hold[0] = 0;  // never: keeps the allocation
+}
+
 __device__ __forceinline__ uint4 load_unit(const uint4* p, bool cg) { return cg ? __ldcg(p) : *p; }
 
 __device__ __forceinline__ void store_unit(uint4* p, const uint4& v, bool cs) {
@@ -160,6 +210,7 @@ struct Gpu {
   int sms;
   char* src;
   char* dst;
+  char* spare;  // a second destination (the ce+local cases' local copy)
   Lane main;
   Lane side[kSideStreams];
   unsigned long long* counters;  // [0] mismatches, [1] first mismatching word
@@ -225,10 +276,12 @@ void sync_all(Gpu* gpus) {
   }
 }
 
-// A destination that a case fills: GPU `gpu`'s dst, expected to hold GPU `from`'s source.
+// A destination that a case fills: GPU `gpu`'s dst (or spare), expected to hold GPU
+// `from`'s source.
 struct Target {
   int gpu;
   int from;
+  bool spare = false;
 };
 
 struct Runner {
@@ -245,7 +298,7 @@ struct Runner {
     sync_all(gpus);
     for (const Target& t : targets) {
       CK(cudaSetDevice(gpus[t.gpu].dev));
-      CK(cudaMemset(gpus[t.gpu].dst, 0xff, bytes));
+      CK(cudaMemset(t.spare ? gpus[t.gpu].spare : gpus[t.gpu].dst, 0xff, bytes));
     }
     sync_all(gpus);
     for (int i = 0; i < iters; ++i) once();
@@ -256,8 +309,8 @@ struct Runner {
       CK(cudaSetDevice(g.dev));
       const unsigned long long init[2] = {0, ~0ull};
       CK(cudaMemcpy(g.counters, init, sizeof(init), cudaMemcpyHostToDevice));
-      verify_kernel<<<g.sms * 4, 512>>>(reinterpret_cast<const uint32_t*>(g.dst), bytes / 4, t.from, g.counters,
-                                        g.counters + 1);
+      verify_kernel<<<g.sms * 4, 512>>>(reinterpret_cast<const uint32_t*>(t.spare ? g.spare : g.dst), bytes / 4,
+                                        t.from, g.counters, g.counters + 1);
       CK(cudaGetLastError());
       unsigned long long got[2];
       CK(cudaMemcpy(got, g.counters, sizeof(got), cudaMemcpyDeviceToHost));
@@ -366,6 +419,7 @@ int main(int argc, char** argv) {
     }
     CK(cudaMalloc(&g.src, max_bytes));
     CK(cudaMalloc(&g.dst, max_bytes));
+    CK(cudaMalloc(&g.spare, max_bytes));
     CK(cudaMalloc(&g.counters, 2 * sizeof(unsigned long long)));
     g.main = make_lane(r);
     for (Lane& l : g.side) l = make_lane(r);
@@ -387,6 +441,16 @@ int main(int argc, char** argv) {
   Gpu& g0 = gpus[0];
   Gpu& g1 = gpus[1];
   const int sms0 = g0.sms, sms1 = g1.sms;
+  int clock_khz0 = 0, busy_smem0 = 0;
+  CK(cudaSetDevice(g0.dev));
+  CK(cudaDeviceGetAttribute(&clock_khz0, cudaDevAttrClockRate, g0.dev));
+  CK(cudaDeviceGetAttribute(&busy_smem0, cudaDevAttrMaxSharedMemoryPerBlockOptin, g0.dev));
+  CK(cudaFuncSetAttribute(busy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, busy_smem0));
+  cudaEvent_t pipe_landed[2], pipe_mixed[2];
+  for (int i = 0; i < 2; ++i) {
+    CK(cudaEventCreateWithFlags(&pipe_landed[i], cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&pipe_mixed[i], cudaEventDisableTiming));
+  }
   const SmVariant store[] = {
       {"a", copy_kernel<1, false, false>, 1, 512}, {"b", copy_kernel<4, false, false>, 1, 512},
       {"c", copy_kernel<4, false, true>, 1, 512},  {"d", copy_kernel<4, false, false>, 2, 256},
@@ -459,6 +523,61 @@ int main(int argc, char** argv) {
     });
     bench.run("local-copy", "sm-b", bytes, local0, [&] { launch(store_b, g0.main, sms0, g0.src, g0.dst, bytes); });
     bench.run("local-copy", "ce", bytes, local0, [&] { copy(g0.main, g0.src, g0.dst, bytes); });
+    // ce+local: the engine's copy on one lane, GPU 0's local copy (into its spare) on another.
+    const Target spare0{0, 0, true};
+    const auto beside_local = [&](const Lane& ce, const char* src, char* dst, int local_blocks) {
+      const std::vector<const Lane*> lanes{&ce, &g0.side[1]};
+      fork(g0.main, lanes);
+      copy(ce, src, dst, bytes);
+      launch(store_b, g0.side[1], local_blocks, g0.src, g0.spare, bytes);
+      join(g0.main, lanes);
+    };
+    bench.run("ce+local", "push-src", bytes, {{1, 0}, spare0}, [&] { beside_local(g0.side[0], g0.src, g1.dst, sms0); });
+    bench.run("ce+local", "push-dst", bytes, {{0, 1}, spare0}, [&] { beside_local(g1.side[0], g1.src, g0.dst, sms0); });
+    bench.run("ce+local", "pull-dst", bytes, {{0, 1}, spare0}, [&] { beside_local(g0.side[0], g1.src, g0.dst, sms0); });
+    bench.run("ce+local", "push-dst16", bytes, {{0, 1}, spare0}, [&] { beside_local(g1.side[0], g1.src, g0.dst, 16); });
+    // ce-pipe: chunk i's pull on side[0] into slot i % 2, its mix on main (or on side[0]).
+    for (const uint64_t chunk : {32 * kMiB, 128 * kMiB}) {
+      if (chunk > bytes) continue;
+      for (const bool serial : {false, true}) {
+        const std::string tag = std::to_string(chunk / kMiB) + "M" + (serial ? "-serial" : "");
+        bench.run("ce-pipe", tag, bytes, to0, [&] {
+          const Lane& ce = g0.side[0];
+          const Lane& mixer = serial ? ce : g0.main;
+          fork(g0.main, {&ce});
+          CK(cudaSetDevice(g0.dev));
+          for (uint64_t off = 0, i = 0; off < bytes; off += chunk, ++i) {
+            const uint64_t len = std::min(chunk, bytes - off);
+            const int slot = static_cast<int>(i % 2);
+            char* landing = g0.spare + slot * chunk;
+            if (i >= 2) CK(cudaStreamWaitEvent(ce.stream, pipe_mixed[slot], 0));
+            CK(cudaMemcpyAsync(landing, g1.src + off, len, cudaMemcpyDefault, ce.stream));
+            CK(cudaEventRecord(pipe_landed[slot], ce.stream));
+            CK(cudaStreamWaitEvent(mixer.stream, pipe_landed[slot], 0));
+            mix_kernel<4><<<sms0, 512, 0, mixer.stream>>>(reinterpret_cast<const uint4*>(landing),
+                                                          reinterpret_cast<const uint4*>(g0.src + off),
+                                                          reinterpret_cast<uint4*>(g0.dst + off), len, 0u);
+            CK(cudaGetLastError());
+            CK(cudaEventRecord(pipe_mixed[slot], mixer.stream));
+          }
+          join(g0.main, {&ce});
+        });
+      }
+    }
+    // ce+busy: GPU 0's SMs all held for about the copy's time at 390 GB/s.
+    const long long spin = static_cast<long long>(static_cast<double>(bytes) / 390e9 * clock_khz0 * 1e3);
+    const auto beside_busy = [&](const Lane& ce, const char* src, char* dst) {
+      const std::vector<const Lane*> lanes{&ce, &g0.side[1]};
+      fork(g0.main, lanes);
+      copy(ce, src, dst, bytes);
+      CK(cudaSetDevice(g0.dev));
+      busy_kernel<<<sms0, 1024, busy_smem0, g0.side[1].stream>>>(spin);
+      CK(cudaGetLastError());
+      join(g0.main, lanes);
+    };
+    bench.run("ce+busy", "push-src", bytes, to1, [&] { beside_busy(g0.side[0], g0.src, g1.dst); });
+    bench.run("ce+busy", "push-dst", bytes, to0, [&] { beside_busy(g1.side[0], g1.src, g0.dst); });
+    bench.run("ce+busy", "pull-dst", bytes, to0, [&] { beside_busy(g0.side[0], g1.src, g0.dst); });
   }
 
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();

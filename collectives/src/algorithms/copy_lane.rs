@@ -6,9 +6,13 @@
 //! Measured for a 1 GiB `broadcast_copy` on 2 GPUs (H200 and H100 alike): the root's copy
 //! engine alone (in place) 2.76 ms, 389 GB/s; out of place, with the root's local copy
 //! after it on one stream 4.37 ms, beside it on the copy engine of a second stream 3.66,
-//! beside it by the SMs 3.80-3.89 whatever the local copy's grid. The local copy's memory
-//! traffic slows the copy engine's peer copy by far more than its own length, so callers
-//! with a local copy move the peers' data by the SMs too ([`Engine::Sm`]).
+//! beside it by the SMs 3.80-3.89 whatever the local copy's grid: in oxccl's calls the
+//! local copy and the copy engine's peer copy take about as long as the two one after the
+//! other. The hardware does not force that: in one process with peer access the copy engine
+//! keeps 388-395 GB/s beside a local copy on either GPU, or beside a kernel holding every SM
+//! (ci/gpu/probe/bandwidth_probe.cu, `ce+local`, `ce+busy`). What serializes them in oxccl's
+//! setting (a process per GPU, IPC-imported buffers) is not found yet, so callers with a
+//! local copy move the peers' data by the SMs too ([`Engine::Sm`]).
 //!
 //! [`Barriered`] queues a whole call of such an algorithm: its one-block barrier kernel
 //! (every peer's destination is free), the copies, the barrier kernel again (every copy has

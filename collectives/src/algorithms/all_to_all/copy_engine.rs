@@ -5,7 +5,7 @@
 //! stream, and a second barrier kernel (every chunk has arrived). Two kernels side by side
 //! beat `alltoall_direct`'s one, which moves both from the same threads: 2 H100s, 1481
 //! against 1610 us at 1 GiB. The copy engine for the peers' chunks was slower (2.14-2.33
-//! ms): the own chunk's local copy slows it (see [`copy_lane`]).
+//! ms): it did not overlap the own chunk's local copy (see [`copy_lane`]).
 
 use oxccl_backend::AnyStream;
 use oxccl_hal::{Error, HostKernelTable, Result};

@@ -13,12 +13,15 @@
 //! More ranks are refused: the root's copy engine would pull every peer's input through its
 //! one link in turn.
 //!
-//! Measured, it loses (2 H100s, bf16, graph replay, every size checked): 4.19 ms for 1 GiB
-//! against `reduce_direct`'s 3.08 and NCCL's 2.88, with 8 to 128 MiB chunks alike (0.65-0.69x
-//! NCCL), slower with a smaller local grid (32 blocks 4.68 ms, 16 blocks 8.25). That is about
-//! the pull (2.7-2.8 ms) plus the local reduce (1.5 ms): its memory traffic and the copy
-//! engine's do not overlap, as the copy lane's local copy did not (see `copy_lane`). So
-//! the selector never takes it (`OXCCL_ALGO=reduce_copy` forces it, to measure elsewhere).
+//! Measured, it loses (2 H100s and 2 H200s, bf16, every size checked): 4.0-4.2 ms for 1 GiB
+//! against `reduce_direct`'s 3.08 and NCCL's 2.88-2.89 (0.65-0.73x), with 8 to 256 MiB chunks
+//! alike, eager or in a graph, and slower with a smaller local grid (32 blocks 4.68 ms, 16
+//! blocks 8.25). That is about the pull (2.7-2.8 ms) plus the local reduce one after the
+//! other, as the copy lane's local copy beside the copy engine (see `copy_lane`; a local
+//! kernel with four units per thread in flight and CUDA_DEVICE_MAX_CONNECTIONS 1, 8 or 32
+//! changed nothing). The same pipeline in one process (ci/gpu/probe, `ce-pipe`) overlaps,
+//! and reaches 356-372 GB/s: NCCL's reduce, so even then no gain. So the selector never
+//! takes it (`OXCCL_ALGO=reduce_copy` forces it, to measure elsewhere).
 
 use oxccl_backend::AnyStream;
 use oxccl_hal::{Device, Error, HostKernelTable, LaunchConfig, Result};
