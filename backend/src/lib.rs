@@ -282,6 +282,9 @@ impl Device<AnyBackend> for AnyDevice {
     fn create_event(&self) -> Result<AnyEvent> {
         each_into!(self, AnyDevice, AnyEvent, d => d.create_event())
     }
+    fn create_sync_event(&self) -> Result<AnyEvent> {
+        each_into!(self, AnyDevice, AnyEvent, d => d.create_sync_event())
+    }
     fn load_module(&self, image: &ModuleImage<'_>) -> Result<AnyModule> {
         each_into!(self, AnyDevice, AnyModule, d => d.load_module(image))
     }

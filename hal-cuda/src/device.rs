@@ -386,7 +386,12 @@ impl Device<CudaBackend> for CudaDevice {
 
     fn create_event(&self) -> Result<CudaEvent> {
         self.bind_to_thread()?;
-        CudaEvent::new(Arc::clone(&self.ctx))
+        CudaEvent::new(Arc::clone(&self.ctx), true)
+    }
+
+    fn create_sync_event(&self) -> Result<CudaEvent> {
+        self.bind_to_thread()?;
+        CudaEvent::new(Arc::clone(&self.ctx), false)
     }
 
     fn load_module(&self, image: &ModuleImage<'_>) -> Result<CudaModule> {

@@ -632,9 +632,13 @@ pub(crate) unsafe fn stream_wait_event(s: sys::CUstream, e: sys::CUevent) -> Res
     })
 }
 
-pub(crate) fn event_create() -> Result<sys::CUevent> {
+pub(crate) fn event_create(timed: bool) -> Result<sys::CUevent> {
     let mut e = std::ptr::null_mut();
-    let flags = sys::CUevent_flags::CU_EVENT_DEFAULT as u32;
+    let flags = if timed {
+        sys::CUevent_flags::CU_EVENT_DEFAULT
+    } else {
+        sys::CUevent_flags::CU_EVENT_DISABLE_TIMING
+    } as u32;
     // SAFETY: writes one event handle in the current context.
     check("cuEventCreate", unsafe {
         sys::cuEventCreate(&mut e, flags)

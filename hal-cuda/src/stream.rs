@@ -208,8 +208,9 @@ unsafe impl Send for CudaEvent {}
 unsafe impl Sync for CudaEvent {}
 
 impl CudaEvent {
-    pub(crate) fn new(ctx: Arc<Context>) -> Result<CudaEvent> {
-        let event = result::event_create()?;
+    /// An event in `ctx`, with timing data when `timed`.
+    pub(crate) fn new(ctx: Arc<Context>, timed: bool) -> Result<CudaEvent> {
+        let event = result::event_create(timed)?;
         Ok(CudaEvent { ctx, event })
     }
 }

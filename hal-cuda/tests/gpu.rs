@@ -224,6 +224,35 @@ fn streams_events_and_capture_state() -> Result<()> {
     Ok(())
 }
 
+/// A sync event orders work across streams like a timed one (a fill on one stream, the
+/// wait on another, then a read there sees the fill) and cannot be timed.
+#[test]
+fn sync_events_order_work_and_are_not_timed() -> Result<()> {
+    let Some(dev) = gpu()? else { return Ok(()) };
+    let (a, b) = (dev.create_stream()?, dev.create_stream()?);
+    let (done, other) = (dev.create_sync_event()?, dev.create_sync_event()?);
+    let n = 64 << 20;
+    let mem = dev.alloc(n, MemoryKind::Plain)?;
+    // SAFETY: `mem` holds n bytes and lives past the read below, which synchronizes `b`
+    // (and through the wait, the fill on `a`).
+    unsafe { a.fill(mem.ptr(), 0x3c, n)? };
+    a.record(&done)?;
+    b.wait_event(&done)?;
+    let mut back = vec![0u8; n];
+    b.read(mem.ptr(), &mut back)?;
+    assert!(
+        back.iter().all(|&x| x == 0x3c),
+        "the read on b ran before the fill on a"
+    );
+    b.record(&other)?;
+    other.synchronize()?;
+    assert!(
+        other.elapsed_ms_since(&done).is_err(),
+        "a sync event was timed"
+    );
+    Ok(())
+}
+
 #[test]
 fn the_device_works_from_other_threads() -> Result<()> {
     let Some(dev) = gpu()? else { return Ok(()) };

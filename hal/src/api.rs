@@ -90,6 +90,13 @@ pub trait Device<B: Backend>: Debug + Send + Sync {
     /// Creates an event that can be timed.
     fn create_event(&self) -> Result<B::Event>;
 
+    /// Creates an event used only to order work (record, wait, synchronize), never timed:
+    /// the backends that have one make it without a timestamp (CUDA: no timing data).
+    /// Timing it is an error where the backend keeps no timestamp.
+    fn create_sync_event(&self) -> Result<B::Event> {
+        self.create_event()
+    }
+
     /// Loads a code image built for this backend.
     fn load_module(&self, image: &ModuleImage<'_>) -> Result<B::Module>;
 

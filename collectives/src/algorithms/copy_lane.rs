@@ -198,10 +198,10 @@ impl CopyLane {
         Ok(Self {
             lane: Mutex::new(Lane {
                 stream: device.create_stream()?,
-                forked: device.create_event()?,
-                joined: device.create_event()?,
-                copied: [device.create_event()?, device.create_event()?],
-                consumed: [device.create_event()?, device.create_event()?],
+                forked: device.create_sync_event()?,
+                joined: device.create_sync_event()?,
+                copied: [device.create_sync_event()?, device.create_sync_event()?],
+                consumed: [device.create_sync_event()?, device.create_sync_event()?],
             }),
             copy,
             copy_config,
