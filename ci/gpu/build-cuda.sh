@@ -5,7 +5,8 @@
 #     .gpu/bin/oxccl-perf          oxccl-perf --features cuda
 #     .gpu/bin/oxccl-gpu-suite     the multi-process suite, self-test, channels, faults
 #     .gpu/bin/liboxccl_nccl.so    the NCCL-API library (PyTorch preload)
-#     .gpu/bin/hal-cuda-gpu-tests  hal-cuda's tests (they skip without a GPU here)
+#     .gpu/bin/hal-cuda-gpu-tests  hal-cuda's lib tests (they skip without a GPU here)
+#     .gpu/bin/hal-cuda-gpu-integration  hal-cuda's tests/gpu.rs (skip without a GPU)
 #     .gpu/bin/nccl_group_test     ci/gpu/nccl_group_test.c linked to liboxccl_nccl.so
 #     .gpu/bin/nccl_call_cost      ci/gpu/nccl_call_cost.c (loads either NCCL library)
 #     .gpu/wheels/oxccl-*.whl      the Python package with CUDA (abi3)
@@ -45,15 +46,21 @@ want perf && put "${target_dir}/release/oxccl-perf" oxccl-perf
 want suite && put "${target_dir}/release/oxccl-gpu-suite" oxccl-gpu-suite
 { want nccl || want group; } && put "${target_dir}/release/liboxccl_nccl.so" liboxccl_nccl.so
 if want hal; then
-    # The test binary's path is printed by cargo as JSON; take the hal-cuda lib tests'.
-    exe="$(cargo test --release -p oxccl-hal-cuda --no-run --message-format=json 2>/dev/null |
+    # The test binaries' paths are printed by cargo as JSON: the hal-cuda lib tests and its
+    # GPU integration tests (tests/gpu.rs).
+    artifacts="$(cargo test --release -p oxccl-hal-cuda --no-run --message-format=json 2>/dev/null)"
+    test_exe() { # test_exe TARGET: the executable cargo built for that test target
         python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "oxccl_hal_cuda":
-        print(m["executable"])' | tail -n1)"
-    [[ -n "${exe}" ]] || { echo "build-cuda.sh: no hal-cuda test binary" >&2; exit 1; }
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
+        print(m["executable"])' "$1" <<<"${artifacts}" | tail -n1
+    }
+    exe="$(test_exe oxccl_hal_cuda)"
+    gpu_exe="$(test_exe gpu)"
+    [[ -n "${exe}" && -n "${gpu_exe}" ]] || { echo "build-cuda.sh: no hal-cuda test binary" >&2; exit 1; }
     put "${exe}" hal-cuda-gpu-tests
+    put "${gpu_exe}" hal-cuda-gpu-integration
 fi
 if want group; then
     gcc -std=c11 -O1 -Wall -Wextra -Inccl-api/include -I"${CUDA_HOME}/include" \

@@ -125,6 +125,8 @@ hal)
     nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm --format=csv >>"${logs}/topology.txt" 2>&1
     cat "${logs}/topology.txt"
     step "hal-cuda GPU tests" 120 "${BIN}/hal-cuda-gpu-tests" --test-threads=1 --nocapture
+    [[ -x ${BIN}/hal-cuda-gpu-integration ]] &&
+        step "hal-cuda GPU integration tests" 120 "${BIN}/hal-cuda-gpu-integration" --test-threads=1 --nocapture
     step "kernels self-test on GPU $(devices 1)" 120 env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 "${BIN}/oxccl-gpu-suite" selftest
     for n in 2 4; do
         ((ngpus >= n)) || continue
