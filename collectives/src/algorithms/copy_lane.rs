@@ -25,14 +25,14 @@
 use std::sync::{Mutex, MutexGuard};
 
 use oxccl_backend::{AnyDevice, AnyEvent, AnyKernel, AnyStream};
-use oxccl_hal::{BackendKind, Device, DevicePtr, LaunchConfig, Result, Stream};
+use oxccl_hal::{Device, DevicePtr, LaunchConfig, Result, Stream};
 use oxccl_kernels::abi::{self, KernelArgs, OxcclCopyArgs};
 
 use super::broadcast::copy_engine::barrier_plan;
 use super::scratch_kernel::{ScratchKernel, Staging};
 use super::{
-    max_blocks, require_registered, Algorithm, Call, CallShape, Instance, Plan, SetupContext,
-    THREADS,
+    grid_of, max_blocks, require_registered, Algorithm, Call, CallShape, Instance, Plan,
+    SetupContext,
 };
 use crate::scratch::FlagRegion;
 
@@ -190,11 +190,7 @@ impl CopyLane {
     }
 
     fn with_kernel(device: &AnyDevice, copy: AnyKernel) -> Result<Self> {
-        let copy_config = if Device::backend(device) == BackendKind::Host {
-            LaunchConfig::linear(1, 32)
-        } else {
-            LaunchConfig::linear(max_blocks(device.capabilities()), THREADS)
-        };
+        let copy_config = grid_of(device, max_blocks(device.capabilities()));
         Ok(Self {
             lane: Mutex::new(Lane {
                 stream: device.create_stream()?,
@@ -331,7 +327,7 @@ impl CopyLane {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use oxccl_hal::{DeviceId, Memory, MemoryKind, Module};
+    use oxccl_hal::{BackendKind, DeviceId, Memory, MemoryKind, Module};
 
     fn host_lane(device: &AnyDevice) -> Result<CopyLane> {
         // The host module's table is static: its kernels outlive the module handle.

@@ -796,6 +796,16 @@ impl<'a> SetupContext<'a> {
 /// Threads per block of the device kernels.
 pub(crate) const THREADS: u32 = 512;
 
+/// The grid of a grid-stride kernel with `blocks` blocks of [`THREADS`] threads (one block
+/// of 32 on the host backend, whose stand-ins run on one thread).
+pub(crate) fn grid_of(device: &AnyDevice, blocks: u32) -> LaunchConfig {
+    if oxccl_hal::Device::backend(device) == oxccl_hal::BackendKind::Host {
+        LaunchConfig::linear(1, 32)
+    } else {
+        LaunchConfig::linear(blocks, THREADS)
+    }
+}
+
 /// Blocks the device kernels may use: the multiprocessor count, at most the sync area's
 /// per-block slots (every block must be resident: blocks spin on each other across GPUs).
 pub(crate) fn max_blocks(caps: &Capabilities) -> u32 {

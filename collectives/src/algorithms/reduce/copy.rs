@@ -24,7 +24,7 @@
 //! takes it (`OXCCL_ALGO=reduce_copy` forces it, to measure elsewhere).
 
 use oxccl_backend::AnyStream;
-use oxccl_hal::{Device, Error, HostKernelTable, LaunchConfig, Result};
+use oxccl_hal::{Device, DevicePtr, Error, HostKernelTable, LaunchConfig, Result};
 use oxccl_kernels::abi;
 
 use super::direct::reduce_into_output;
@@ -34,9 +34,10 @@ use crate::algorithms::broadcast::copy_engine::{
 use crate::algorithms::copy_lane::{Barriered, CopyLane, Span, PIPELINE_DEPTH};
 use crate::algorithms::scratch_kernel::ScratchKernel;
 use crate::algorithms::{
-    max_blocks, Algorithm, Buffers, Call, CallShape, Collective, Descriptor, Instance, Plan,
-    THREADS,
+    grid_of, max_blocks, Algorithm, Buffers, Call, CallShape, Collective, Descriptor, Instance,
+    Plan,
 };
+use crate::communicator::config::env_number;
 use crate::host_kernels::Call as KernelCall;
 use crate::scratch::FlagRegion;
 
@@ -72,30 +73,21 @@ pub const REDUCE_COPY: Algorithm = Algorithm::new(&Descriptor {
         if !ctx.wanted(me) {
             return Ok(None);
         }
-        let blocks = match std::env::var(BLOCKS_VAR) {
-            Ok(v) => v
-                .trim()
-                .parse::<u32>()
+        let max = abi::OXCCL_ALLREDUCE_MAX_BLOCKS;
+        let blocks = match env_number(BLOCKS_VAR)? {
+            None => max_blocks(ctx.device.capabilities()),
+            Some(b) => u32::try_from(b)
                 .ok()
-                .filter(|b| (1..=abi::OXCCL_ALLREDUCE_MAX_BLOCKS).contains(b))
+                .filter(|b| (1..=max).contains(b))
                 .ok_or_else(|| {
-                    Error::InvalidArgument(format!(
-                        "{BLOCKS_VAR}={v} is not in 1..={}",
-                        abi::OXCCL_ALLREDUCE_MAX_BLOCKS
-                    ))
+                    Error::InvalidArgument(format!("{BLOCKS_VAR}={b} is not in 1..={max}"))
                 })?,
-            Err(_) => max_blocks(ctx.device.capabilities()),
-        };
-        let local_config = if Device::backend(ctx.device) == oxccl_hal::BackendKind::Host {
-            LaunchConfig::linear(1, 32)
-        } else {
-            LaunchConfig::linear(blocks, THREADS)
         };
         Ok(Some(Box::new(CopyReduce {
             lane: Barriered::load(ctx, me)?,
             local: ScratchKernel::load_named(ctx, me, LOCAL_KERNEL, FlagRegion::Packets)?
                 .without_early_launch(),
-            local_config,
+            local_config: grid_of(ctx.device, blocks),
         })))
     },
 });
@@ -142,27 +134,22 @@ impl Instance for CopyReduce {
                 staging.bytes
             )));
         }
-        let mut chunks = Vec::new();
+        // Span i pulls bytes [i * slot, i * slot + len) of the peer's input into slot
+        // i % PIPELINE_DEPTH of this rank's staging.
         let mut spans = Vec::new();
-        if world == 1 {
-            // One rank: the reduction of its one input, by the local kernel.
-            chunks.push((0, bytes, call.input));
-        } else if me == call.root {
+        if world == 2 && me == call.root {
             let peer = peers.inputs[((me + 1) % world) as usize];
             let landing = staging.bases[me as usize].offset(staging.offset)?;
             for (i, at) in (0..bytes).step_by(slot).enumerate() {
-                let len = slot.min(bytes - at);
-                let dst = landing.offset((i % PIPELINE_DEPTH) * slot)?;
                 spans.push(Span {
-                    dst,
+                    dst: landing.offset((i % PIPELINE_DEPTH) * slot)?,
                     src: peer.offset(at)?,
-                    bytes: len,
+                    bytes: slot.min(bytes - at),
                 });
-                chunks.push((at, len, dst));
             }
         }
-        let reduce_chunk = |i: usize, on: &AnyStream| -> Result<()> {
-            let (at, len, landed) = chunks[i];
+        // The local reduce of `len` bytes from `at` of the call's buffers with `landed`.
+        let reduce_chunk = |at: usize, len: usize, landed: DevicePtr, on: &AnyStream| {
             let part = Call {
                 input: call.input.offset(at)?,
                 output: call.output.offset(at)?,
@@ -187,17 +174,22 @@ impl Instance for CopyReduce {
         };
         let between = |lane: &CopyLane| {
             if world == 1 {
-                return reduce_chunk(0, stream);
+                // One rank: the reduction of its one input, by the local kernel.
+                return reduce_chunk(0, bytes, call.input, stream);
             }
             if spans.is_empty() {
                 return Ok(());
             }
+            let reduce_span = |i: usize, on: &AnyStream| {
+                let s: &Span = &spans[i];
+                reduce_chunk(i * slot, s.bytes, s.dst, on)
+            };
             // SAFETY: between the barriers the peer only waits, so its registered input
             // (`bytes` at peers.inputs[p], same offset and size on every rank, checked by
             // the communicator) is not written, and no rank touches this rank's staging but
             // this pipeline; each span's destination is its slot of that staging (`slot`
             // bytes), reused PIPELINE_DEPTH spans apart.
-            unsafe { lane.pipeline(stream, &spans, reduce_chunk) }
+            unsafe { lane.pipeline(stream, &spans, reduce_span) }
         };
         // SAFETY: the caller's obligations cover the call's buffers and the plan; what
         // `between` queues is sound while the peer is between its barriers (see there).
