@@ -523,14 +523,18 @@ int main(int argc, char** argv) {
     });
     bench.run("local-copy", "sm-b", bytes, local0, [&] { launch(store_b, g0.main, sms0, g0.src, g0.dst, bytes); });
     bench.run("local-copy", "ce", bytes, local0, [&] { copy(g0.main, g0.src, g0.dst, bytes); });
-    // ce+local: the engine's copy on one lane, GPU 0's local copy (into its spare) on another.
-    const Target spare0{0, 0, true};
-    const auto beside_local = [&](const Lane& ce, const char* src, char* dst, int local_blocks) {
+    // The engine's copy on lane `ce` while `sm` queues GPU 0's SM work on its side[1].
+    const auto beside = [&](const Lane& ce, const char* src, char* dst, const std::function<void(const Lane&)>& sm) {
       const std::vector<const Lane*> lanes{&ce, &g0.side[1]};
       fork(g0.main, lanes);
       copy(ce, src, dst, bytes);
-      launch(store_b, g0.side[1], local_blocks, g0.src, g0.spare, bytes);
+      sm(g0.side[1]);
       join(g0.main, lanes);
+    };
+    // ce+local: GPU 0's SMs copy its source into its spare.
+    const Target spare0{0, 0, true};
+    const auto beside_local = [&](const Lane& ce, const char* src, char* dst, int local_blocks) {
+      beside(ce, src, dst, [&](const Lane& l) { launch(store_b, l, local_blocks, g0.src, g0.spare, bytes); });
     };
     bench.run("ce+local", "push-src", bytes, {{1, 0}, spare0}, [&] { beside_local(g0.side[0], g0.src, g1.dst, sms0); });
     bench.run("ce+local", "push-dst", bytes, {{0, 1}, spare0}, [&] { beside_local(g1.side[0], g1.src, g0.dst, sms0); });
@@ -567,13 +571,11 @@ int main(int argc, char** argv) {
     // ce+busy: GPU 0's SMs all held for about the copy's time at 390 GB/s.
     const long long spin = static_cast<long long>(static_cast<double>(bytes) / 390e9 * clock_khz0 * 1e3);
     const auto beside_busy = [&](const Lane& ce, const char* src, char* dst) {
-      const std::vector<const Lane*> lanes{&ce, &g0.side[1]};
-      fork(g0.main, lanes);
-      copy(ce, src, dst, bytes);
-      CK(cudaSetDevice(g0.dev));
-      busy_kernel<<<sms0, 1024, busy_smem0, g0.side[1].stream>>>(spin);
-      CK(cudaGetLastError());
-      join(g0.main, lanes);
+      beside(ce, src, dst, [&](const Lane& l) {
+        CK(cudaSetDevice(l.dev));
+        busy_kernel<<<sms0, 1024, busy_smem0, l.stream>>>(spin);
+        CK(cudaGetLastError());
+      });
     };
     bench.run("ce+busy", "push-src", bytes, to1, [&] { beside_busy(g0.side[0], g0.src, g1.dst); });
     bench.run("ce+busy", "push-dst", bytes, to0, [&] { beside_busy(g1.side[0], g1.src, g0.dst); });
