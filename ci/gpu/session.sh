@@ -16,6 +16,9 @@
 #     ci/gpu/session.sh probe      # where a small call's time goes (ci/gpu/probe/), 2 GPUs
 #     ci/gpu/session.sh bwprobe    # how fast large data moves between 2 GPUs: SM stores / loads,
 #                                  # copy engines, both (ci/gpu/probe/bandwidth_probe.cu)
+#     ci/gpu/session.sh ceoverlap  # does a copy-engine pull overlap SM work, per memory setup:
+#                                  # cudaMalloc / VMM / VMM+RDMA, one process / two with IPC
+#                                  # (ci/gpu/probe/ce_overlap_probe.cu)
 #     ci/gpu/session.sh copyengine # broadcast_copy (copy engine) vs broadcast_direct, vs NCCL
 #     ci/gpu/session.sh reducecopy # reduce_copy (copy-engine pull + local reduce) vs
 #                                  # reduce_direct, vs NCCL, over chunk sizes and grids
@@ -304,6 +307,15 @@ bwprobe)
         step "bandwidth probe 2gpu" 150 "${logs}/bandwidth_probe" 64,256,1024 5
     else
         summary+=("SKIP  bandwidth probe (needs 2 GPUs and .gpu/probe/bandwidth_probe.o)")
+    fi
+    ;;
+ceoverlap)
+    export CUDA_VISIBLE_DEVICES="$(devices 2)"
+    if ((ngpus >= 2)) && [[ -f .gpu/probe/ce_overlap_probe.o ]]; then
+        step "link ce overlap probe" 60 nvcc -arch=sm_90 .gpu/probe/ce_overlap_probe.o -lcuda -o "${logs}/ce_overlap_probe"
+        step "ce overlap probe 2gpu" 120 "${logs}/ce_overlap_probe" all 1024 5
+    else
+        summary+=("SKIP  ce overlap probe (needs 2 GPUs and .gpu/probe/ce_overlap_probe.o)")
     fi
     ;;
 copyengine)

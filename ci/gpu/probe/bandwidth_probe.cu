@@ -27,6 +27,12 @@
 //   ce-2dir        push4 both ways at once (s each way)
 //   ce+sm          one direction, s / 2 by the copy engines (push4) and s / 2 by SM stores
 //                  (sm-store-1dir b) at once
+//   split          one direction (GPU 1's source into GPU 0's buffer), half by each of two
+//                  engines at once, each on its own GPU's SMs or copy engine:
+//                  store+load    GPU 1's SMs store the first half, GPU 0's SMs load the second
+//                  cepush+load   GPU 1's copy engine pushes the first half, GPU 0's SMs load
+//                  cepull+store  GPU 0's copy engine pulls the first half, GPU 1's SMs store
+//                  does the link carry more than either engine alone (CE 389-396 GB/s)?
 //   local-copy     GPU 0's source into its own buffer, by SM (b) and by cudaMemcpyAsync (the
 //                  driver may run it as a kernel): HBM for reference (bytes copied; each is
 //                  read once and written once)
@@ -521,6 +527,28 @@ int main(int argc, char** argv) {
       launch(store_b, g0.side[4], sms0, g0.src + half, g1.dst + half, bytes - half);
       join(g0.main, lanes);
     });
+    // split: the first half by `first` (issued on GPU 1's side[0] or GPU 0's side[0]), the
+    // second by `second`, at once.
+    {
+      const uint64_t half = (bytes / 2) & ~15ull;
+      const auto split = [&](const char* tag, const std::function<void(const Lane&)>& first, const Lane& first_lane,
+                             const std::function<void(const Lane&)>& second, const Lane& second_lane) {
+        bench.run("split", tag, bytes, to0, [&] {
+          const std::vector<const Lane*> lanes{&first_lane, &second_lane};
+          fork(g0.main, lanes);
+          first(first_lane);
+          second(second_lane);
+          join(g0.main, lanes);
+        });
+      };
+      const auto load_second = [&](const Lane& l) { launch(load[1], l, sms0, g1.src + half, g0.dst + half, bytes - half); };
+      const auto store_first = [&](const Lane& l) { launch(store_b, l, sms1, g1.src, g0.dst, half); };
+      const auto store_second = [&](const Lane& l) { launch(store_b, l, sms1, g1.src + half, g0.dst + half, bytes - half); };
+      const auto copy_first = [&](const Lane& l) { copy(l, g1.src, g0.dst, half); };
+      split("store+load", store_first, g1.side[0], load_second, g0.side[0]);
+      split("cepush+load", copy_first, g1.side[0], load_second, g0.side[0]);
+      split("cepull+store", copy_first, g0.side[0], store_second, g1.side[1]);
+    }
     bench.run("local-copy", "sm-b", bytes, local0, [&] { launch(store_b, g0.main, sms0, g0.src, g0.dst, bytes); });
     bench.run("local-copy", "ce", bytes, local0, [&] { copy(g0.main, g0.src, g0.dst, bytes); });
     // The engine's copy on lane `ce` while `sm` queues GPU 0's SM work on its side[1].

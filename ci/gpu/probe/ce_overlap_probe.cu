@@ -1,0 +1,501 @@
+// Does a copy engine's peer copy overlap SM work on the GPU that issues it, for each way
+// oxccl's memory can be set up? In one process with cudaMalloc buffers and peer access it
+// does (bandwidth_probe's ce-pipe, ce+local, ce+busy); in oxccl's reduce_copy (a process per
+// GPU, VMM buffers exported as POSIX file descriptors, GPU-direct-RDMA flag) it did not.
+// This probe runs the same GPU 0 work over memory set up five ways and changes nothing else:
+//
+//   malloc      one process, cudaMalloc on both GPUs, peer access enabled
+//   vmm         one process, cuMemCreate (POSIX-FD shareable) on both GPUs, each mapping
+//               opened to both GPUs with cuMemSetAccess
+//   vmm-rdma    vmm with the gpuDirectRDMACapable flag (what oxccl asks for where the device
+//               has it)
+//   ipc-vmm     two processes: a child owns GPU 1, allocates its source as vmm-rdma and sends
+//               the file descriptor over a Unix socket; the parent (GPU 0 only, as an oxccl
+//               rank) imports and maps it for GPU 0; the parent's own buffers are vmm-rdma
+//   ipc-legacy  two processes: the child's source is cudaMalloc memory shared with
+//               cudaIpcGetMemHandle, opened with cudaIpcOpenMemHandle; own buffers cudaMalloc
+//
+// Cases (GPU 0 only; "peer" is GPU 1's source, 1 GiB by default; GB/s = bytes / time):
+//   pull        GPU 0's copy engine copies the peer's source into GPU 0's destination
+//   mix         a kernel on every SM reads two local buffers and writes a third (a reduce's
+//               traffic: 3 bytes per byte)
+//   pipe-K      reduce_copy's shape: the peer's source pulled in K MiB chunks into two slots
+//               on a side stream; as each lands, the mix kernel on the main stream reads it
+//               and GPU 0's source and writes the destination. Overlapped it approaches pull.
+//   serial-K    the same with the mix on the side stream after each copy (no overlap)
+//   pull+busy   pull on a side stream while a kernel holds every SM for pull's time
+//
+// Every case is checked once after its warm-up loop (destinations poisoned with 0xff
+// first, the words compared with the source's pattern on GPU 0). Build and run
+// (ci/gpu/session.sh ceoverlap):
+//
+//     nvcc -std=c++20 -O3 -arch=sm_90 ci/gpu/probe/ce_overlap_probe.cu -lcuda -o cop
+//     ./cop [mode|all] [MiB: 1024] [repetitions: 5]
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#define CK(x)                                                                                   \
+  do {                                                                                          \
+    cudaError_t e_ = (x);                                                                       \
+    if (e_ != cudaSuccess) {                                                                    \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(2);                                                                             \
+    }                                                                                           \
+  } while (0)
+
+#define CU(x)                                                                       \
+  do {                                                                              \
+    CUresult r_ = (x);                                                              \
+    if (r_ != CUDA_SUCCESS) {                                                       \
+      const char* s_ = nullptr;                                                     \
+      cuGetErrorString(r_, &s_);                                                    \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, s_ ? s_ : "?"); \
+      std::exit(2);                                                                 \
+    }                                                                               \
+  } while (0)
+
+namespace ceoverlap {
+
+constexpr uint64_t kMiB = 1ull << 20;
+constexpr uint64_t kLoopBytes = 4ull << 30;  // each timed loop moves about this much
+
+// GPU g's source word i: never 0xffffffff (the poison), different per GPU.
+__host__ __device__ __forceinline__ uint32_t pattern(uint64_t i, uint32_t g) {
+  uint32_t x = static_cast<uint32_t>(i) * 0x9e3779b1u + (g + 1) * 0x7f4a7c15u + static_cast<uint32_t>(i >> 32);
+  x ^= x >> 15;
+  x *= 0x2c1b3c6du;
+  x ^= x >> 12;
+  return x & 0x7fffffffu;
+}
+
+__global__ void fill_kernel(uint32_t* p, uint64_t words, uint32_t g) {
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < words; i += stride) {
+    p[i] = pattern(i, g);
+  }
+}
+
+__global__ void count_wrong(const uint32_t* p, uint64_t words, uint32_t g, unsigned long long* bad) {
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  unsigned long long mine = 0;
+  for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < words; i += stride) {
+    mine += p[i] != pattern(i, g);
+  }
+  if (mine != 0) atomicAdd(bad, mine);
+}
+
+// out = a ^ (b & mask) in 16-byte units, 4 per thread per iteration: two loads and a store
+// per unit, as a reduce; with mask 0 the result is `a`, so it can be checked.
+__global__ void __launch_bounds__(512) mix_kernel(const uint4* __restrict__ a, const uint4* __restrict__ b,
+                                                  uint4* __restrict__ out, uint64_t bytes, uint32_t mask) {
+  constexpr int kUnroll = 4;
+  const uint64_t units = bytes / 16;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  uint64_t u = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;
+  const auto mix = [mask](const uint4& x, const uint4& y) {
+    return uint4{x.x ^ (y.x & mask), x.y ^ (y.y & mask), x.z ^ (y.z & mask), x.w ^ (y.w & mask)};
+  };
+  for (; u + (kUnroll - 1) * stride < units; u += kUnroll * stride) {
+    uint4 va[kUnroll], vb[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      va[k] = a[u + k * stride];
+      vb[k] = b[u + k * stride];
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) out[u + k * stride] = mix(va[k], vb[k]);
+  }
+  for (; u < units; u += stride) out[u] = mix(a[u], b[u]);
+}
+
+// Holds its SM (all of its threads and shared memory) for `cycles` clocks.
+__global__ void __launch_bounds__(1024) busy_kernel(long long cycles) {
+  extern __shared__ char hold[];
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+  if (threadIdx.x == 0 && cycles < 0) hold[0] = 0;  // never: keeps the allocation
+}
+
+// ---- memory ---------------------------------------------------------------------------------
+
+enum class Kind { Malloc, Vmm, VmmRdma };
+
+CUmemAllocationProp vmm_prop(int dev, bool rdma) {
+  CUmemAllocationProp p{};
+  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p.location.id = dev;
+  p.allocFlags.gpuDirectRDMACapable = rdma ? 1 : 0;
+  return p;
+}
+
+uint64_t vmm_round(int dev, uint64_t bytes) {
+  const CUmemAllocationProp p = vmm_prop(dev, false);
+  size_t g = 0;
+  CU(cuMemGetAllocationGranularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  return (bytes + g - 1) / g * g;
+}
+
+// Maps `h` (size bytes) into a fresh range opened to every device of `access`.
+char* vmm_map(CUmemGenericAllocationHandle h, uint64_t size, const std::vector<int>& access) {
+  CUdeviceptr ptr = 0;
+  CU(cuMemAddressReserve(&ptr, size, 0, 0, 0));
+  CU(cuMemMap(ptr, size, 0, h, 0));
+  std::vector<CUmemAccessDesc> d(access.size());
+  for (size_t i = 0; i < access.size(); ++i) {
+    d[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    d[i].location.id = access[i];
+    d[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  CU(cuMemSetAccess(ptr, size, d.data(), d.size()));
+  return reinterpret_cast<char*>(ptr);
+}
+
+CUmemGenericAllocationHandle vmm_create(int dev, uint64_t size, bool rdma) {
+  const CUmemAllocationProp p = vmm_prop(dev, rdma);
+  CUmemGenericAllocationHandle h = 0;
+  CU(cuMemCreate(&h, size, &p, 0));
+  return h;
+}
+
+// `bytes` on device `dev` of the given kind, reachable from every device of `access`.
+char* alloc_on(int dev, uint64_t bytes, Kind kind, const std::vector<int>& access) {
+  CK(cudaSetDevice(dev));
+  if (kind == Kind::Malloc) {
+    char* p = nullptr;
+    CK(cudaMalloc(&p, bytes));
+    return p;
+  }
+  const uint64_t size = vmm_round(dev, bytes);
+  return vmm_map(vmm_create(dev, size, kind == Kind::VmmRdma), size, access);
+}
+
+// ---- the child of the two-process modes -------------------------------------------------
+
+// Sends `len` bytes and, if fd >= 0, the file descriptor with them.
+void send_msg(int sock, const void* data, size_t len, int fd) {
+  iovec iov{const_cast<void*>(data), len};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))] = {};
+  if (fd >= 0) {
+    m.msg_control = ctrl;
+    m.msg_controllen = sizeof(ctrl);
+    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  }
+  if (sendmsg(sock, &m, 0) != static_cast<ssize_t>(len)) {
+    std::perror("ce_overlap_probe: sendmsg");
+    std::exit(2);
+  }
+}
+
+// Receives exactly `len` bytes and the file descriptor sent with them (-1 if none).
+int recv_msg(int sock, void* data, size_t len) {
+  iovec iov{data, len};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))] = {};
+  m.msg_control = ctrl;
+  m.msg_controllen = sizeof(ctrl);
+  if (recvmsg(sock, &m, MSG_WAITALL) != static_cast<ssize_t>(len)) {
+    std::perror("ce_overlap_probe: recvmsg");
+    std::exit(2);
+  }
+  int fd = -1;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
+  }
+  return fd;
+}
+
+struct Offer {  // what the child sends: the legacy handle or the VMM allocation's size
+  cudaIpcMemHandle_t legacy;
+  uint64_t vmm_size;
+};
+
+// GPU 1's process: allocates and fills the source, shares it, holds it until told to stop.
+[[noreturn]] void child(int sock, bool legacy, uint64_t bytes) {
+  CU(cuInit(0));
+  CK(cudaSetDevice(1));
+  Offer offer{};
+  int fd = -1;
+  char* src = nullptr;
+  if (legacy) {
+    CK(cudaMalloc(&src, bytes));
+    CK(cudaIpcGetMemHandle(&offer.legacy, src));
+  } else {
+    offer.vmm_size = vmm_round(1, bytes);
+    const CUmemGenericAllocationHandle h = vmm_create(1, offer.vmm_size, true);
+    CU(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    src = vmm_map(h, offer.vmm_size, {1});
+  }
+  fill_kernel<<<528, 512>>>(reinterpret_cast<uint32_t*>(src), bytes / 4, 1);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  send_msg(sock, &offer, sizeof(offer), fd);
+  char done = 0;
+  (void)recv_msg(sock, &done, 1);
+  std::_Exit(0);
+}
+
+// ---- GPU 0's side ---------------------------------------------------------------------------
+
+struct Setup {
+  const char* mode;
+  Kind own;        // GPU 0's buffers
+  Kind peer;       // GPU 1's source (one-process modes)
+  int processes;   // 2: the source comes from a child process
+  bool legacy;     // 2 processes: cudaIpc instead of a VMM file descriptor
+};
+
+struct Runner {
+  int reps;
+  cudaStream_t main;
+  cudaEvent_t start, stop;
+  unsigned long long* bad;  // device counter
+  int failures = 0;
+
+  // Poisons `dst`, runs one loop and checks it holds `want`'s pattern, then times `reps`
+  // loops of `once` (begins and ends on the main stream) and prints the median.
+  void run(const char* mode, const std::string& name, uint64_t bytes, char* dst, uint32_t want,
+           const std::function<void()>& once) {
+    const int iters = static_cast<int>(std::max<uint64_t>(1, kLoopBytes / bytes));
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemset(dst, 0xff, bytes));
+    CK(cudaDeviceSynchronize());
+    for (int i = 0; i < iters; ++i) once();
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemset(bad, 0, sizeof(*bad)));
+    count_wrong<<<528, 512>>>(reinterpret_cast<const uint32_t*>(dst), bytes / 4, want, bad);
+    CK(cudaGetLastError());
+    unsigned long long wrong = 0;
+    CK(cudaMemcpy(&wrong, bad, sizeof(wrong), cudaMemcpyDeviceToHost));
+    std::string verdict = "ok";
+    if (wrong != 0) {
+      verdict = "FAIL (" + std::to_string(wrong) + " words wrong)";
+      ++failures;
+    }
+    std::vector<double> t;
+    for (int rep = 0; rep < reps; ++rep) {
+      CK(cudaDeviceSynchronize());
+      CK(cudaEventRecord(start, main));
+      for (int i = 0; i < iters; ++i) once();
+      CK(cudaEventRecord(stop, main));
+      CK(cudaEventSynchronize(stop));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, start, stop));
+      t.push_back(ms * 1e-3 / iters);
+    }
+    std::sort(t.begin(), t.end());
+    const double s = t[t.size() / 2];
+    std::printf("%-10s %-12s %11llu B %9.1f us %8.1f GB/s  %s\n", mode, name.c_str(),
+                static_cast<unsigned long long>(bytes), s * 1e6, static_cast<double>(bytes) / s * 1e-9,
+                verdict.c_str());
+    std::fflush(stdout);
+  }
+};
+
+int run_mode(const Setup& m, uint64_t bytes, int reps) {
+  int sock[2] = {-1, -1};
+  pid_t pid = -1;
+  if (m.processes == 2) {
+    // Before any CUDA call in this process: the child must not inherit a context.
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sock) != 0) {
+      std::perror("ce_overlap_probe: socketpair");
+      return 2;
+    }
+    std::fflush(stdout);
+    pid = fork();
+    if (pid < 0) {
+      std::perror("ce_overlap_probe: fork");
+      return 2;
+    }
+    if (pid == 0) {
+      close(sock[0]);
+      child(sock[1], m.legacy, bytes);
+    }
+    close(sock[1]);
+  }
+  CU(cuInit(0));
+  const std::vector<int> both{0, 1}, only0{0};
+  char* peer = nullptr;
+  if (m.processes == 1) {
+    peer = alloc_on(1, bytes, m.peer, both);
+    if (m.peer == Kind::Malloc) {
+      CK(cudaSetDevice(0));
+      const cudaError_t e = cudaDeviceEnablePeerAccess(1, 0);
+      if (e == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError(); else CK(e);
+    }
+    CK(cudaSetDevice(1));
+    fill_kernel<<<528, 512>>>(reinterpret_cast<uint32_t*>(peer), bytes / 4, 1);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+  } else {
+    Offer offer{};
+    const int fd = recv_msg(sock[0], &offer, sizeof(offer));
+    CK(cudaSetDevice(0));
+    if (m.legacy) {
+      void* p = nullptr;
+      CK(cudaIpcOpenMemHandle(&p, offer.legacy, cudaIpcMemLazyEnablePeerAccess));
+      peer = static_cast<char*>(p);
+    } else {
+      if (fd < 0) {
+        std::fprintf(stderr, "ce_overlap_probe: no file descriptor from the child\n");
+        return 2;
+      }
+      CUmemGenericAllocationHandle h = 0;
+      CU(cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+      close(fd);
+      peer = vmm_map(h, offer.vmm_size, only0);
+    }
+  }
+  const std::vector<int>& own_access = m.processes == 1 ? both : only0;
+  char* src = alloc_on(0, bytes, m.own, own_access);
+  char* dst = alloc_on(0, bytes, m.own, own_access);
+  char* spare = alloc_on(0, bytes, m.own, own_access);  // the pipeline's two slots
+  CK(cudaSetDevice(0));
+  int sms = 0, clock_khz = 0, smem = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+  CK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+  CK(cudaFuncSetAttribute(busy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  fill_kernel<<<sms * 4, 512>>>(reinterpret_cast<uint32_t*>(src), bytes / 4, 0);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+
+  Runner r{reps, nullptr, nullptr, nullptr, nullptr};
+  cudaStream_t side = nullptr;
+  CK(cudaStreamCreateWithFlags(&r.main, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  CK(cudaEventCreate(&r.start));
+  CK(cudaEventCreate(&r.stop));
+  CK(cudaMalloc(&r.bad, sizeof(unsigned long long)));
+  cudaEvent_t forked, joined, landed[2], mixed[2];
+  for (cudaEvent_t* e : {&forked, &joined, &landed[0], &landed[1], &mixed[0], &mixed[1]}) {
+    CK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  }
+  const auto fork_side = [&] {
+    CK(cudaEventRecord(forked, r.main));
+    CK(cudaStreamWaitEvent(side, forked, 0));
+  };
+  const auto join_side = [&] {
+    CK(cudaEventRecord(joined, side));
+    CK(cudaStreamWaitEvent(r.main, joined, 0));
+  };
+  const auto mix = [&](cudaStream_t s, const char* a, const char* b, char* out, uint64_t len) {
+    mix_kernel<<<sms, 512, 0, s>>>(reinterpret_cast<const uint4*>(a), reinterpret_cast<const uint4*>(b),
+                                   reinterpret_cast<uint4*>(out), len, 0u);
+    CK(cudaGetLastError());
+  };
+
+  r.run(m.mode, "pull", bytes, dst, 1, [&] { CK(cudaMemcpyAsync(dst, peer, bytes, cudaMemcpyDefault, r.main)); });
+  r.run(m.mode, "mix", bytes, dst, 0, [&] { mix(r.main, src, spare, dst, bytes); });
+  for (const uint64_t chunk : {32 * kMiB, 128 * kMiB}) {
+    if (2 * chunk > bytes) continue;
+    for (const bool serial : {false, true}) {
+      const std::string name = std::string(serial ? "serial-" : "pipe-") + std::to_string(chunk / kMiB);
+      r.run(m.mode, name, bytes, dst, 1, [&] {
+        cudaStream_t mixer = serial ? side : r.main;
+        fork_side();
+        for (uint64_t off = 0, i = 0; off < bytes; off += chunk, ++i) {
+          const uint64_t len = std::min(chunk, bytes - off);
+          const int slot = static_cast<int>(i % 2);
+          char* landing = spare + slot * chunk;
+          if (i >= 2) CK(cudaStreamWaitEvent(side, mixed[slot], 0));
+          CK(cudaMemcpyAsync(landing, peer + off, len, cudaMemcpyDefault, side));
+          CK(cudaEventRecord(landed[slot], side));
+          CK(cudaStreamWaitEvent(mixer, landed[slot], 0));
+          mix(mixer, landing, src + off, dst + off, len);
+          CK(cudaEventRecord(mixed[slot], mixer));
+        }
+        join_side();
+      });
+    }
+  }
+  const long long spin = static_cast<long long>(static_cast<double>(bytes) / 390e9 * clock_khz * 1e3);
+  r.run(m.mode, "pull+busy", bytes, dst, 1, [&] {
+    fork_side();
+    CK(cudaMemcpyAsync(dst, peer, bytes, cudaMemcpyDefault, side));
+    busy_kernel<<<sms, 1024, smem, r.main>>>(spin);
+    CK(cudaGetLastError());
+    join_side();
+  });
+  CK(cudaDeviceSynchronize());
+  if (m.processes == 2) {
+    const char done = 1;
+    send_msg(sock[0], &done, 1, -1);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    close(sock[0]);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      std::fprintf(stderr, "ce_overlap_probe: the child (GPU 1) failed\n");
+      return 2;
+    }
+  }
+  return r.failures == 0 ? 0 : 1;
+}
+
+}  // namespace ceoverlap
+
+int main(int argc, char** argv) {
+  using namespace ceoverlap;
+  const Setup setups[] = {
+      {"malloc", Kind::Malloc, Kind::Malloc, 1, false},
+      {"vmm", Kind::Vmm, Kind::Vmm, 1, false},
+      {"vmm-rdma", Kind::VmmRdma, Kind::VmmRdma, 1, false},
+      {"ipc-vmm", Kind::VmmRdma, Kind::VmmRdma, 2, false},
+      {"ipc-legacy", Kind::Malloc, Kind::Malloc, 2, true},
+  };
+  const std::string which = argc > 1 ? argv[1] : "all";
+  const long long mib = argc > 2 ? std::atoll(argv[2]) : 1024;
+  const int reps = argc > 3 ? std::max(1, std::atoi(argv[3])) : 5;
+  if (mib < 64) {
+    std::fprintf(stderr, "usage: ce_overlap_probe [mode|all] [MiB >= 64] [repetitions]\n");
+    return 2;
+  }
+  const uint64_t bytes = static_cast<uint64_t>(mib) * kMiB;
+  // Each mode runs in a process of its own (forked before any CUDA call), so no mode sees
+  // another's mappings, peer access or contexts.
+  int worst = 0;
+  bool any = false;
+  for (const Setup& s : setups) {
+    if (which != "all" && which != s.mode) continue;
+    any = true;
+    std::fflush(stdout);
+    const pid_t pid = fork();
+    if (pid == 0) std::_Exit(run_mode(s, bytes, reps));
+    int status = 0;
+    waitpid(pid, &status, 0);
+    const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 3;
+    if (rc != 0) std::printf("# %s: exit %d\n", s.mode, rc);
+    worst = std::max(worst, rc);
+  }
+  if (!any) {
+    std::fprintf(stderr, "ce_overlap_probe: unknown mode '%s'\n", which.c_str());
+    return 2;
+  }
+  std::printf("# %s\n", worst == 0 ? "every case checked: ok" : "failures above");
+  return worst;
+}
