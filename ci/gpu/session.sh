@@ -19,6 +19,8 @@
 #     ci/gpu/session.sh ceoverlap  # does a copy-engine pull overlap SM work, per memory setup:
 #                                  # cudaMalloc / VMM / VMM+RDMA, one process / two with IPC
 #                                  # (ci/gpu/probe/ce_overlap_probe.cu)
+#     ci/gpu/session.sh trace      # GPU timelines (ci/gpu/probe/gpu_trace.c, CUPTI) of the
+#                                  # copy-lane algorithms at 1 GiB and of ce_overlap_probe
 #     ci/gpu/session.sh copyengine # broadcast_copy (copy engine) vs broadcast_direct, vs NCCL
 #     ci/gpu/session.sh reducecopy # reduce_copy (copy-engine pull + local reduce) vs
 #                                  # reduce_direct, vs NCCL, over chunk sizes and grids
@@ -316,6 +318,35 @@ ceoverlap)
         step "ce overlap probe 2gpu" 120 "${logs}/ce_overlap_probe" all 1024 5
     else
         summary+=("SKIP  ce overlap probe (needs 2 GPUs and .gpu/probe/ce_overlap_probe.o)")
+    fi
+    ;;
+trace)
+    # One timeline per process (trace-<pid>.txt: start end kind device stream channel): did
+    # the copy engine's copies run beside the SM kernels, and on which work queues?
+    export CUDA_VISIBLE_DEVICES="$(devices 2)"
+    if ((ngpus >= 2)) && [[ -f .gpu/probe/libgpu_trace.so ]]; then
+        shim="${repo_root}/.gpu/probe/libgpu_trace.so"
+        lib="${repo_root}/.gpu/probe${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
+        traced() { # traced NAME: the env prefix that traces a command into ${logs}/trace-NAME
+            mkdir -p "${logs}/trace-$1"
+            echo env OXCCL_TRACE_DIR="${logs}/trace-$1" LD_LIBRARY_PATH="${lib}" LD_PRELOAD="${shim}"
+        }
+        q=(-N 2 -b 1G -e 1G -d bf16 -w 1 --iters 2)
+        # shellcheck disable=SC2046 # the prefix is words without spaces
+        step "trace reduce_copy 1G" 60 $(traced reduce_copy) OXCCL_ALGO=reduce_copy "${BIN}/oxccl-perf" -c reduce "${q[@]}"
+        # shellcheck disable=SC2046
+        step "trace broadcast_copy 1G out of place" 60 $(traced broadcast_copy) OXCCL_ALGO=broadcast_copy \
+            "${BIN}/oxccl-perf" -c broadcast "${q[@]}"
+        # shellcheck disable=SC2046
+        step "trace broadcast_copy 1G in place" 60 $(traced broadcast_copy_inplace) OXCCL_ALGO=broadcast_copy \
+            "${BIN}/oxccl-perf" -c broadcast --in-place "${q[@]}"
+        if [[ -f .gpu/probe/ce_overlap_probe.o ]]; then
+            step "link ce overlap probe" 60 nvcc -arch=sm_90 .gpu/probe/ce_overlap_probe.o -lcuda -o "${logs}/ce_overlap_probe"
+            # shellcheck disable=SC2046
+            step "trace ce overlap probe ipc-vmm" 60 $(traced ce_overlap_probe) "${logs}/ce_overlap_probe" ipc-vmm 1024 1
+        fi
+    else
+        summary+=("SKIP  trace (needs 2 GPUs and .gpu/probe/libgpu_trace.so)")
     fi
     ;;
 copyengine)
