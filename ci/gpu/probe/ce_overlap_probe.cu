@@ -14,6 +14,14 @@
 //               rank) imports and maps it for GPU 0; the parent's own buffers are vmm-rdma
 //   ipc-legacy  two processes: the child's source is cudaMalloc memory shared with
 //               cudaIpcGetMemHandle, opened with cudaIpcOpenMemHandle; own buffers cudaMalloc
+//   oxccl       as oxccl-perf's reduce_copy: ipc-legacy, but the landing slots (oxccl's
+//               staging) are vmm-rdma
+//   landing-vmm one process: cudaMalloc buffers and peer access, vmm-rdma landing slots
+//   oxccl+N     oxccl with the landing slots N bytes into their allocation (oxccl's staging
+//               starts after its flag regions: 4 KiB-aligned, not 2 MiB-aligned)
+//   oxccl-perf  oxccl+1M with sources and destination of 64 bytes more than the size (as
+//               oxccl-perf allocated them); extra-64K, extra-2M the same with that much more;
+//               malloc+64, vmm+64 those modes with 64 bytes more
 //
 // Cases (GPU 0 only; "peer" is GPU 1's source, 1 GiB by default; GB/s = bytes / time):
 //   pull        GPU 0's copy engine copies the peer's source into GPU 0's destination
@@ -23,6 +31,9 @@
 //               on a side stream; as each lands, the mix kernel on the main stream reads it
 //               and GPU 0's source and writes the destination. Overlapped it approaches pull.
 //   serial-K    the same with the mix on the side stream after each copy (no overlap)
+//   pipe1-K     pipe-K with one unit per thread per iteration in the mix (as oxccl's
+//               reduce_local) instead of four
+//   pulls-K     pipe-K's copies alone, back to back (into the destination)
 //   pull+busy   pull on a side stream while a kernel holds every SM for pull's time
 //
 // Every case is checked once after its warm-up loop (destinations poisoned with 0xff
@@ -97,11 +108,11 @@ __global__ void count_wrong(const uint32_t* p, uint64_t words, uint32_t g, unsig
   if (mine != 0) atomicAdd(bad, mine);
 }
 
-// out = a ^ (b & mask) in 16-byte units, 4 per thread per iteration: two loads and a store
-// per unit, as a reduce; with mask 0 the result is `a`, so it can be checked.
+// out = a ^ (b & mask) in 16-byte units, kUnroll per thread per iteration: two loads and a
+// store per unit, as a reduce; with mask 0 the result is `a`, so it can be checked.
+template <int kUnroll>
 __global__ void __launch_bounds__(512) mix_kernel(const uint4* __restrict__ a, const uint4* __restrict__ b,
                                                   uint4* __restrict__ out, uint64_t bytes, uint32_t mask) {
-  constexpr int kUnroll = 4;
   const uint64_t units = bytes / 16;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   uint64_t u = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;
@@ -235,17 +246,17 @@ struct Offer {  // what the child sends: the legacy handle or the VMM allocation
 };
 
 // GPU 1's process: allocates and fills the source, shares it, holds it until told to stop.
-[[noreturn]] void child(int sock, bool legacy, uint64_t bytes) {
+[[noreturn]] void child(int sock, bool legacy, uint64_t bytes, uint64_t extra) {
   CU(cuInit(0));
   CK(cudaSetDevice(1));
   Offer offer{};
   int fd = -1;
   char* src = nullptr;
   if (legacy) {
-    CK(cudaMalloc(&src, bytes));
+    CK(cudaMalloc(&src, bytes + extra));
     CK(cudaIpcGetMemHandle(&offer.legacy, src));
   } else {
-    offer.vmm_size = vmm_round(1, bytes);
+    offer.vmm_size = vmm_round(1, bytes + extra);
     const CUmemGenericAllocationHandle h = vmm_create(1, offer.vmm_size, true);
     CU(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
     src = vmm_map(h, offer.vmm_size, {1});
@@ -263,10 +274,13 @@ struct Offer {  // what the child sends: the legacy handle or the VMM allocation
 
 struct Setup {
   const char* mode;
-  Kind own;        // GPU 0's buffers
+  Kind own;        // GPU 0's source and destination
+  Kind landing;    // GPU 0's landing slots (the pipeline's) ; oxccl: its staging
   Kind peer;       // GPU 1's source (one-process modes)
   int processes;   // 2: the source comes from a child process
   bool legacy;     // 2 processes: cudaIpc instead of a VMM file descriptor
+  uint64_t landing_offset = 0;  // where the slots start in their allocation
+  uint64_t extra = 0;           // bytes allocated past the end of the sources and destination
 };
 
 struct Runner {
@@ -333,7 +347,7 @@ int run_mode(const Setup& m, uint64_t bytes, int reps) {
     }
     if (pid == 0) {
       close(sock[0]);
-      child(sock[1], m.legacy, bytes);
+      child(sock[1], m.legacy, bytes, m.extra);
     }
     close(sock[1]);
   }
@@ -341,7 +355,7 @@ int run_mode(const Setup& m, uint64_t bytes, int reps) {
   const std::vector<int> both{0, 1}, only0{0};
   char* peer = nullptr;
   if (m.processes == 1) {
-    peer = alloc_on(1, bytes, m.peer, both);
+    peer = alloc_on(1, bytes + m.extra, m.peer, both);
     if (m.peer == Kind::Malloc) {
       CK(cudaSetDevice(0));
       const cudaError_t e = cudaDeviceEnablePeerAccess(1, 0);
@@ -372,9 +386,10 @@ int run_mode(const Setup& m, uint64_t bytes, int reps) {
     }
   }
   const std::vector<int>& own_access = m.processes == 1 ? both : only0;
-  char* src = alloc_on(0, bytes, m.own, own_access);
-  char* dst = alloc_on(0, bytes, m.own, own_access);
-  char* spare = alloc_on(0, bytes, m.own, own_access);  // the pipeline's two slots
+  char* src = alloc_on(0, bytes + m.extra, m.own, own_access);
+  char* dst = alloc_on(0, bytes + m.extra, m.own, own_access);
+  // The pipeline's two slots, landing_offset into their allocation.
+  char* spare = alloc_on(0, bytes + m.landing_offset, m.landing, own_access) + m.landing_offset;
   CK(cudaSetDevice(0));
   int sms = 0, clock_khz = 0, smem = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -404,9 +419,16 @@ int run_mode(const Setup& m, uint64_t bytes, int reps) {
     CK(cudaEventRecord(joined, side));
     CK(cudaStreamWaitEvent(r.main, joined, 0));
   };
+  int unroll = 4;  // the mix kernel's units per thread per iteration (pipe1-K: 1)
   const auto mix = [&](cudaStream_t s, const char* a, const char* b, char* out, uint64_t len) {
-    mix_kernel<<<sms, 512, 0, s>>>(reinterpret_cast<const uint4*>(a), reinterpret_cast<const uint4*>(b),
-                                   reinterpret_cast<uint4*>(out), len, 0u);
+    const auto* x = reinterpret_cast<const uint4*>(a);
+    const auto* y = reinterpret_cast<const uint4*>(b);
+    auto* o = reinterpret_cast<uint4*>(out);
+    if (unroll == 1) {
+      mix_kernel<1><<<sms, 512, 0, s>>>(x, y, o, len, 0u);
+    } else {
+      mix_kernel<4><<<sms, 512, 0, s>>>(x, y, o, len, 0u);
+    }
     CK(cudaGetLastError());
   };
 
@@ -414,8 +436,11 @@ int run_mode(const Setup& m, uint64_t bytes, int reps) {
   r.run(m.mode, "mix", bytes, dst, 0, [&] { mix(r.main, src, spare, dst, bytes); });
   for (const uint64_t chunk : {32 * kMiB, 128 * kMiB}) {
     if (2 * chunk > bytes) continue;
-    for (const bool serial : {false, true}) {
-      const std::string name = std::string(serial ? "serial-" : "pipe-") + std::to_string(chunk / kMiB);
+    for (const int variant : {0, 1, 2}) {  // pipe, serial, pipe with mix<1>
+      const bool serial = variant == 1;
+      unroll = variant == 2 ? 1 : 4;
+      const std::string name = std::string(serial ? "serial-" : variant == 2 ? "pipe1-" : "pipe-") +
+                               std::to_string(chunk / kMiB);
       r.run(m.mode, name, bytes, dst, 1, [&] {
         cudaStream_t mixer = serial ? side : r.main;
         fork_side();
@@ -433,6 +458,19 @@ int run_mode(const Setup& m, uint64_t bytes, int reps) {
         join_side();
       });
     }
+  }
+  unroll = 4;
+  // The pulls alone, chunk by chunk, back to back on the side stream (into the destination
+  // at their offsets, so the result is checked): what pipe-K's copies cost with no kernel.
+  for (const uint64_t chunk : {32 * kMiB, 128 * kMiB}) {
+    if (2 * chunk > bytes) continue;
+    r.run(m.mode, "pulls-" + std::to_string(chunk / kMiB), bytes, dst, 1, [&] {
+      fork_side();
+      for (uint64_t off = 0; off < bytes; off += chunk) {
+        CK(cudaMemcpyAsync(dst + off, peer + off, std::min(chunk, bytes - off), cudaMemcpyDefault, side));
+      }
+      join_side();
+    });
   }
   const long long spin = static_cast<long long>(static_cast<double>(bytes) / 390e9 * clock_khz * 1e3);
   r.run(m.mode, "pull+busy", bytes, dst, 1, [&] {
@@ -462,11 +500,21 @@ int run_mode(const Setup& m, uint64_t bytes, int reps) {
 int main(int argc, char** argv) {
   using namespace ceoverlap;
   const Setup setups[] = {
-      {"malloc", Kind::Malloc, Kind::Malloc, 1, false},
-      {"vmm", Kind::Vmm, Kind::Vmm, 1, false},
-      {"vmm-rdma", Kind::VmmRdma, Kind::VmmRdma, 1, false},
-      {"ipc-vmm", Kind::VmmRdma, Kind::VmmRdma, 2, false},
-      {"ipc-legacy", Kind::Malloc, Kind::Malloc, 2, true},
+      {"malloc", Kind::Malloc, Kind::Malloc, Kind::Malloc, 1, false},
+      {"vmm", Kind::Vmm, Kind::Vmm, Kind::Vmm, 1, false},
+      {"vmm-rdma", Kind::VmmRdma, Kind::VmmRdma, Kind::VmmRdma, 1, false},
+      {"ipc-vmm", Kind::VmmRdma, Kind::VmmRdma, Kind::VmmRdma, 2, false},
+      {"ipc-legacy", Kind::Malloc, Kind::Malloc, Kind::Malloc, 2, true},
+      {"oxccl", Kind::Malloc, Kind::VmmRdma, Kind::Malloc, 2, true},
+      {"landing-vmm", Kind::Malloc, Kind::VmmRdma, Kind::Malloc, 1, false},
+      {"oxccl+4K", Kind::Malloc, Kind::VmmRdma, Kind::Malloc, 2, true, 4 << 10},
+      {"oxccl+64K", Kind::Malloc, Kind::VmmRdma, Kind::Malloc, 2, true, 64 << 10},
+      {"oxccl+1M", Kind::Malloc, Kind::VmmRdma, Kind::Malloc, 2, true, 1 << 20},
+      {"oxccl-perf", Kind::Malloc, Kind::VmmRdma, Kind::Malloc, 2, true, 1 << 20, 64},
+      {"extra-64K", Kind::Malloc, Kind::VmmRdma, Kind::Malloc, 2, true, 1 << 20, 64 << 10},
+      {"extra-2M", Kind::Malloc, Kind::VmmRdma, Kind::Malloc, 2, true, 1 << 20, 2 << 20},
+      {"malloc+64", Kind::Malloc, Kind::Malloc, Kind::Malloc, 1, false, 0, 64},
+      {"vmm+64", Kind::Vmm, Kind::Vmm, Kind::Vmm, 1, false, 0, 64},
   };
   const std::string which = argc > 1 ? argv[1] : "all";
   const long long mib = argc > 2 ? std::atoll(argv[2]) : 1024;
