@@ -131,9 +131,18 @@ fn run(opts: &Options) -> Result<bool> {
         )
     };
     let (max_send, max_recv) = (max_send.max(16), max_recv.max(16));
+    // Whole 2 MiB pages, as PyTorch's caching allocator and ncclMemAlloc hand out: a
+    // cudaMalloc of 1 GiB + 64 bytes, opened by the peer through cudaIpc, made the peer's
+    // copy-engine pulls from it stall beside SM work (reduce_copy 3.9 against 2.85 ms on 2
+    // H200s; 1 GiB + 64 KiB did not; ci/gpu/probe/ce_overlap_probe.cu, `oxccl-perf` mode).
+    let whole_pages = |bytes: usize| (bytes + 64).next_multiple_of(2 << 20);
     let bufs = Buffers {
-        send: comm.device().alloc(max_send + 64, MemoryKind::Plain)?,
-        recv: comm.device().alloc(max_recv + 64, MemoryKind::Plain)?,
+        send: comm
+            .device()
+            .alloc(whole_pages(max_send), MemoryKind::Plain)?,
+        recv: comm
+            .device()
+            .alloc(whole_pages(max_recv), MemoryKind::Plain)?,
     };
     // The common MSCCL++ / NCCL-symmetric-memory usage: buffers registered once, so the
     // large sizes run zero-copy (peers read the inputs and write the outputs directly).
