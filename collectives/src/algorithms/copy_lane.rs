@@ -3,16 +3,14 @@
 //! the peers' mapped buffers), while the SMs copy this rank's own data on the caller's
 //! stream; the two streams join before the closing barrier.
 //!
-//! Measured for a 1 GiB `broadcast_copy` on 2 GPUs (H200 and H100 alike): the root's copy
-//! engine alone (in place) 2.76 ms, 389 GB/s; out of place, with the root's local copy
-//! after it on one stream 4.37 ms, beside it on the copy engine of a second stream 3.66,
-//! beside it by the SMs 3.80-3.89 whatever the local copy's grid: in oxccl's calls the
-//! local copy and the copy engine's peer copy take about as long as the two one after the
-//! other. The hardware does not force that: in one process with peer access the copy engine
-//! keeps 388-395 GB/s beside a local copy on either GPU, or beside a kernel holding every SM
-//! (ci/gpu/probe/bandwidth_probe.cu, `ce+local`, `ce+busy`). What serializes them in oxccl's
-//! setting (a process per GPU, IPC-imported buffers) is not found yet, so callers with a
-//! local copy move the peers' data by the SMs too ([`Engine::Sm`]).
+//! The copy engine moves 389-396 GB/s to a peer on 2 H200s, SM stores 361-370, and it
+//! keeps that rate beside SM work on either GPU (ci/gpu/probe/bandwidth_probe.cu,
+//! `ce+local`, `ce+busy`), so by default it moves the peers' data ([`PEERS_BY_VAR`]). It did
+//! not in oxccl-perf until 2026-11-27: its buffers were cudaMalloc blocks of the size plus
+//! 64 bytes, and a copy engine's copies to or from such a block opened through cudaIpc ran
+//! at 240-300 GB/s while the SMs worked (2 H200s, ci/gpu/probe/ce_overlap_probe.cu, mode
+//! `oxccl-perf`: reduce_copy's pipeline 3.9 ms against 2.85 for the same block rounded to
+//! 64 KiB; cudaMalloc, VMM and the RDMA flag, one process or two, made no difference).
 //!
 //! [`Barriered`] queues a whole call of such an algorithm: its one-block barrier kernel
 //! (every peer's destination is free), the copies, the barrier kernel again (every copy has
@@ -25,7 +23,7 @@
 use std::sync::{Mutex, MutexGuard};
 
 use oxccl_backend::{AnyDevice, AnyEvent, AnyKernel, AnyStream};
-use oxccl_hal::{Device, DevicePtr, LaunchConfig, Result, Stream};
+use oxccl_hal::{Device, DevicePtr, Error, LaunchConfig, Result, Stream};
 use oxccl_kernels::abi::{self, KernelArgs, OxcclCopyArgs};
 
 use super::broadcast::copy_engine::barrier_plan;
@@ -39,6 +37,27 @@ use crate::scratch::FlagRegion;
 /// The local copy kernel (kernels/src/device/copy.cu; its host stand-in in the kernels
 /// crate's table).
 const COPY_KERNEL: &str = "oxccl_copy";
+
+/// Environment variable: what moves a copy-lane algorithm's data to the peers when the
+/// rank also copies its own: `ce` (the copy engine, the default) or `sm` (the copy kernel
+/// on the lane). Read at setup.
+pub const PEERS_BY_VAR: &str = "OXCCL_COPY_LANE_PEERS";
+
+/// The engine [`PEERS_BY_VAR`] names.
+fn peers_by_from_env() -> Result<Engine> {
+    parse_peers_by(std::env::var(PEERS_BY_VAR).ok().as_deref())
+}
+
+/// The engine a value of [`PEERS_BY_VAR`] names (unset or empty: the copy engine).
+fn parse_peers_by(value: Option<&str>) -> Result<Engine> {
+    match value.map(str::trim) {
+        None | Some("" | "ce") => Ok(Engine::CopyEngine),
+        Some("sm") => Ok(Engine::Sm),
+        Some(other) => Err(Error::InvalidArgument(format!(
+            "{PEERS_BY_VAR}='{other}' is neither 'ce' (copy engine) nor 'sm' (copy kernel)"
+        ))),
+    }
+}
 
 /// The barrier plan of the copy-lane algorithms (one block: a barrier needs a thread per
 /// rank, nothing more), or why one cannot serve the call (`name`'s output not reachable).
@@ -60,11 +79,13 @@ pub(crate) fn setup(
     Ok(Some(make(Barriered::load(ctx, me)?)))
 }
 
-/// A copy-lane algorithm's state: its one-block barrier kernel and its lane.
+/// A copy-lane algorithm's state: its one-block barrier kernel, its lane, and what moves
+/// the peers' data beside a local copy ([`PEERS_BY_VAR`]).
 #[derive(Debug)]
 pub(crate) struct Barriered {
     barriers: ScratchKernel,
     lane: CopyLane,
+    peers_by: Engine,
 }
 
 impl Barriered {
@@ -74,6 +95,7 @@ impl Barriered {
         Ok(Barriered {
             barriers: ScratchKernel::load(ctx, me, FlagRegion::Packets)?.without_early_launch(),
             lane: CopyLane::new(ctx)?,
+            peers_by: peers_by_from_env()?,
         })
     }
 
@@ -81,6 +103,11 @@ impl Barriered {
     /// algorithm but the running one touches a staging then).
     pub(crate) fn staging(&self) -> Staging {
         self.barriers.staging()
+    }
+
+    /// What moves the peers' data when this rank also copies its own ([`PEERS_BY_VAR`]).
+    pub(crate) fn peers_by(&self) -> Engine {
+        self.peers_by
     }
 
     /// This rank and the world size of the communicator.
@@ -328,6 +355,20 @@ impl CopyLane {
 mod tests {
     use super::*;
     use oxccl_hal::{BackendKind, DeviceId, Memory, MemoryKind, Module};
+
+    #[test]
+    fn peers_by_names_an_engine_or_is_refused() {
+        for (value, engine) in [
+            (None, Engine::CopyEngine),
+            (Some(""), Engine::CopyEngine),
+            (Some(" ce "), Engine::CopyEngine),
+            (Some("sm"), Engine::Sm),
+        ] {
+            assert_eq!(parse_peers_by(value).unwrap(), engine, "{value:?}");
+        }
+        let e = parse_peers_by(Some("dma")).unwrap_err().to_string();
+        assert!(e.contains(PEERS_BY_VAR) && e.contains("'dma'"), "{e}");
+    }
 
     fn host_lane(device: &AnyDevice) -> Result<CopyLane> {
         // The host module's table is static: its kernels outlive the module handle.

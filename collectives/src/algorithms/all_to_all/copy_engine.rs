@@ -1,17 +1,17 @@
 //! Two-stream all-to-all on registered outputs ([`crate::Communicator::register`]): a
-//! barrier kernel (every peer's output is free), the copy kernel (`oxccl_copy`) storing
-//! chunk p of the input into slot `me` of rank p's output on a second stream
-//! ([`copy_lane`]) while a second copy kernel moves this rank's own chunk on the caller's
-//! stream, and a second barrier kernel (every chunk has arrived). Two kernels side by side
-//! beat `alltoall_direct`'s one, which moves both from the same threads: 2 H100s, 1481
-//! against 1610 us at 1 GiB. The copy engine for the peers' chunks was slower (2.14-2.33
-//! ms): it did not overlap the own chunk's local copy (see [`copy_lane`]).
+//! barrier kernel (every peer's output is free), chunk p of the input into slot `me` of
+//! rank p's output on a second stream ([`copy_lane`]; by the copy engine unless
+//! `OXCCL_COPY_LANE_PEERS=sm` asks for the copy kernel) while a copy kernel moves this
+//! rank's own chunk on the caller's stream, and a second barrier kernel (every chunk has
+//! arrived). Two streams side by side beat `alltoall_direct`'s one kernel, which moves
+//! both from the same threads (2 H100s, copy kernels on both: 1481 against 1610 us at
+//! 1 GiB).
 
 use oxccl_backend::AnyStream;
 use oxccl_hal::{Error, HostKernelTable, Result};
 
 use crate::algorithms::broadcast::copy_engine::{host_kernel, BARRIER_KERNEL};
-use crate::algorithms::copy_lane::{self, Barriered, Engine, Span};
+use crate::algorithms::copy_lane::{self, Barriered, Span};
 use crate::algorithms::{
     Algorithm, Buffers, Call, CallShape, Collective, Descriptor, Instance, Plan,
 };
@@ -23,8 +23,8 @@ pub const ALLTOALL_COPY: Algorithm = Algorithm::new(&Descriptor {
     aliases: &["alltoall_two_stream"],
     code: 304,
     serves: "all-to-alls whose output lies in a buffer registered on every rank \
-             (Communicator::register), at the same offset; world size 1..=8; copy kernels \
-             on two streams move the data",
+             (Communicator::register), at the same offset; world size 1..=8; the copy \
+             engine moves the peers' chunks beside the own chunk's copy kernel",
     kernel: BARRIER_KERNEL,
     host: HostKernelTable {
         name: "alltoall barrier (host)",
@@ -77,7 +77,7 @@ impl Instance for CopyAllToAll {
         // and output do not overlap (NCCL defines no in-place all-to-all; checked).
         unsafe {
             self.0
-                .run(call, plan, stream, &to_peers, Engine::Sm, Some(own))
+                .run(call, plan, stream, &to_peers, self.0.peers_by(), Some(own))
         }
     }
 

@@ -1,18 +1,17 @@
 //! Two-stream all_to_all_v on outputs every rank can reach (registered, or mapped by
-//! auto-registration): a barrier kernel (every peer's output is free), the copy kernel
-//! (`oxccl_copy`) storing every non-empty chunk straight into its place in the peer's
-//! output on a second stream ([`copy_lane`]; no staging) while a second copy kernel moves
-//! this rank's own chunk on the caller's stream, and a second barrier kernel (every chunk
-//! has arrived). 2 H100s: 1194 against `alltoallv_direct`'s 1319 us at 1 GiB. With the
-//! copy engine for the peers' chunks (until 2026-11-27) it was slower than the direct
-//! kernel: beside the own chunk's local copy it did not overlap (see [`copy_lane`]).
+//! auto-registration): a barrier kernel (every peer's output is free), every non-empty
+//! chunk straight into its place in the peer's output on a second stream ([`copy_lane`];
+//! no staging; by the copy engine unless `OXCCL_COPY_LANE_PEERS=sm` asks for the copy
+//! kernel) while a copy kernel moves this rank's own chunk on the caller's stream, and a
+//! second barrier kernel (every chunk has arrived). 2 H100s, copy kernels on both: 1194
+//! against `alltoallv_direct`'s 1319 us at 1 GiB.
 
 use oxccl_backend::AnyStream;
 use oxccl_hal::{Error, HostKernelTable, Result};
 
 use super::{barrier_plan, needs_layout, VInstance, VLayout, BARRIER_KERNEL};
 use crate::algorithms::broadcast::copy_engine::host_kernel;
-use crate::algorithms::copy_lane::{self, Barriered, Engine, Span};
+use crate::algorithms::copy_lane::{self, Barriered, Span};
 use crate::algorithms::{
     Algorithm, Buffers, Call, CallShape, Collective, Descriptor, Instance, Plan,
 };
@@ -95,7 +94,7 @@ impl VInstance for CopyAllToAllV {
         // and the two do not overlap (checked).
         unsafe {
             self.0
-                .run(call, &plan, stream, &to_peers, Engine::Sm, Some(own))
+                .run(call, &plan, stream, &to_peers, self.0.peers_by(), Some(own))
         }
     }
 }
