@@ -27,7 +27,7 @@ use crate::algorithms::broadcast::{
     relay::BROADCAST_RELAY, staged::BROADCAST_STAGED,
 };
 use crate::algorithms::reduce::{
-    direct::REDUCE_DIRECT, one_shot::REDUCE_ONESHOT_LL, staged::REDUCE_STAGED,
+    copy::REDUCE_COPY, direct::REDUCE_DIRECT, one_shot::REDUCE_ONESHOT_LL, staged::REDUCE_STAGED,
 };
 use crate::algorithms::reduce_scatter::{
     direct::REDUCESCATTER_DIRECT, one_shot::REDUCESCATTER_ONESHOT_LL, staged::REDUCESCATTER_STAGED,
@@ -152,21 +152,24 @@ pub const BROADCAST_DIRECT_MAX_BYTES: usize = 512 << 10;
 /// [`collective_oneshot_max`]) it takes it from. Only on 2 ranks: with more, one rank's
 /// copies to its peers follow each other on one stream, one link at a time. Measured on 2
 /// GPUs (graph replay, bf16):
-/// - broadcast: in place the root's copy engine moved 1 GiB in 2.76 ms against
-///   `broadcast_direct`'s 3.11 and NCCL's 2.89-2.94 (H200 and H100 alike); out of place
-///   the SMs' two copies 2.92 ms (H100). 128 MiB: at 64 MiB the two were level (191 against
-///   189 us).
-/// - all-to-all: 1481 against `alltoall_direct`'s 1610 us at 1 GiB, 379 against 409 at
-///   256 MiB, 103 against 101 at 64 MiB (H100): from 64 MiB per chunk (128 MiB buffers).
-/// - all_to_all_v: 1194 against `alltoallv_direct`'s 1319 us at 1 GiB, 84 against 88 at
-///   64 MiB, 26.2 against 27.3 at 16 MiB (buffers; H100): from 16 MiB largest chunks.
-/// - reduce: never; `reduce_copy` took 4.19 ms for 1 GiB against `reduce_direct`'s 3.08
-///   (H100; see its module).
+/// - broadcast: the root's copy engine moved 1 GiB in 2.72-2.76 ms in place and out of
+///   place (its local copy by the SMs beside it) against `broadcast_direct`'s 3.11 and
+///   NCCL's 2.93-2.94 (2 H200s); 64 MiB out of place 185 against 189 us.
+/// - all-to-all: the copy engine for the peer's chunk 1388 against `alltoall_direct`'s 1608
+///   us at 1 GiB, 361 against 410 at 256 MiB, 105 against 102 at 64 MiB (2 H200s; the copy
+///   kernel instead: 1489, 380, 101): from 64 MiB per chunk (128 MiB buffers).
+/// - all_to_all_v: 1042 against `alltoallv_direct`'s 1305 us at 1 GiB, 80 against 88 at
+///   64 MiB (2 H200s), 26.2 against 27.3 at 16 MiB (copy kernels, H100): from 16 MiB
+///   largest chunks.
+/// - reduce: `reduce_copy` (the copy engine's pull beside the local reduce) 2898 against
+///   `reduce_direct`'s 3082 us at 1 GiB, 765 against 768 at 256 MiB, 233 against 190 at
+///   64 MiB (2 H200s): from 256 MiB.
 pub fn copy_lane_min(collective: Collective, world_size: u32) -> Option<(Algorithm, usize)> {
     match (collective, world_size) {
-        (Collective::Broadcast, 2) => Some((BROADCAST_COPY, 128 << 20)),
+        (Collective::Broadcast, 2) => Some((BROADCAST_COPY, 64 << 20)),
         (Collective::AllToAll, 2) => Some((ALLTOALL_COPY, 64 << 20)),
         (Collective::AllToAllV, 2) => Some((ALLTOALLV_COPY, 16 << 20)),
+        (Collective::Reduce, 2) => Some((REDUCE_COPY, 256 << 20)),
         _ => None,
     }
 }
@@ -688,6 +691,7 @@ mod tests {
             Collective::Broadcast,
             Collective::AllToAll,
             Collective::AllToAllV,
+            Collective::Reduce,
         ] {
             let Some((copy, min)) = copy_lane_min(c, 2) else {
                 panic!("{c} has a copy-lane threshold on 2 ranks");
@@ -709,6 +713,6 @@ mod tests {
                 );
             }
         }
-        assert_eq!(copy_lane_min(Collective::Reduce, 2), None);
+        assert_eq!(copy_lane_min(Collective::AllReduce, 2), None);
     }
 }

@@ -13,15 +13,16 @@
 //! More ranks are refused: the root's copy engine would pull every peer's input through its
 //! one link in turn.
 //!
-//! Measured, it loses (2 H100s and 2 H200s, bf16, every size checked): 4.0-4.2 ms for 1 GiB
-//! against `reduce_direct`'s 3.08 and NCCL's 2.88-2.89 (0.65-0.73x), with 8 to 256 MiB chunks
-//! alike, eager or in a graph, and slower with a smaller local grid (32 blocks 4.68 ms, 16
-//! blocks 8.25). That is about the pull (2.7-2.8 ms) plus the local reduce one after the
-//! other, as the copy lane's local copy beside the copy engine (see `copy_lane`; a local
-//! kernel with four units per thread in flight and CUDA_DEVICE_MAX_CONNECTIONS 1, 8 or 32
-//! changed nothing). The same pipeline in one process (ci/gpu/probe, `ce-pipe`) overlaps,
-//! and reaches 356-372 GB/s: NCCL's reduce, so even then no gain. So the selector never
-//! takes it (`OXCCL_ALGO=reduce_copy` forces it, to measure elsewhere).
+//! Measured on 2 H200s (bf16, graph replay, every size checked, NCCL in the same run):
+//! 2897 us for 1 GiB against `reduce_direct`'s 3082 and NCCL's 2894 (1.00x), 1476 against
+//! 1456 at 512 MiB, 764 against 737 at 256 MiB, so the selector takes it from 256 MiB on 2
+//! ranks with registered inputs. A timeline (ci/gpu/probe/gpu_trace.c) shows each 32 MiB
+//! pull beside the previous chunk's 39 us local reduce. Staging of 16, 32 or 128 MiB
+//! (chunks of half of it) did no better over 64 MiB-1 GiB; smaller local grids were slower.
+//! Before oxccl-perf allocated whole 2 MiB pages it took 4.0-4.2 ms: copy-engine copies
+//! from a cudaIpc-opened block of 1 GiB + 64 bytes stalled beside SM work (see `copy_lane`).
+//! The ideal pipeline in ci/gpu/probe/ce_overlap_probe.cu reaches 376-379 GB/s, 1.02x
+//! NCCL's reduce: the copy engine cannot give a reduce much of a lead.
 
 use oxccl_backend::AnyStream;
 use oxccl_hal::{Device, DevicePtr, Error, HostKernelTable, LaunchConfig, Result};
