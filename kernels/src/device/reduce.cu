@@ -127,6 +127,17 @@ OXCCL_DEVICE_INLINE void staged_body(const Reducer reduce, const OxcclAllreduceA
   }
 }
 
+/// 16-byte units of every rank's input each thread of `reduce_direct` loads before it
+/// reduces the first (world_size x kDirectUnits loads in flight, as `allreduce_twoshot_zc`'s
+/// kZcUnits): with one, the root reached 347 GB/s for 1 GiB on 2 H200s, where plain peer
+/// loads reach 371-374 (ci/gpu/probe/bandwidth_probe.cu). HIP: 1, for gfx942's register
+/// budget (see kZcUnits).
+#if defined(OXCCL_DEVICE_CUDA)
+constexpr int kDirectUnits = 2;
+#else
+constexpr int kDirectUnits = 1;
+#endif
+
 template <typename Fmt, typename Reducer>
 OXCCL_DEVICE_INLINE void direct_body(const Reducer reduce, const OxcclAllreduceArgs& a, const CallState call) {
   const uint64_t total = a.count * sizeof(typename Fmt::Storage);
@@ -139,13 +150,25 @@ OXCCL_DEVICE_INLINE void direct_body(const Reducer reduce, const OxcclAllreduceA
   // Every peer's call has started: its input is ready.
   if (!start_barrier(a, call.deadline, call.failed)) return;
   if (a.rank == a.root) {
-    for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
-      Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
+    const uint64_t step = static_cast<uint64_t>(blockDim.x) * kDirectUnits;
+    for (uint64_t j0 = lo + threadIdx.x; j0 < hi; j0 += step) {
+      Vec16 in[kDirectUnits][OXCCL_ALLREDUCE_MAX_RANKS];
 #pragma unroll
       for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
-        if (r < w) in[r] = peer_unit(static_cast<const char*>(a.peer_input[r]), j, total);
+        if (r < w) {
+#pragma unroll
+          for (int k = 0; k < kDirectUnits; ++k) {
+            const uint64_t j = j0 + static_cast<uint64_t>(k) * blockDim.x;
+            in[k][r] = j < hi ? peer_unit(static_cast<const char*>(a.peer_input[r]), j, total) : Vec16{{0, 0, 0, 0}};
+          }
+        }
       }
-      store_unit(a.output, j * 16, reduce_ranks(reduce, in, w), total);
+      // No `break` (see twoshot_zc_body): the loop must unroll for `in` to stay in registers.
+#pragma unroll
+      for (int k = 0; k < kDirectUnits; ++k) {
+        const uint64_t j = j0 + static_cast<uint64_t>(k) * blockDim.x;
+        if (j < hi) store_unit(a.output, j * 16, reduce_ranks(reduce, in[k], w), total);
+      }
     }
   }
   // The root reads no peer's input any more.
