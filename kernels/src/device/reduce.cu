@@ -129,9 +129,9 @@ OXCCL_DEVICE_INLINE void staged_body(const Reducer reduce, const OxcclAllreduceA
 
 /// 16-byte units of every rank's input each thread of `reduce_direct` loads before it
 /// reduces the first (world_size x kDirectUnits loads in flight, as `allreduce_twoshot_zc`'s
-/// kZcUnits): with one, the root reached 347 GB/s for 1 GiB on 2 H200s, where plain peer
-/// loads reach 371-374 (ci/gpu/probe/bandwidth_probe.cu). HIP: 1, for gfx942's register
-/// budget (see kZcUnits).
+/// kZcUnits). 2 H200s, against one: 1-2% faster at 64-128 MB (189.6 against 193.4 us at
+/// 64 MB), level at 1 GiB (3082 against 3086-3095 us, 348 GB/s, where plain peer loads reach
+/// 371-374). HIP: 1, for gfx942's register budget (see kZcUnits).
 #if defined(OXCCL_DEVICE_CUDA)
 constexpr int kDirectUnits = 2;
 #else
