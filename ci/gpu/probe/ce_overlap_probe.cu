@@ -48,6 +48,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "probe_common.cuh"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -57,15 +59,6 @@
 #include <functional>
 #include <string>
 #include <vector>
-
-#define CK(x)                                                                                   \
-  do {                                                                                          \
-    cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                             \
-    }                                                                                           \
-  } while (0)
 
 #define CU(x)                                                                       \
   do {                                                                              \
@@ -80,24 +73,13 @@
 
 namespace ceoverlap {
 
+using probe_common::busy_kernel;
+using probe_common::fill_kernel;
+using probe_common::mix_kernel;
+using probe_common::pattern;
+
 constexpr uint64_t kMiB = 1ull << 20;
 constexpr uint64_t kLoopBytes = 4ull << 30;  // each timed loop moves about this much
-
-// GPU g's source word i: never 0xffffffff (the poison), different per GPU.
-__host__ __device__ __forceinline__ uint32_t pattern(uint64_t i, uint32_t g) {
-  uint32_t x = static_cast<uint32_t>(i) * 0x9e3779b1u + (g + 1) * 0x7f4a7c15u + static_cast<uint32_t>(i >> 32);
-  x ^= x >> 15;
-  x *= 0x2c1b3c6du;
-  x ^= x >> 12;
-  return x & 0x7fffffffu;
-}
-
-__global__ void fill_kernel(uint32_t* p, uint64_t words, uint32_t g) {
-  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < words; i += stride) {
-    p[i] = pattern(i, g);
-  }
-}
 
 __global__ void count_wrong(const uint32_t* p, uint64_t words, uint32_t g, unsigned long long* bad) {
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
@@ -106,39 +88,6 @@ __global__ void count_wrong(const uint32_t* p, uint64_t words, uint32_t g, unsig
     mine += p[i] != pattern(i, g);
   }
   if (mine != 0) atomicAdd(bad, mine);
-}
-
-// out = a ^ (b & mask) in 16-byte units, kUnroll per thread per iteration: two loads and a
-// store per unit, as a reduce; with mask 0 the result is `a`, so it can be checked.
-template <int kUnroll>
-__global__ void __launch_bounds__(512) mix_kernel(const uint4* __restrict__ a, const uint4* __restrict__ b,
-                                                  uint4* __restrict__ out, uint64_t bytes, uint32_t mask) {
-  const uint64_t units = bytes / 16;
-  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  uint64_t u = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;
-  const auto mix = [mask](const uint4& x, const uint4& y) {
-    return uint4{x.x ^ (y.x & mask), x.y ^ (y.y & mask), x.z ^ (y.z & mask), x.w ^ (y.w & mask)};
-  };
-  for (; u + (kUnroll - 1) * stride < units; u += kUnroll * stride) {
-    uint4 va[kUnroll], vb[kUnroll];
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      va[k] = a[u + k * stride];
-      vb[k] = b[u + k * stride];
-    }
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) out[u + k * stride] = mix(va[k], vb[k]);
-  }
-  for (; u < units; u += stride) out[u] = mix(a[u], b[u]);
-}
-
-// Holds its SM (all of its threads and shared memory) for `cycles` clocks.
-__global__ void __launch_bounds__(1024) busy_kernel(long long cycles) {
-  extern __shared__ char hold[];
-  const long long t0 = clock64();
-  while (clock64() - t0 < cycles) {
-  }
-  if (threadIdx.x == 0 && cycles < 0) hold[0] = 0;  // never: keeps the allocation
 }
 
 // ---- memory ---------------------------------------------------------------------------------
