@@ -22,6 +22,9 @@
 #     ci/gpu/session.sh trace      # GPU timelines (ci/gpu/probe/gpu_trace.c, CUPTI) of the
 #                                  # copy-lane algorithms at 1 GiB and of ce_overlap_probe
 #     ci/gpu/session.sh copyengine # broadcast_copy (copy engine) vs broadcast_direct, vs NCCL
+#     ci/gpu/session.sh copylane   # the copy-lane algorithms with the copy engine and with the
+#                                  # copy kernel for the peers (OXCCL_COPY_LANE_PEERS), the
+#                                  # direct kernels and NCCL, 64M..1G, graph replay
 #     ci/gpu/session.sh reducecopy # reduce_copy (copy-engine pull + local reduce) vs
 #                                  # reduce_direct, vs NCCL, over chunk sizes and grids
 #     ci/gpu/session.sh autoreg    # unregistered eager allreduce: zero-copy through a per-call
@@ -361,6 +364,26 @@ copyengine)
     step "check 2gpu broadcast_copy bf16 root 1 in-place odd 1003B..256M" 60 env OXCCL_ALGO=broadcast_copy \
         "${BIN}/oxccl-perf" -c broadcast -N 2 -b 1003 -e 256M -f 7 -d bf16 -r 1 --in-place -w 1 --iters 2
     ;;
+copylane)
+    # Out of place the copy-lane algorithms copy the rank's own data by the SMs beside the
+    # peers' copies; OXCCL_COPY_LANE_PEERS picks what moves the peers' (ce | sm). Each
+    # against its direct kernel and NCCL in the same run, every size checked.
+    export CUDA_VISIBLE_DEVICES="$(devices 2)"
+    cl=(-N 2 -b 64M -e 1G -f 4 -d bf16 -w 5 --iters 20 --graph --compare nccl)
+    for c in broadcast alltoall alltoallv; do
+        for peers in ce sm; do
+            step "perf 2gpu ${c}_copy peers by ${peers} 64M..1G vs NCCL graph" 90 env OXCCL_ALGO="${c}_copy" \
+                OXCCL_COPY_LANE_PEERS="${peers}" "${BIN}/oxccl-perf" -c "${c}" "${cl[@]}" \
+                --json "${out}/${c}_copy-${peers}-2gpu.json"
+        done
+        step "perf 2gpu ${c}_direct 64M..1G vs NCCL graph" 90 env OXCCL_ALGO="${c}_direct" \
+            "${BIN}/oxccl-perf" -c "${c}" "${cl[@]}" --json "${out}/${c}_direct-2gpu.json"
+    done
+    for algo in reduce_copy reduce_direct; do
+        step "perf 2gpu ${algo} 64M..1G vs NCCL graph" 90 env OXCCL_ALGO="${algo}" \
+            "${BIN}/oxccl-perf" -c reduce "${cl[@]}" --json "${out}/${algo}-2gpu.json"
+    done
+    ;;
 reducecopy)
     # reduce_copy against reduce_direct on registered buffers, each vs NCCL in the same run
     # (graph replay), every size checked. The chunk is half the staging (OXCCL_STAGING_MB);
@@ -512,7 +535,7 @@ sanitizer)
         reducescatter:reducescatter_oneshot_ll reducescatter:reducescatter_staged
         reducescatter:reducescatter_direct alltoall:alltoall_oneshot_ll alltoall:alltoall_staged
         alltoall:alltoall_direct alltoall:alltoall_copy broadcast:broadcast_oneshot_ll broadcast:broadcast_staged
-        alltoallv:alltoallv_oneshot_ll alltoallv:alltoallv_direct
+        alltoallv:alltoallv_oneshot_ll alltoallv:alltoallv_direct alltoallv:alltoallv_copy
         broadcast:broadcast_direct broadcast:broadcast_relay broadcast:broadcast_copy
         reduce:reduce_oneshot_ll reduce:reduce_staged reduce:reduce_direct reduce:reduce_copy)
     for tool in ${OXCCL_SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}; do
