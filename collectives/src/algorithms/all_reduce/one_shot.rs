@@ -60,9 +60,24 @@ pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
 /// go out and come back in parallel, which is what the tuner picked on 2 H200s (64 threads
 /// per block up to the whole chip, then wider blocks).
 pub(crate) fn ll16_plan(name: &str, kernel: &'static str, s: &CallShape<'_>) -> Result<Plan> {
+    ll16_plan_one_block(name, kernel, s, 0)
+}
+
+/// [`ll16_plan`], but one block of one thread per unit while the call has at most
+/// `one_block_units` units: a single block ends without the count across blocks.
+pub(crate) fn ll16_plan_one_block(
+    name: &str,
+    kernel: &'static str,
+    s: &CallShape<'_>,
+    one_block_units: usize,
+) -> Result<Plan> {
     check_capacity(name, "packet", slot_bytes(s.bytes), s.packet_half_bytes, s)?;
     let units = s.bytes.div_ceil(16).max(1);
-    let per_block = units.div_ceil(max_blocks(s.caps) as usize);
+    let per_block = if units <= one_block_units {
+        units
+    } else {
+        units.div_ceil(max_blocks(s.caps) as usize)
+    };
     Ok(spread(kernel, units, per_block, s))
 }
 

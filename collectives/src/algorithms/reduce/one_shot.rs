@@ -7,7 +7,7 @@
 
 use oxccl_hal::{HostKernelTable, LaunchConfig, Result};
 
-use crate::algorithms::all_reduce::one_shot::{check_capacity, ll16_plan, slot_bytes, spread};
+use crate::algorithms::all_reduce::one_shot::ll16_plan_one_block;
 use crate::algorithms::scratch_kernel::ScratchKernel;
 use crate::algorithms::{Algorithm, Buffers, CallShape, Collective, Descriptor, Plan};
 use crate::host_kernels::{ll16_ack, ll16_read_unit, ll16_wait_ack, ll16_write_unit, Call};
@@ -43,18 +43,7 @@ const ONE_BLOCK_UNITS: usize = 256;
 
 /// The launch for a call, or why one-shot cannot serve it (packet capacity).
 pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
-    let units = s.bytes.div_ceil(16).max(1);
-    if units > ONE_BLOCK_UNITS {
-        return ll16_plan("reduce_oneshot_ll", KERNEL, s);
-    }
-    check_capacity(
-        "reduce_oneshot_ll",
-        "packet",
-        slot_bytes(s.bytes),
-        s.packet_half_bytes,
-        s,
-    )?;
-    Ok(spread(KERNEL, units, units, s))
+    ll16_plan_one_block("reduce_oneshot_ll", KERNEL, s, ONE_BLOCK_UNITS)
 }
 
 /// The kernel on the host backend: the device kernel's steps on one thread.
