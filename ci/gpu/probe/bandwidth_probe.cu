@@ -83,34 +83,12 @@ using probe_common::busy_kernel;
 using probe_common::fill_kernel;
 using probe_common::mix_kernel;
 using probe_common::pattern;
+using probe_common::verify_kernel;
 
 constexpr int kSideStreams = 8;
 constexpr uint64_t kMiB = 1ull << 20;
 // Each timed loop moves about this much per direction (at least one copy).
 constexpr uint64_t kLoopBytes = 4ull << 30;
-
-// Counts the words of p that are not GPU g's pattern; keeps the lowest such index.
-__global__ void verify_kernel(const uint32_t* p, uint64_t words, uint32_t g, unsigned long long* bad,
-                              unsigned long long* first) {
-  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  unsigned long long mine = 0;
-  unsigned long long lowest = ~0ull;
-  for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < words; i += stride) {
-    if (p[i] != pattern(i, g)) {
-      ++mine;
-      if (i < lowest) lowest = i;
-    }
-  }
-  for (int o = 16; o > 0; o /= 2) {
-    mine += __shfl_down_sync(0xffffffffu, mine, o);
-    const unsigned long long other = __shfl_down_sync(0xffffffffu, lowest, o);
-    if (other < lowest) lowest = other;
-  }
-  if ((threadIdx.x & 31) == 0 && mine != 0) {
-    atomicAdd(bad, mine);
-    atomicMin(first, lowest);
-  }
-}
 
 __device__ __forceinline__ uint4 load_unit(const uint4* p, bool cg) { return cg ? __ldcg(p) : *p; }
 

@@ -76,19 +76,10 @@ namespace ceoverlap {
 using probe_common::busy_kernel;
 using probe_common::fill_kernel;
 using probe_common::mix_kernel;
-using probe_common::pattern;
+using probe_common::verify_kernel;
 
 constexpr uint64_t kMiB = 1ull << 20;
 constexpr uint64_t kLoopBytes = 4ull << 30;  // each timed loop moves about this much
-
-__global__ void count_wrong(const uint32_t* p, uint64_t words, uint32_t g, unsigned long long* bad) {
-  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  unsigned long long mine = 0;
-  for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < words; i += stride) {
-    mine += p[i] != pattern(i, g);
-  }
-  if (mine != 0) atomicAdd(bad, mine);
-}
 
 // ---- memory ---------------------------------------------------------------------------------
 
@@ -236,7 +227,7 @@ struct Runner {
   int reps;
   cudaStream_t main;
   cudaEvent_t start, stop;
-  unsigned long long* bad;  // device counter
+  unsigned long long* counters;  // device: [0] words wrong, [1] the first of them
   int failures = 0;
 
   // Poisons `dst`, runs one loop and checks it holds `want`'s pattern, then times `reps`
@@ -249,14 +240,15 @@ struct Runner {
     CK(cudaDeviceSynchronize());
     for (int i = 0; i < iters; ++i) once();
     CK(cudaDeviceSynchronize());
-    CK(cudaMemset(bad, 0, sizeof(*bad)));
-    count_wrong<<<528, 512>>>(reinterpret_cast<const uint32_t*>(dst), bytes / 4, want, bad);
+    const unsigned long long init[2] = {0, ~0ull};
+    CK(cudaMemcpy(counters, init, sizeof(init), cudaMemcpyHostToDevice));
+    verify_kernel<<<528, 512>>>(reinterpret_cast<const uint32_t*>(dst), bytes / 4, want, counters, counters + 1);
     CK(cudaGetLastError());
-    unsigned long long wrong = 0;
-    CK(cudaMemcpy(&wrong, bad, sizeof(wrong), cudaMemcpyDeviceToHost));
+    unsigned long long got[2];
+    CK(cudaMemcpy(got, counters, sizeof(got), cudaMemcpyDeviceToHost));
     std::string verdict = "ok";
-    if (wrong != 0) {
-      verdict = "FAIL (" + std::to_string(wrong) + " words wrong)";
+    if (got[0] != 0) {
+      verdict = "FAIL (" + std::to_string(got[0]) + " words wrong, first at byte " + std::to_string(got[1] * 4) + ")";
       ++failures;
     }
     std::vector<double> t;
@@ -355,7 +347,7 @@ int run_mode(const Setup& m, uint64_t bytes, int reps) {
   CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
   CK(cudaEventCreate(&r.start));
   CK(cudaEventCreate(&r.stop));
-  CK(cudaMalloc(&r.bad, sizeof(unsigned long long)));
+  CK(cudaMalloc(&r.counters, 2 * sizeof(unsigned long long)));
   cudaEvent_t forked, joined, landed[2], mixed[2];
   for (cudaEvent_t* e : {&forked, &joined, &landed[0], &landed[1], &mixed[0], &mixed[1]}) {
     CK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));

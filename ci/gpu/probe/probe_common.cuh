@@ -1,6 +1,6 @@
 // What the bandwidth probes share (bandwidth_probe.cu, ce_overlap_probe.cu; latency_probe.cu
-// takes CK): the CUDA error check, the source pattern and its fill, a reduce-shaped mix
-// kernel and a kernel that holds every SM. Header-only: each probe stays one compile.
+// takes CK): the CUDA error check, the source pattern with its fill and its check, a
+// reduce-shaped mix kernel and a kernel that holds every SM. Header-only: each probe stays one compile.
 #ifndef OXCCL_PROBE_COMMON_CUH_
 #define OXCCL_PROBE_COMMON_CUH_
 
@@ -34,6 +34,29 @@ __global__ void fill_kernel(uint32_t* p, uint64_t words, uint32_t g) {
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < words; i += stride) {
     p[i] = pattern(i, g);
+  }
+}
+
+// Counts the words of p that are not GPU g's pattern; keeps the lowest such index.
+__global__ void verify_kernel(const uint32_t* p, uint64_t words, uint32_t g, unsigned long long* bad,
+                              unsigned long long* first) {
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  unsigned long long mine = 0;
+  unsigned long long lowest = ~0ull;
+  for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < words; i += stride) {
+    if (p[i] != pattern(i, g)) {
+      ++mine;
+      if (i < lowest) lowest = i;
+    }
+  }
+  for (int o = 16; o > 0; o /= 2) {
+    mine += __shfl_down_sync(0xffffffffu, mine, o);
+    const unsigned long long other = __shfl_down_sync(0xffffffffu, lowest, o);
+    if (other < lowest) lowest = other;
+  }
+  if ((threadIdx.x & 31) == 0 && mine != 0) {
+    atomicAdd(bad, mine);
+    atomicMin(first, lowest);
   }
 }
 
