@@ -212,6 +212,11 @@ collectives)
                 [[ ${c} == alltoall* ]] && continue # NCCL defines no in-place all-to-all
                 step "check ${n}gpu ${algo} bf16 in-place odd 1003B..${max}" 60 env OXCCL_ALGO="${algo}" \
                     "${BIN}/oxccl-perf" -c "${c}" -N "${n}" -b 1003 -e "${max}" -f 7 -d bf16 --in-place "${reg[@]}" "${q[@]}"
+                # Out of place reduce_copy's chunks shrink to a tail (default 8 MiB): a 64 KiB
+                # one makes many chunks at odd sizes, the last rank as the root.
+                [[ ${algo} == reduce_copy ]] && step "check ${n}gpu ${algo} tail 64K bf16 root $((n - 1)) odd 1003B..${max}" \
+                    60 env OXCCL_ALGO="${algo}" OXCCL_REDUCE_COPY_TAIL_KB=64 "${BIN}/oxccl-perf" -c "${c}" -N "${n}" \
+                    -b 1003 -e "${max}" -f 7 -d bf16 -r $((n - 1)) "${reg[@]}" "${q[@]}"
             done
             step "check ${n}gpu ${c} auto bf16 graph" 60 "${BIN}/oxccl-perf" -c "${c}" -N "${n}" -b 1K -e 64M -f 8 \
                 -d bf16 --graph "${q[@]}"
@@ -318,7 +323,10 @@ ceoverlap)
     export CUDA_VISIBLE_DEVICES="$(devices 2)"
     if ((ngpus >= 2)) && [[ -f .gpu/probe/ce_overlap_probe.o ]]; then
         step "link ce overlap probe" 60 nvcc -arch=sm_90 .gpu/probe/ce_overlap_probe.o -lcuda -o "${logs}/ce_overlap_probe"
-        step "ce overlap probe 2gpu" 120 "${logs}/ce_overlap_probe" all 1024 5
+        # CE_OVERLAP_MODES: the memory setups to run (default all; e.g. "oxccl malloc").
+        for mode in ${CE_OVERLAP_MODES:-all}; do
+            step "ce overlap probe 2gpu ${mode}" 120 "${logs}/ce_overlap_probe" "${mode}" 1024 5
+        done
     else
         summary+=("SKIP  ce overlap probe (needs 2 GPUs and .gpu/probe/ce_overlap_probe.o)")
     fi
@@ -337,6 +345,9 @@ trace)
         q=(-N 2 -b 1G -e 1G -d bf16 -w 1 --iters 2)
         # shellcheck disable=SC2046 # the prefix is words without spaces
         step "trace reduce_copy 1G" 60 $(traced reduce_copy) OXCCL_ALGO=reduce_copy "${BIN}/oxccl-perf" -c reduce "${q[@]}"
+        # shellcheck disable=SC2046
+        step "trace reduce_copy 128M graph" 60 $(traced reduce_copy_128M) OXCCL_ALGO=reduce_copy "${BIN}/oxccl-perf" \
+            -c reduce -N 2 -b 128M -e 128M -d bf16 -w 2 --iters 3 --graph
         # shellcheck disable=SC2046
         step "trace broadcast_copy 1G out of place" 60 $(traced broadcast_copy) OXCCL_ALGO=broadcast_copy \
             "${BIN}/oxccl-perf" -c broadcast "${q[@]}"
@@ -398,6 +409,12 @@ reducecopy)
         step "perf 2gpu reduce_copy staging ${mb}M blocks ${blocks} 64M..1G vs NCCL graph" 90 env \
             OXCCL_ALGO=reduce_copy OXCCL_STAGING_MB="${mb}" "${knob[@]}" "${BIN}/oxccl-perf" "${rc[@]}" \
             --json "${out}/reduce_copy-${mb}M-${blocks}-2gpu.json"
+    done
+    # Out of place the chunks land in the output and shrink to a tail (OXCCL_REDUCE_COPY_TAIL_KB).
+    for kb in ${OXCCL_REDUCECOPY_TAILS:-}; do
+        step "perf 2gpu reduce_copy tail ${kb}K 64M..1G vs NCCL graph" 90 env OXCCL_ALGO=reduce_copy \
+            OXCCL_REDUCE_COPY_TAIL_KB="${kb}" "${BIN}/oxccl-perf" "${rc[@]}" \
+            --json "${out}/reduce_copy-tail${kb}K-2gpu.json"
     done
     step "perf 2gpu reduce_copy in place 64M..1G vs NCCL graph" 90 env OXCCL_ALGO=reduce_copy \
         "${BIN}/oxccl-perf" "${rc[@]}" --in-place --json "${out}/reduce_copy-inplace-2gpu.json"
@@ -545,7 +562,10 @@ sanitizer)
             [[ ${algo} == *staged ]] && reg=(--no-register)
             sizes=(-b 1000 -e 300000 -f 17) envs=(OXCCL_ALGO="${algo}")
             # reduce_copy's pipeline over several chunks: 512 KiB slots of a 1 MiB staging.
-            [[ ${algo} == reduce_copy ]] && sizes=(-b 1000 -e 3000000 -f 7) envs+=(OXCCL_STAGING_MB=1)
+            # Out of place its chunks land in the output and shrink to the tail: 64 KiB makes
+            # several of them.
+            [[ ${algo} == reduce_copy ]] && sizes=(-b 1000 -e 3000000 -f 7) \
+                envs+=(OXCCL_STAGING_MB=1 OXCCL_REDUCE_COPY_TAIL_KB=64)
             san "${tool}" "${sn}gpu ${algo}" "${envs[@]}" -- -c "${c}" "${sizes[@]}" -d bf16 "${reg[@]}"
         done
         [[ ${tool} == memcheck ]] || continue

@@ -161,9 +161,11 @@ pub const BROADCAST_DIRECT_MAX_BYTES: usize = 512 << 10;
 /// - all_to_all_v: 1042 against `alltoallv_direct`'s 1305 us at 1 GiB, 80 against 88 at
 ///   64 MiB (2 H200s), 26.2 against 27.3 at 16 MiB (copy kernels, H100): from 16 MiB
 ///   largest chunks.
-/// - reduce: `reduce_copy` (the copy engine's pull beside the local reduce) 2898 against
-///   `reduce_direct`'s 3082 us at 1 GiB, 765 against 768 at 256 MiB, 233 against 190 at
-///   64 MiB (2 H200s): from 256 MiB.
+/// - reduce: `reduce_copy` (the copy engine's pull beside the local reduce; out of place
+///   into the output in shrinking chunks) 2769-2776 against `reduce_direct`'s 3085 us at
+///   1 GiB, 731-737 against 774 at 256 MiB, 388-394 against 390 at 128 MiB, 214 against
+///   192 at 64 MiB; in place (two staging slots) 767 against 774 at 256 MiB (2 H200s):
+///   from 256 MiB.
 pub fn copy_lane_min(collective: Collective, world_size: u32) -> Option<(Algorithm, usize)> {
     match (collective, world_size) {
         (Collective::Broadcast, 2) => Some((BROADCAST_COPY, 64 << 20)),

@@ -27,6 +27,8 @@ fn threads(world: u32, forced: Option<Algorithm>, body: impl Fn(&Rank) + Send + 
         move |_| CommConfig {
             timeout: Duration::from_secs(20),
             staging_bytes: 64 << 10, // small staging: large counts take several rounds
+            // reduce_copy out of place: 12_345 bf16 in six chunks shrinking from 8 to 1 KiB
+            reduce_copy_tail_bytes: 1 << 10,
             forced: forced.into(),
             ..CommConfig::default()
         },
@@ -177,7 +179,8 @@ fn odd_and_large_counts_on_one_to_four_and_eight_ranks() {
                 let register = registers(algo);
                 // 64 KiB staging: 12_345 and 100_003 bf16 per rank take several rounds of
                 // the staged one (one slot per rank), and several chunks of reduce_copy's
-                // pipeline (two 32 KiB slots, each reused).
+                // pipeline (in place two 32 KiB slots, each reused; out of place chunks
+                // shrinking to a 1 KiB tail).
                 for (i, count) in [1usize, 3, 1000, 12_345, 100_003].into_iter().enumerate() {
                     // The one-shot's packets of 200 KB per rank do not fit 8 ranks' halves.
                     if algo == Some(REDUCE_ONESHOT_LL) && count > 50_000 {

@@ -34,6 +34,8 @@
 //   pipe1-K     pipe-K with one unit per thread per iteration in the mix (as oxccl's
 //               reduce_local) instead of four
 //   pulls-K     pipe-K's copies alone, back to back (into the destination)
+//   pipe2-K     pipe-K with the pulls alternating between two side streams (two in flight,
+//               four landing slots); pulls2-K its copies alone
 //   pull+busy   pull on a side stream while a kernel holds every SM for pull's time
 //
 // Every case is checked once after its warm-up loop (destinations poisoned with 0xff
@@ -401,6 +403,53 @@ int run_mode(const Setup& m, uint64_t bytes, int reps) {
     }
   }
   unroll = 4;
+  // pipe2-K: pipe-K with the pulls alternating between two side streams (two copies in
+  // flight, four landing slots), so one copy's start-up and tail overlap the other's.
+  cudaStream_t side2 = nullptr;
+  CK(cudaStreamCreateWithFlags(&side2, cudaStreamNonBlocking));
+  cudaEvent_t landed4[4], mixed4[4], joined2;
+  for (cudaEvent_t* e : {&landed4[0], &landed4[1], &landed4[2], &landed4[3], &mixed4[0],
+                         &mixed4[1], &mixed4[2], &mixed4[3], &joined2}) {
+    CK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  }
+  const auto fork_both = [&] {
+    CK(cudaEventRecord(forked, r.main));
+    CK(cudaStreamWaitEvent(side, forked, 0));
+    CK(cudaStreamWaitEvent(side2, forked, 0));
+  };
+  const auto join_both = [&] {
+    CK(cudaEventRecord(joined, side));
+    CK(cudaEventRecord(joined2, side2));
+    CK(cudaStreamWaitEvent(r.main, joined, 0));
+    CK(cudaStreamWaitEvent(r.main, joined2, 0));
+  };
+  for (const uint64_t chunk : {16 * kMiB, 32 * kMiB, 64 * kMiB}) {
+    if (4 * chunk > bytes) continue;
+    r.run(m.mode, "pipe2-" + std::to_string(chunk / kMiB), bytes, dst, 1, [&] {
+      fork_both();
+      for (uint64_t off = 0, i = 0; off < bytes; off += chunk, ++i) {
+        const uint64_t len = std::min(chunk, bytes - off);
+        const int slot = static_cast<int>(i % 4);
+        cudaStream_t copier = (i % 2) ? side2 : side;
+        char* landing = spare + slot * chunk;
+        if (i >= 4) CK(cudaStreamWaitEvent(copier, mixed4[slot], 0));
+        CK(cudaMemcpyAsync(landing, peer + off, len, cudaMemcpyDefault, copier));
+        CK(cudaEventRecord(landed4[slot], copier));
+        CK(cudaStreamWaitEvent(r.main, landed4[slot], 0));
+        mix(r.main, landing, src + off, dst + off, len);
+        CK(cudaEventRecord(mixed4[slot], r.main));
+      }
+      join_both();
+    });
+    r.run(m.mode, "pulls2-" + std::to_string(chunk / kMiB), bytes, dst, 1, [&] {
+      fork_both();
+      for (uint64_t off = 0, i = 0; off < bytes; off += chunk, ++i) {
+        cudaStream_t copier = (i % 2) ? side2 : side;
+        CK(cudaMemcpyAsync(dst + off, peer + off, std::min(chunk, bytes - off), cudaMemcpyDefault, copier));
+      }
+      join_both();
+    });
+  }
   // The pulls alone, chunk by chunk, back to back on the side stream (into the destination
   // at their offsets, so the result is checked): what pipe-K's copies cost with no kernel.
   for (const uint64_t chunk : {32 * kMiB, 128 * kMiB}) {

@@ -188,6 +188,16 @@ pub(crate) struct Span {
 /// while the caller's stream consumes the other.
 pub(crate) const PIPELINE_DEPTH: usize = 2;
 
+/// Where a [`CopyLane::pipeline`]'s copies land.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Landing {
+    /// [`PIPELINE_DEPTH`] slots, reused: a copy waits for the consumer of its slot's last
+    /// span.
+    Slots,
+    /// Every span its own destination: no copy waits for a consumer.
+    Distinct,
+}
+
 /// The lane's stream, its fork and join events, and a pipeline's per-slot events.
 #[derive(Debug)]
 struct Lane {
@@ -253,23 +263,26 @@ impl CopyLane {
 
     /// Queues a pipeline beside `stream`: span i's copy by the copy engine on the lane,
     /// then `consume(i, stream)` on `stream` once it has landed, while the lane copies span
-    /// i + 1. Span i + [`PIPELINE_DEPTH`]'s copy waits for the work `consume(i)` queued, so
-    /// spans that many apart may share a destination. Work queued on `stream` afterwards
-    /// waits for all of it; the first error is returned, after the join is queued.
+    /// i + 1. With [`Landing::Slots`], span i + [`PIPELINE_DEPTH`]'s copy waits for the
+    /// work `consume(i)` queued, so spans that many apart may share a destination; with
+    /// [`Landing::Distinct`] the copies never wait for a consumer. Work queued on `stream`
+    /// afterwards waits for all of it; the first error is returned, after the join is
+    /// queued.
     ///
     /// # Safety
     /// As [`CopyLane::copy`] for every span, with destinations reused only
-    /// [`PIPELINE_DEPTH`] spans apart.
+    /// [`PIPELINE_DEPTH`] spans apart ([`Landing::Slots`]) or never ([`Landing::Distinct`]).
     pub(crate) unsafe fn pipeline(
         &self,
         stream: &AnyStream,
         spans: &[Span],
+        landing: Landing,
         mut consume: impl FnMut(usize, &AnyStream) -> Result<()>,
     ) -> Result<()> {
         self.forked(stream, |lane| {
             for (i, span) in spans.iter().enumerate() {
                 let slot = i % PIPELINE_DEPTH;
-                if i >= PIPELINE_DEPTH {
+                if landing == Landing::Slots && i >= PIPELINE_DEPTH {
                     lane.stream.wait_event(&lane.consumed[slot])?;
                 }
                 // SAFETY: the caller's obligations cover the span; its destination's last

@@ -636,6 +636,10 @@ pub struct SetupContext<'a> {
     pub abort_flag: DevicePtr,
     /// Launch kernels early where the device can ([`oxccl_hal::LaunchConfig::early_launch`]).
     pub early_launch: bool,
+    /// The last chunk of `reduce_copy`'s out-of-place pull ([`CommConfig::reduce_copy_tail_bytes`]).
+    ///
+    /// [`CommConfig::reduce_copy_tail_bytes`]: crate::CommConfig::reduce_copy_tail_bytes
+    pub reduce_copy_tail: usize,
     /// The layout of the shared scratch, made on the first [`SetupContext::shared_scratch`].
     layout: ScratchLayout,
     /// The shared scratch, once some setup asked for it.
@@ -661,7 +665,7 @@ impl<'a> SetupContext<'a> {
         device: &'a AnyDevice,
         forced: Forced,
         (timeout, abort_flag): (Duration, DevicePtr),
-        early_launch: bool,
+        (early_launch, reduce_copy_tail): (bool, usize),
         layout: ScratchLayout,
         (port, hosts): (&'a port_channel::PortConfig, &'a Hosts),
         image: &'a Option<AnyModule>,
@@ -673,6 +677,7 @@ impl<'a> SetupContext<'a> {
             timeout,
             abort_flag,
             early_launch,
+            reduce_copy_tail,
             layout,
             scratch: std::cell::RefCell::new(None),
             port,

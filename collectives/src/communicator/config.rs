@@ -8,6 +8,7 @@ use super::auto_register::{
     AUTO_REGISTER_MAX_VAR, AUTO_REGISTER_MIN_VAR, AUTO_REGISTER_VAR, DEFAULT_MAX_ENTRIES,
 };
 use crate::algorithms::port_channel::PortConfig;
+use crate::algorithms::reduce::copy::{DEFAULT_TAIL, TAIL_VAR};
 use crate::algorithms::Forced;
 use crate::selector::{ALGO_VAR, ONESHOT_MAX_VAR, ZC_THRESHOLD_VAR};
 use crate::tuner::{TuneMode, DEFAULT_TUNE_MAX, TUNE_DTYPES_VAR, TUNE_MAX_VAR, TUNE_VAR};
@@ -71,6 +72,9 @@ pub struct CommConfig {
     /// the exchange region, [`super::auto_register::DEFAULT_MIN_BYTES`] where it goes
     /// through the bootstrap.
     pub auto_register_min_bytes: Option<usize>,
+    /// The last chunk of `reduce_copy`'s out-of-place pull (`OXCCL_REDUCE_COPY_TAIL_KB`;
+    /// see [`crate::algorithms::reduce::copy::tail_schedule`]).
+    pub reduce_copy_tail_bytes: usize,
 }
 
 impl Default for CommConfig {
@@ -90,6 +94,7 @@ impl Default for CommConfig {
             auto_register: true,
             auto_register_max: DEFAULT_MAX_ENTRIES,
             auto_register_min_bytes: None,
+            reduce_copy_tail_bytes: DEFAULT_TAIL,
         }
     }
 }
@@ -116,7 +121,7 @@ impl CommConfig {
     /// From the environment: `OXCCL_ALGO`, `OXCCL_TIMEOUT_MS`, `OXCCL_STAGING_MB`,
     /// `OXCCL_ONESHOT_MAX_BYTES`, `OXCCL_ZC_THRESHOLD_BYTES`, `OXCCL_TUNE`,
     /// `OXCCL_TUNE_DTYPES`, `OXCCL_TUNE_MAX_BYTES`, `OXCCL_EARLY_LAUNCH`,
-    /// `OXCCL_AUTO_REGISTER`, `OXCCL_AUTO_REGISTER_MAX`, and the
+    /// `OXCCL_AUTO_REGISTER`, `OXCCL_AUTO_REGISTER_MAX`, `OXCCL_REDUCE_COPY_TAIL_KB`, and the
     /// PortChannel settings (`OXCCL_PORT_TRANSPORT`, `OXCCL_PORT_CHUNK_KB`).
     pub fn from_env() -> Result<Self> {
         let mut c = CommConfig {
@@ -167,6 +172,15 @@ impl CommConfig {
         }
         if let Some(n) = env_number(AUTO_REGISTER_MIN_VAR)? {
             c.auto_register_min_bytes = Some(usize::try_from(n).unwrap_or(usize::MAX));
+        }
+        if let Some(kb) = env_number(TAIL_VAR)? {
+            c.reduce_copy_tail_bytes = usize::try_from(kb)
+                .ok()
+                .and_then(|kb| kb.checked_mul(1024))
+                .filter(|&b| b >= 1024)
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!("{TAIL_VAR}={kb} is not a size in KiB >= 1"))
+                })?;
         }
         Ok(c)
     }

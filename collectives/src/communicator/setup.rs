@@ -103,7 +103,7 @@ impl Communicator {
             &device,
             config.forced,
             (config.timeout, abort.device_ptr()),
-            config.early_launch,
+            (config.early_launch, config.reduce_copy_tail_bytes),
             layout,
             (&config.port, &hosts),
             &image,
