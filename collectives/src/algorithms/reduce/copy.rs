@@ -12,7 +12,8 @@
 //!   ([`tail_schedule`]: 512, 256, ..., 16, 8, 8 MiB for 1 GiB): few chunk boundaries, and
 //!   only the last small chunk's reduce follows the last copy;
 //! - **in place** (the output holds the root's input), in two slots of the root's staging
-//!   (half of it each, 32 MiB by default), reused every other chunk.
+//!   (half of it each, 32 MiB by default), reused every other chunk: chunks of a slot,
+//!   shrinking to the same tail at the end.
 //!
 //! Why: the bytes that must cross are one rank's input, one way. The copy engine moves
 //! 389-396 GB/s one way (2 H200s, ci/gpu/probe) against 362-375 for SM peer loads, and
@@ -68,13 +69,15 @@ pub const TAIL_VAR: &str = "OXCCL_REDUCE_COPY_TAIL_KB";
 /// 2705 in one). 8 MiB: a local reduce of about 6 us, 8 chunks for 1 GiB.
 pub const DEFAULT_TAIL: usize = 8 << 20;
 
-/// The chunks `(offset, bytes)` of an out-of-place pull of `bytes`: from the end, `tail`,
-/// `tail`, then each as large as all that follow it, and the rest first, so every chunk
+/// The chunks `(offset, bytes)` of a pull of `bytes`: from the end, `tail`, `tail`, then
+/// each as large as all that follow it (at most `cap`), and the rest first, so every chunk
 /// but the last lands while the ones after it are still being copied, and a chunk's reduce
 /// (several times faster than its copy) is done before the copies after it are. Every
-/// chunk starts 16-byte aligned; the bytes past the last 16-byte unit go to the last one.
-pub(crate) fn tail_schedule(bytes: usize, tail: usize) -> Vec<(usize, usize)> {
-    let tail = tail.max(16) / 16 * 16;
+/// chunk starts 16-byte aligned and holds at most `cap` bytes (`tail` is kept at most half
+/// of it); the bytes past the last 16-byte unit go to the last one.
+pub(crate) fn tail_schedule(bytes: usize, tail: usize, cap: usize) -> Vec<(usize, usize)> {
+    let cap = cap.max(32) / 16 * 16;
+    let tail = tail.clamp(16, cap / 2) / 16 * 16;
     let whole = bytes / 16 * 16;
     let mut sizes = Vec::new();
     let mut after = 0usize;
@@ -82,12 +85,12 @@ pub(crate) fn tail_schedule(bytes: usize, tail: usize) -> Vec<(usize, usize)> {
     while whole - after > next {
         sizes.push(next);
         after += next;
-        next = after;
+        next = after.min(cap);
     }
     let head = whole - after;
     match sizes.last_mut() {
         // A first chunk smaller than the tail is not worth a copy of its own.
-        Some(last) if head < tail => *last += head,
+        Some(last) if head < tail && *last + head <= cap => *last += head,
         _ => sizes.push(head),
     }
     let mut chunks = Vec::with_capacity(sizes.len());
@@ -195,7 +198,7 @@ impl Instance for CopyReduce {
         if world == 2 && me == call.root {
             let peer = peers.inputs[((me + 1) % world) as usize];
             if out_of_place {
-                chunks = tail_schedule(bytes, self.tail_bytes);
+                chunks = tail_schedule(bytes, self.tail_bytes, usize::MAX);
                 for &(at, len) in &chunks {
                     spans.push(Span {
                         dst: call.output.offset(at)?,
@@ -213,12 +216,11 @@ impl Instance for CopyReduce {
                         staging.bytes
                     )));
                 }
-                // Span i pulls bytes [i * slot, i * slot + len) of the peer's input into
-                // slot i % PIPELINE_DEPTH of this rank's staging.
+                // Span i pulls chunk i (at most a slot, shrinking to the tail at the end)
+                // of the peer's input into slot i % PIPELINE_DEPTH of this rank's staging.
                 let landing = staging.bases[me as usize].offset(staging.offset)?;
-                for (i, at) in (0..bytes).step_by(slot).enumerate() {
-                    let len = slot.min(bytes - at);
-                    chunks.push((at, len));
+                chunks = tail_schedule(bytes, self.tail_bytes, slot);
+                for (i, &(at, len)) in chunks.iter().enumerate() {
                     spans.push(Span {
                         dst: landing.offset((i % PIPELINE_DEPTH) * slot)?,
                         src: peer.offset(at)?,
@@ -306,13 +308,17 @@ mod tests {
     #[test]
     fn tail_schedule_tiles_the_message_and_shrinks_to_the_tail() {
         const MIB: usize = 1 << 20;
-        let check = |bytes: usize, tail: usize| {
-            let chunks = tail_schedule(bytes, tail);
+        let check = |bytes: usize, tail: usize, cap: usize| {
+            let chunks = tail_schedule(bytes, tail, cap);
             let mut at = 0;
             for &(offset, len) in &chunks {
                 assert_eq!(offset, at, "{bytes}/{tail}: a gap or an overlap");
                 assert_eq!(offset % 16, 0, "{bytes}/{tail}: unaligned chunk");
                 assert!(len > 0, "{bytes}/{tail}: an empty chunk");
+                assert!(
+                    len <= cap.max(32) / 16 * 16,
+                    "{bytes}/{tail}/{cap}: over the cap"
+                );
                 at += len;
             }
             assert_eq!(at, bytes, "{bytes}/{tail}: not the whole message");
@@ -322,33 +328,46 @@ mod tests {
             for w in chunks.iter().skip(1).collect::<Vec<_>>().windows(2) {
                 assert!(whole(w[0].1) >= whole(w[1].1), "{chunks:?}");
             }
-            if chunks.len() > 1 {
+            if chunks.len() > 1 && cap == usize::MAX {
                 assert!(chunks[0].1 >= tail.max(16) / 16 * 16, "{chunks:?}");
             }
             chunks
         };
         let sizes = |c: Vec<(usize, usize)>| c.iter().map(|&(_, l)| l / MIB).collect::<Vec<_>>();
+        let free = usize::MAX;
         assert_eq!(
-            sizes(check(1 << 30, 8 * MIB)),
+            sizes(check(1 << 30, 8 * MIB, free)),
             [512, 256, 128, 64, 32, 16, 8, 8]
         );
-        assert_eq!(sizes(check(128 * MIB, 8 * MIB)), [64, 32, 16, 8, 8]);
+        assert_eq!(sizes(check(128 * MIB, 8 * MIB, free)), [64, 32, 16, 8, 8]);
         // 100 MiB: the doubling reaches 64, the rest (36) goes first.
-        assert_eq!(sizes(check(100 * MIB, 8 * MIB)), [36, 32, 16, 8, 8]);
+        assert_eq!(sizes(check(100 * MIB, 8 * MIB, free)), [36, 32, 16, 8, 8]);
         // A remainder smaller than the tail joins the first chunk.
         assert_eq!(
-            tail_schedule(64 * MIB + 4096, 8 * MIB)[0],
+            tail_schedule(64 * MIB + 4096, 8 * MIB, free)[0],
             (0, 32 * MIB + 4096)
+        );
+        // Capped (in place: the staging's 32 MiB slots): slots, then the shrinking tail;
+        // a remainder that does not fit the first slot is a chunk of its own.
+        assert_eq!(
+            sizes(check(200 * MIB, 8 * MIB, 32 * MIB)),
+            [8, 32, 32, 32, 32, 32, 16, 8, 8]
+        );
+        assert_eq!(
+            tail_schedule(64 * MIB + 4096, 8 * MIB, 32 * MIB)[0],
+            (0, 4096)
         );
         for bytes in [0, 1, 15, 16, 17, 1000, 12_345, (1 << 20) + 7, 300_000_002] {
             for tail in [16, 1000, MIB, 8 * MIB] {
-                check(bytes, tail);
+                for cap in [32, 1024, 32 << 10, 32 * MIB, free] {
+                    check(bytes, tail, cap);
+                }
             }
         }
-        assert!(tail_schedule(0, 8 * MIB).is_empty());
-        assert_eq!(tail_schedule(5, 8 * MIB), [(0, 5)]);
+        assert!(tail_schedule(0, 8 * MIB, free).is_empty());
+        assert_eq!(tail_schedule(5, 8 * MIB, free), [(0, 5)]);
         // Odd bytes past the last unit ride on the last chunk.
-        let c = check(256 * MIB + 6, 8 * MIB);
+        let c = check(256 * MIB + 6, 8 * MIB, free);
         assert_eq!(c.last().map(|&(_, l)| l), Some(8 * MIB + 6));
     }
 }
