@@ -27,6 +27,7 @@
 #                                  # direct kernels and NCCL, 64M..1G, graph replay
 #     ci/gpu/session.sh reducecopy # reduce_copy (copy-engine pull + local reduce) vs
 #                                  # reduce_direct, vs NCCL, over chunk sizes and grids
+#     ci/gpu/session.sh reducerelay # reduce_relay vs reduce_direct on 4 and 3 GPUs, vs NCCL
 #     ci/gpu/session.sh autoreg    # unregistered eager allreduce: zero-copy through a per-call
 #                                  # exchange vs the scratch, each vs NCCL
 #     ci/gpu/session.sh perf       # bf16 sum vs NCCL (default and symmetric), graph replay
@@ -116,7 +117,7 @@ kinds_of() {
     alltoall) echo "oneshot_ll staged direct copy" ;;
     alltoallv) echo "oneshot_ll direct copy staged" ;;
     broadcast) echo "oneshot_ll staged direct relay copy" ;;
-    reduce) echo "oneshot_ll staged direct copy" ;;
+    reduce) echo "oneshot_ll staged direct relay copy" ;;
     *) echo "oneshot_ll staged direct" ;;
     esac
 }
@@ -419,6 +420,19 @@ reducecopy)
     step "perf 2gpu reduce_copy in place 64M..1G vs NCCL graph" 90 env OXCCL_ALGO=reduce_copy \
         "${BIN}/oxccl-perf" "${rc[@]}" --in-place --json "${out}/reduce_copy-inplace-2gpu.json"
     ;;
+reducerelay)
+    # reduce_relay against reduce_direct on registered buffers, 4 and 3 GPUs, each vs NCCL in
+    # the same run (graph replay), every size checked: where the relay should take over.
+    for n in ${OXCCL_SESSION_GPUS:-4 3}; do
+        ((ngpus >= n)) || continue
+        export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
+        for algo in reduce_relay reduce_direct; do
+            step "perf ${n}gpu ${algo} 64K..1G vs NCCL graph" 90 env OXCCL_ALGO="${algo}" "${BIN}/oxccl-perf" \
+                -c reduce -N "${n}" -b 64K -e 1G -f 4 -d bf16 -w 5 --iters 20 --graph --compare nccl \
+                --json "${out}/${algo}-${n}gpu.json"
+        done
+    done
+    ;;
 autoreg)
     # Unregistered buffers, eager calls (no graph): zero-copy with an exchange per call
     # (OXCCL_AUTO_REGISTER_MIN_BYTES=0: through the shared exchange region from the one-shot
@@ -554,7 +568,7 @@ sanitizer)
         alltoall:alltoall_direct alltoall:alltoall_copy broadcast:broadcast_oneshot_ll broadcast:broadcast_staged
         alltoallv:alltoallv_oneshot_ll alltoallv:alltoallv_direct alltoallv:alltoallv_copy
         broadcast:broadcast_direct broadcast:broadcast_relay broadcast:broadcast_copy
-        reduce:reduce_oneshot_ll reduce:reduce_staged reduce:reduce_direct reduce:reduce_copy)
+        reduce:reduce_oneshot_ll reduce:reduce_staged reduce:reduce_direct reduce:reduce_relay reduce:reduce_copy)
     for tool in ${OXCCL_SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}; do
         for a in "${algos[@]}"; do
             c=${a%%:*} algo=${a#*:}

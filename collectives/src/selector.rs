@@ -27,7 +27,8 @@ use crate::algorithms::broadcast::{
     relay::BROADCAST_RELAY, staged::BROADCAST_STAGED,
 };
 use crate::algorithms::reduce::{
-    copy::REDUCE_COPY, direct::REDUCE_DIRECT, one_shot::REDUCE_ONESHOT_LL, staged::REDUCE_STAGED,
+    copy::REDUCE_COPY, direct::REDUCE_DIRECT, one_shot::REDUCE_ONESHOT_LL, relay::REDUCE_RELAY,
+    staged::REDUCE_STAGED,
 };
 use crate::algorithms::reduce_scatter::{
     direct::REDUCESCATTER_DIRECT, one_shot::REDUCESCATTER_ONESHOT_LL, staged::REDUCESCATTER_STAGED,
@@ -51,8 +52,9 @@ pub fn default_zc_threshold(world_size: u32) -> usize {
     match world_size {
         // 2 H200s, tuned with LL128: one-shot up to 2 MiB, push above.
         0..=2 => 2 << 20,
-        // 4 H200s, tuned: one-shot up to 256 KiB, push two-shot from 512 KiB.
-        3..=4 => 256 << 10,
+        // 4 H200s with LL128 (2026-11-27): one-shot up to 512 KiB (8.99 us against the
+        // two-shots' 11.11-11.64), push from 1 MiB (13.72 against 16.15).
+        3..=4 => 512 << 10,
         _ => 32 << 10,
     }
 }
@@ -64,8 +66,9 @@ pub fn default_oneshot_max(world_size: u32) -> usize {
     match world_size {
         // 2 H200s, tuned with LL128: one-shot up to 2 MiB, push from 4 MiB.
         0..=2 => 2 << 20,
-        // 4 H200s, tuned: one-shot up to 256 KiB (registered or not), push above.
-        3..=4 => 256 << 10,
+        // 4 H200s with LL128 (2026-11-27, `session.sh perf` sweeps): one-shot up to 512 KiB
+        // (registered or not), push above.
+        3..=4 => 512 << 10,
         _ => 128 << 10,
     }
 }
@@ -83,12 +86,13 @@ pub fn registered_two_shot(world_size: u32, bytes: usize) -> Algorithm {
     }
 }
 
-/// The one-shot for a call: LL128 lines on 2 ranks where the backend has them (2 H200s,
-/// tuned: LL128 at or ahead of LL16 at every size from 1 KB, 1.75x less NVLink traffic;
-/// 1 MB 10.9 us against LL16's 15.1), else LL16 packets (3 or more ranks: LL128 not yet
-/// measured there, the tuner tries it).
+/// The one-shot for a call: LL128 lines on up to 4 ranks where the backend has them (2
+/// H200s, tuned: LL128 at or ahead of LL16 at every size from 1 KB, 1.75x less NVLink
+/// traffic; 1 MB 10.9 us against LL16's 15.1; 4 H200s: 3.54 against 3.84 us at 1 KB, 6.30
+/// against 12.94 at 256 KB, 16.15 against 33.69 at 1 MB), else LL16 packets (more ranks:
+/// LL128 not measured there, the tuner tries it).
 fn one_shot(shape: &CallShape<'_>) -> Result<(Algorithm, Plan)> {
-    if shape.world_size <= 2 {
+    if shape.world_size <= 4 {
         if let Ok(plan) = ONESHOT_LL128.plan(shape) {
             return Ok((ONESHOT_LL128, plan));
         }
@@ -145,6 +149,11 @@ pub fn registered_oneshot_max(collective: Collective, world_size: u32) -> usize 
 /// 13.06 against 14.03 at 1 MiB and 17.71 against 22.93 at 2 MiB: the relay's extra
 /// barrier costs more than the root's link saves until then).
 pub const BROADCAST_DIRECT_MAX_BYTES: usize = 512 << 10;
+
+/// On more than 2 ranks, the largest registered reduce `reduce_direct` takes; above it
+/// `reduce_relay` (4 H200s: `reduce_direct` 11.45 us at 512 KiB against NCCL's 8.02, and
+/// 0.32-0.37x NCCL from 16 MB, where its root's link carries every peer's input).
+pub const REDUCE_DIRECT_MAX_BYTES: usize = 512 << 10;
 
 /// The copy-lane algorithm ([`crate::algorithms::copy_lane`]: the peers' copies on a
 /// second stream, this rank's own on the caller's) the selector takes for a collective on
@@ -262,9 +271,19 @@ impl Selector {
                         BROADCAST_STAGED,
                     ],
                 )?,
+                // On more than 2 ranks large reduces relay through the peers: the direct
+                // kernel moves every peer's input through the root's link.
                 Collective::Reduce => Self::one_shot_direct_staged(
                     shape,
-                    [REDUCE_ONESHOT_LL, REDUCE_DIRECT, REDUCE_STAGED],
+                    [
+                        REDUCE_ONESHOT_LL,
+                        if shape.world_size > 2 && shape.bytes > REDUCE_DIRECT_MAX_BYTES {
+                            REDUCE_RELAY
+                        } else {
+                            REDUCE_DIRECT
+                        },
+                        REDUCE_STAGED,
+                    ],
                 )?,
                 Collective::AllToAllV => Self::one_shot_direct_staged(
                     shape,
@@ -499,8 +518,13 @@ mod tests {
             oneshot_max_bytes: 256 << 10,
             zc_threshold_bytes: 64 << 10,
         };
+        // Up to 4 ranks the one-shot is LL128 where the backend has it; more take LL16.
         assert_eq!(
             s.choose(&shape(1024, 4, &caps)).unwrap().algorithm,
+            ONESHOT_LL128
+        );
+        assert_eq!(
+            s.choose(&shape(1024, 8, &caps)).unwrap().algorithm,
             ONESHOT_LL
         );
         assert_eq!(
@@ -527,7 +551,7 @@ mod tests {
         reg.bytes = 64 << 20;
         assert_eq!(s.choose(&reg).unwrap().algorithm, TWOSHOT_PUSH);
         reg.bytes = 64 << 10;
-        assert_eq!(s.choose(&reg).unwrap().algorithm, ONESHOT_LL);
+        assert_eq!(s.choose(&reg).unwrap().algorithm, ONESHOT_LL128);
         reg.bytes = 1 << 30;
         assert!(forced
             .choose(&reg)
@@ -686,6 +710,23 @@ mod tests {
             sh.collective = Collective::Broadcast;
             sh.zero_copy = true;
             assert_eq!(s.choose(&sh).unwrap().algorithm, want, "{bytes} bytes");
+        }
+        // Registered reduces: direct, then the relay on more than 2 ranks (2 ranks: direct,
+        // above the one-shot, then the copy lane from its threshold, checked below).
+        for (bytes, world, want) in [
+            (REDUCE_DIRECT_MAX_BYTES, 4, REDUCE_DIRECT),
+            (REDUCE_DIRECT_MAX_BYTES + 2, 4, REDUCE_RELAY),
+            (1 << 30, 3, REDUCE_RELAY),
+            (4 << 20, 2, REDUCE_DIRECT),
+        ] {
+            let mut sh = shape(bytes, world, &caps);
+            sh.collective = Collective::Reduce;
+            sh.zero_copy = true;
+            assert_eq!(
+                s.choose(&sh).unwrap().algorithm,
+                want,
+                "{bytes} bytes on {world}"
+            );
         }
         // Registered large calls on 2 ranks: the copy lane from its threshold; on more ranks
         // and unregistered, never.

@@ -11,7 +11,8 @@
 use std::time::Duration;
 
 use oxccl_collectives::algorithms::reduce::{
-    copy::REDUCE_COPY, direct::REDUCE_DIRECT, one_shot::REDUCE_ONESHOT_LL, staged::REDUCE_STAGED,
+    copy::REDUCE_COPY, direct::REDUCE_DIRECT, one_shot::REDUCE_ONESHOT_LL, relay::REDUCE_RELAY,
+    staged::REDUCE_STAGED,
 };
 use oxccl_collectives::hal::{
     AccumType, DataType, Device, DevicePtr, Memory, MemoryKind, ReduceOp, Stream,
@@ -127,16 +128,17 @@ fn check(
 }
 
 /// Every algorithm and the world size it is checked on (`reduce_copy` serves 1-2 ranks).
-const ALGOS: [(Algorithm, u32); 4] = [
+const ALGOS: [(Algorithm, u32); 5] = [
     (REDUCE_ONESHOT_LL, 3),
     (REDUCE_STAGED, 3),
     (REDUCE_DIRECT, 3),
+    (REDUCE_RELAY, 3),
     (REDUCE_COPY, 2),
 ];
 
 /// Whether `algo` needs its inputs registered.
 fn registers(algo: Option<Algorithm>) -> bool {
-    algo == Some(REDUCE_DIRECT) || algo == Some(REDUCE_COPY)
+    algo == Some(REDUCE_DIRECT) || algo == Some(REDUCE_RELAY) || algo == Some(REDUCE_COPY)
 }
 
 #[test]
@@ -170,6 +172,7 @@ fn odd_and_large_counts_on_one_to_four_and_eight_ranks() {
             Some(REDUCE_ONESHOT_LL),
             Some(REDUCE_STAGED),
             Some(REDUCE_DIRECT),
+            Some(REDUCE_RELAY),
             Some(REDUCE_COPY),
         ] {
             if algo == Some(REDUCE_COPY) && world > 2 {
@@ -178,7 +181,8 @@ fn odd_and_large_counts_on_one_to_four_and_eight_ranks() {
             threads(world, algo, move |r| {
                 let register = registers(algo);
                 // 64 KiB staging: 12_345 and 100_003 bf16 per rank take several rounds of
-                // the staged one (one slot per rank), and several chunks of reduce_copy's
+                // the staged one (one slot per rank) and of the relay (half the staging
+                // over the chunks per round), and several chunks of reduce_copy's
                 // pipeline (in place two 32 KiB slots, each reused; out of place chunks
                 // shrinking to a 1 KiB tail).
                 for (i, count) in [1usize, 3, 1000, 12_345, 100_003].into_iter().enumerate() {

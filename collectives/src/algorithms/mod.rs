@@ -96,7 +96,8 @@ use broadcast::{
     relay::BROADCAST_RELAY, staged::BROADCAST_STAGED,
 };
 use reduce::{
-    copy::REDUCE_COPY, direct::REDUCE_DIRECT, one_shot::REDUCE_ONESHOT_LL, staged::REDUCE_STAGED,
+    copy::REDUCE_COPY, direct::REDUCE_DIRECT, one_shot::REDUCE_ONESHOT_LL, relay::REDUCE_RELAY,
+    staged::REDUCE_STAGED,
 };
 use reduce_scatter::{
     direct::REDUCESCATTER_DIRECT, one_shot::REDUCESCATTER_ONESHOT_LL,
@@ -139,6 +140,7 @@ pub const ALGORITHMS: &[Algorithm] = &[
     REDUCE_ONESHOT_LL,
     REDUCE_STAGED,
     REDUCE_DIRECT,
+    REDUCE_RELAY,
     REDUCE_COPY,
 ];
 

@@ -20,6 +20,17 @@
 //   straight from every rank's input (peer loads) into its output; barrier (no one reads the
 //   peers' inputs any more).
 //
+// - reduce_relay: registered inputs, 3 or more ranks. reduce_direct's root loads every
+//   byte of every peer through its one link, (world - 1) times the message. Here the message
+//   is split into one chunk per rank other than the root (RelayRounds, as broadcast_relay):
+//   the rank that owns chunk k reduces it from every rank's input (peer loads) and stores
+//   the result into the root's staging; the root copies it into its output a round later.
+//   Every rank's links then carry about the message once each way, as NCCL's ring does. In
+//   rounds of half the staging per parity (the halves alternate), a per-block barrier
+//   between rounds: barrier; rounds 0..=R (round r: the owners write round r, the root
+//   copies round r - 1); each block copies out exactly the staging positions the same block
+//   of the owners wrote, so the per-block barriers order every reuse.
+//
 // - reduce_local: one GPU's half of reduce_copy (collectives/src/algorithms/reduce/copy.rs).
 //   No peer, no barrier, no epoch: a.peer_input[0..world) are buffers of this GPU in rank
 //   order (the root's input and the peers' inputs its copy engine pulled), reduced into
@@ -176,6 +187,57 @@ OXCCL_DEVICE_INLINE void direct_body(const Reducer reduce, const OxcclAllreduceA
 }
 
 template <typename Fmt, typename Reducer>
+OXCCL_DEVICE_INLINE void relay_body(const Reducer reduce, const OxcclAllreduceArgs& a, const CallState call) {
+  const uint64_t total = a.count * sizeof(typename Fmt::Storage);
+  const uint32_t w = a.world_size;
+  const uint32_t me = a.rank;
+  const uint32_t root = a.root;
+  const uint32_t chunks = w > 1 ? w - 1 : 1;  // one rank: the root owns chunk 0 itself
+  const RelayRounds g((total + 15) / 16, chunks, relay_cap(a));
+  const bool owner = me != root || w == 1;
+  const uint32_t mine = relay_chunk(me, root, w);
+  // Unit j of chunk i's round r in the root's staging: half r & 1, chunk i's round at units
+  // [i * per_round, (i + 1) * per_round) of it (per_round <= relay_cap: the half holds all).
+  const uint64_t half_bytes = a.data_bytes / 2;
+  const auto at = [&](uint64_t r, uint32_t i, uint64_t j) {
+    return a.data_offset + (r & 1) * half_bytes + (i * g.per_round + (j - g.round_start(i, r))) * 16;
+  };
+
+  // Every peer's call has started: its input is ready and the root's staging is free.
+  if (!start_barrier(a, call.deadline, call.failed)) return;
+  for (uint64_t r = 0; r <= g.rounds; ++r) {
+    if (owner && r < g.rounds) {
+      // Round r of this rank's chunk, reduced from every rank's input into the root's staging.
+      char* staging = static_cast<char*>(a.scratch[root]);
+      uint64_t lo, hi;
+      g.part(mine, r, lo, hi);
+      for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+        Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
+#pragma unroll
+        for (uint32_t q = 0; q < OXCCL_ALLREDUCE_MAX_RANKS; ++q) {
+          if (q < w) in[q] = peer_unit(static_cast<const char*>(a.peer_input[q]), j, total);
+        }
+        store16(staging + at(r, mine, j), reduce_ranks(reduce, in, w));
+      }
+    }
+    if (me == root && r > 0) {
+      // Round r - 1 of every chunk, which its owner's same block stored here, into the output.
+      const char* staging = static_cast<const char*>(a.scratch[me]);
+      for (uint32_t i = 0; i < chunks; ++i) {
+        uint64_t lo, hi;
+        g.part(i, r - 1, lo, hi);
+        for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+          store_unit(a.output, j * 16, load16_peer(staging + at(r - 1, i, j)), total);
+        }
+      }
+    }
+    // Round r has landed in the root's staging, round r - 1 is in the output: the next
+    // round may reuse round r - 1's half.
+    if (!block_barrier(a, call.deadline, call.failed)) return;
+  }
+}
+
+template <typename Fmt, typename Reducer>
 OXCCL_DEVICE_INLINE void local_body(const Reducer reduce, const OxcclAllreduceArgs& a) {
   const uint64_t total = a.count * sizeof(typename Fmt::Storage);
   const uint64_t units = (total + 15) / 16;
@@ -216,6 +278,16 @@ OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void reduce_direct(const OXCCL_GRID_CONSTA
   run_reducing<false>(args, registered && args.root < args.world_size,
                       [&]<typename Fmt>(auto reducer, const CallState call) OXCCL_INLINE_LAMBDA {
                         oxccl::reduce_to_root::direct_body<Fmt>(reducer, args, call);
+                      });
+}
+
+OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void reduce_relay(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {
+  const OxcclAllreduceArgs& args = oxccl::kernel_args(param);
+  using namespace oxccl::allreduce;
+  const bool registered = args.rank < OXCCL_ALLREDUCE_MAX_RANKS && args.peer_input[args.rank] == args.input;
+  run_reducing<false>(args, registered && args.root < args.world_size && relay_cap(args) > 0,
+                      [&]<typename Fmt>(auto reducer, const CallState call) OXCCL_INLINE_LAMBDA {
+                        oxccl::reduce_to_root::relay_body<Fmt>(reducer, args, call);
                       });
 }
 

@@ -1,0 +1,104 @@
+//! Relayed reduce on registered inputs ([`crate::Communicator::register`]), for 3 or more
+//! ranks. `reduce_direct`'s root loads every peer's whole input through its one link, so on
+//! 4 ranks that link carries three times the message (0.32-0.37x NCCL's ring from 16 MB on
+//! 4 H200s). Here the message is split into one chunk per rank other than the root: the
+//! rank that owns chunk k reduces it, in rank order, from every rank's input (peer loads)
+//! and stores it into the root's staging; the root copies it into its output a round later.
+//! Every rank's links carry about the message once each way, as NCCL's ring does.
+//!
+//! The same geometry as `broadcast_relay` (`RelayRounds`: one chunk per rank but the root,
+//! in rounds of half the staging over the chunks, the halves alternating by round parity);
+//! a barrier before (every input is ready, the root's staging free) and one per round (the
+//! owners' round r has landed, the root's copy of round r - 1 is done, so round r + 1 may
+//! reuse its half). Each block of the root copies out exactly the staging positions the
+//! same block of the owners wrote, so the per-block barriers order every reuse. In place
+//! the root's copy of round r - 1 overwrites input units no owner reads any more.
+
+use oxccl_hal::{HostKernelTable, LaunchConfig, Result};
+
+use crate::algorithms::scratch_kernel::ScratchKernel;
+use crate::algorithms::{direct_plan, Algorithm, Buffers, CallShape, Collective, Descriptor, Plan};
+use crate::host_kernels::{
+    barrier, barrier_blocks, copy16, read_unit, relay_chunk, Call, RelayRounds,
+};
+use crate::scratch::FlagRegion;
+
+/// Kernel symbol (device image and host stand-in).
+const KERNEL: &str = "reduce_relay";
+
+/// The relayed reduce.
+pub const REDUCE_RELAY: Algorithm = Algorithm::new(&Descriptor {
+    collective: Collective::Reduce,
+    name: "reduce_relay",
+    aliases: &["reduce_scatter_gather", "reduce_pipelined"],
+    code: 505,
+    serves: "reduces whose input lies 16-byte aligned in a buffer registered on every rank \
+             (Communicator::register), at the same offset; world size 1..=8 (chosen on 3 \
+             or more)",
+    kernel: KERNEL,
+    host: HostKernelTable {
+        name: "reduce_relay (host)",
+        kernels: &[(KERNEL, host_kernel)],
+    },
+    plan,
+    buffers: Buffers::Registered,
+    maps_peers: true,
+    tuning: None,
+    setup: |ctx, me| ScratchKernel::setup(ctx, me, FlagRegion::Packets),
+});
+
+/// The launch for a call, or why it cannot serve it (input not registered).
+pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
+    direct_plan(KERNEL, "the input", s)
+}
+
+/// The kernel on the host backend: the device kernel's steps on one thread (which plays
+/// every block: a round's part is the whole round).
+fn host_kernel(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
+    let c = Call::new(bytes, KERNEL)?;
+    let blocks = barrier_blocks(config);
+    let root = c.root()?;
+    let ins = c.peer_inputs()?;
+    let g = RelayRounds::new(&c, KERNEL)?;
+    let chunks = (c.world - 1).max(1);
+    let owner = c.me != root || c.world == 1;
+    let mine = relay_chunk(c.me, root, c.world);
+    let half = c.a.data_bytes as usize / 2;
+    // Byte of unit j of chunk i's round r in the root's scratch (as the device's `at`).
+    let at = |r: usize, i: usize, j: usize| {
+        c.a.data_offset as usize + (r & 1) * half + (i * g.per_round + j - g.round(i, r).start) * 16
+    };
+    let mut inputs = vec![[0u8; 16]; c.world];
+    barrier(&c, blocks)?;
+    for r in 0..=g.rounds {
+        if owner && r < g.rounds {
+            for j in g.round(mine, r) {
+                // The reduction of unit j of every rank's input, stored as a whole unit.
+                for (input, &p) in inputs.iter_mut().zip(&ins[..c.world]) {
+                    // SAFETY: every rank's registered input holds `total` bytes at ins[q],
+                    // not written during the call (its owner passed the first barrier).
+                    *input = unsafe { read_unit(p, c.total, j * 16) };
+                }
+                let valid = c.total.saturating_sub(j * 16).min(16);
+                let v = c.reduce_unit(&inputs, valid)?;
+                // SAFETY: the root's staging holds both halves (relay_cap: a round of every
+                // chunk fits half of it); only this rank writes chunk `mine` there.
+                unsafe { copy16(v.as_ptr(), c.scratch(root).add(at(r, mine, j))) };
+            }
+        }
+        if c.me == root && r > 0 {
+            for i in 0..chunks {
+                for j in g.round(i, r - 1) {
+                    let mut v = [0u8; 16];
+                    // SAFETY: this rank's staging, written by chunk i's owner before the
+                    // last barrier and not written again before the next.
+                    unsafe { copy16(c.scratch(c.me).add(at(r - 1, i, j)), v.as_mut_ptr()) };
+                    c.store_output(j * 16, &v);
+                }
+            }
+        }
+        barrier(&c, blocks)?;
+    }
+    c.finish();
+    Ok(())
+}
