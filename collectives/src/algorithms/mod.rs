@@ -39,7 +39,8 @@
 //! | `reduce_oneshot_ll` | reduce | `reduce_oneshot_ll` | small messages: every rank's LL16 packets into the root's packet half, acknowledgements back, no barrier |
 //! | `reduce_staged` | reduce | `reduce_staged` | any size on unregistered buffers: the other ranks push into the root's staging, the root reduces locally |
 //! | `reduce_direct` | reduce | `reduce_direct` | registered inputs: the root reduces straight from every rank's input between two barriers |
-//! | `reduce_copy` | reduce | `broadcast_barrier`, `reduce_local` | registered inputs, 1-2 ranks, forced only: the root's copy engine pulls the peer's input in chunks, a local kernel reduces each as it lands |
+//! | `reduce_relay` | reduce | `reduce_relay` | registered inputs, 3 or more ranks: each non-root rank reduces its chunk from every input into the root's staging, the root copies it out a round later |
+//! | `reduce_copy` | reduce | `broadcast_barrier`, `reduce_local` | registered inputs, 1-2 ranks: the root's copy engine pulls the peer's input in chunks (out of place into the output, shrinking to a tail), a local kernel reduces each as it lands |
 //!
 //! Each collective's algorithms live in their own module ([`all_reduce`], [`all_gather`],
 //! [`reduce_scatter`], [`all_to_all`], [`all_to_all_v`], [`broadcast`], [`reduce`]);
