@@ -549,6 +549,8 @@ pub(crate) fn equal_rounds(c: &Call, units: usize, kernel: &str) -> Result<usize
 /// other than the root, each in equal rounds of at most half the staging over the chunks.
 /// One host thread plays every block, so a round's part is the whole round.
 pub(crate) struct RelayRounds {
+    /// One per rank but the root (one on a single rank).
+    pub(crate) chunks: usize,
     units: usize,
     chunk: usize,
     pub(crate) rounds: usize,
@@ -569,6 +571,7 @@ impl RelayRounds {
         let chunk = units.div_ceil(chunks);
         let rounds = chunk.div_ceil(cap).max(1);
         Ok(RelayRounds {
+            chunks,
             units,
             chunk,
             rounds,

@@ -57,7 +57,7 @@ fn host_kernel(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     for r in 0..=g.rounds {
         if c.me == root && r < g.rounds {
             // One rank: the root relays chunk 0 to itself.
-            for i in 0..(c.world - 1).max(1) {
+            for i in 0..g.chunks {
                 let to = relay_rank(i, root, c.world);
                 for j in g.round(i, r) {
                     let v = c.load_input(j * 16);

@@ -197,15 +197,11 @@ impl Instance for CopyReduce {
         let mut chunks = Vec::new();
         if world == 2 && me == call.root {
             let peer = peers.inputs[((me + 1) % world) as usize];
-            if out_of_place {
+            // Out of place chunk i lands at its own offset of the output; in place, in slot
+            // i % PIPELINE_DEPTH of this rank's staging (`Some(slot bytes)`).
+            let (landing, slot) = if out_of_place {
                 chunks = tail_schedule(bytes, self.tail_bytes, usize::MAX);
-                for &(at, len) in &chunks {
-                    spans.push(Span {
-                        dst: call.output.offset(at)?,
-                        src: peer.offset(at)?,
-                        bytes: len,
-                    });
-                }
+                (call.output, None)
             } else {
                 let staging = self.lane.staging();
                 // Each slot a whole number of 16-byte units (every element size divides 16).
@@ -216,17 +212,23 @@ impl Instance for CopyReduce {
                         staging.bytes
                     )));
                 }
-                // Span i pulls chunk i (at most a slot, shrinking to the tail at the end)
-                // of the peer's input into slot i % PIPELINE_DEPTH of this rank's staging.
-                let landing = staging.bases[me as usize].offset(staging.offset)?;
+                // Chunks of at most a slot, shrinking to the tail at the end.
                 chunks = tail_schedule(bytes, self.tail_bytes, slot);
-                for (i, &(at, len)) in chunks.iter().enumerate() {
-                    spans.push(Span {
-                        dst: landing.offset((i % PIPELINE_DEPTH) * slot)?,
-                        src: peer.offset(at)?,
-                        bytes: len,
-                    });
-                }
+                (
+                    staging.bases[me as usize].offset(staging.offset)?,
+                    Some(slot),
+                )
+            };
+            for (i, &(at, len)) in chunks.iter().enumerate() {
+                let dst = match slot {
+                    None => landing.offset(at)?,
+                    Some(slot) => landing.offset((i % PIPELINE_DEPTH) * slot)?,
+                };
+                spans.push(Span {
+                    dst,
+                    src: peer.offset(at)?,
+                    bytes: len,
+                });
             }
         }
         // The local reduce of `len` bytes from `at` of the call's buffers with `landed`.

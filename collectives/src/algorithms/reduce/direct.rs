@@ -65,12 +65,28 @@ fn host_kernel(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
 pub(crate) unsafe fn reduce_into_output(c: &Call, ins: &[*const std::ffi::c_void]) -> Result<()> {
     let mut inputs = vec![[0u8; 16]; ins.len()];
     for u in 0..c.total.div_ceil(16) {
-        for (input, &at) in inputs.iter_mut().zip(ins) {
-            // SAFETY: the caller's obligations: `at` holds `total` readable bytes.
-            *input = unsafe { read_unit(at, c.total, u * 16) };
-        }
-        let valid = c.total.saturating_sub(u * 16).min(16);
-        c.store_output(u * 16, &c.reduce_unit(&inputs, valid)?);
+        // SAFETY: the caller's obligations.
+        let v = unsafe { reduce_unit_of(c, ins, u, &mut inputs)? };
+        c.store_output(u * 16, &v);
     }
     Ok(())
+}
+
+/// The reduction, in rank order, of 16-byte unit `u` of `ins` (one pointer per rank, each
+/// `c.total` bytes), read through `inputs` (one unit per rank; shared with `reduce_relay`).
+///
+/// # Safety
+/// Every pointer must be readable for `c.total` bytes.
+pub(crate) unsafe fn reduce_unit_of(
+    c: &Call,
+    ins: &[*const std::ffi::c_void],
+    u: usize,
+    inputs: &mut [[u8; 16]],
+) -> Result<[u8; 16]> {
+    for (input, &at) in inputs.iter_mut().zip(ins) {
+        // SAFETY: the caller's obligations: `at` holds `total` readable bytes.
+        *input = unsafe { read_unit(at, c.total, u * 16) };
+    }
+    let valid = c.total.saturating_sub(u * 16).min(16);
+    c.reduce_unit(inputs, valid)
 }

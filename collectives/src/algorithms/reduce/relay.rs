@@ -16,11 +16,10 @@
 
 use oxccl_hal::{HostKernelTable, LaunchConfig, Result};
 
+use super::direct::reduce_unit_of;
 use crate::algorithms::scratch_kernel::ScratchKernel;
 use crate::algorithms::{direct_plan, Algorithm, Buffers, CallShape, Collective, Descriptor, Plan};
-use crate::host_kernels::{
-    barrier, barrier_blocks, copy16, read_unit, relay_chunk, Call, RelayRounds,
-};
+use crate::host_kernels::{barrier, barrier_blocks, copy16, relay_chunk, Call, RelayRounds};
 use crate::scratch::FlagRegion;
 
 /// Kernel symbol (device image and host stand-in).
@@ -60,7 +59,6 @@ fn host_kernel(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     let root = c.root()?;
     let ins = c.peer_inputs()?;
     let g = RelayRounds::new(&c, KERNEL)?;
-    let chunks = (c.world - 1).max(1);
     let owner = c.me != root || c.world == 1;
     let mine = relay_chunk(c.me, root, c.world);
     let half = c.a.data_bytes as usize / 2;
@@ -74,20 +72,16 @@ fn host_kernel(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
         if owner && r < g.rounds {
             for j in g.round(mine, r) {
                 // The reduction of unit j of every rank's input, stored as a whole unit.
-                for (input, &p) in inputs.iter_mut().zip(&ins[..c.world]) {
-                    // SAFETY: every rank's registered input holds `total` bytes at ins[q],
-                    // not written during the call (its owner passed the first barrier).
-                    *input = unsafe { read_unit(p, c.total, j * 16) };
-                }
-                let valid = c.total.saturating_sub(j * 16).min(16);
-                let v = c.reduce_unit(&inputs, valid)?;
+                // SAFETY: every rank's registered input holds `total` bytes at ins[q], not
+                // written during the call (its owner passed the first barrier).
+                let v = unsafe { reduce_unit_of(&c, &ins[..c.world], j, &mut inputs)? };
                 // SAFETY: the root's staging holds both halves (relay_cap: a round of every
                 // chunk fits half of it); only this rank writes chunk `mine` there.
                 unsafe { copy16(v.as_ptr(), c.scratch(root).add(at(r, mine, j))) };
             }
         }
         if c.me == root && r > 0 {
-            for i in 0..chunks {
+            for i in 0..g.chunks {
                 for j in g.round(i, r - 1) {
                     let mut v = [0u8; 16];
                     // SAFETY: this rank's staging, written by chunk i's owner before the
