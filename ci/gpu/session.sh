@@ -276,7 +276,9 @@ collsweep)
 latency)
     # Small sizes against NCCL, the current build with early launch on and off, and, when
     # .gpu/base/oxccl-perf exists (a build of an earlier commit), that build too; twice,
-    # interleaved, so drift between runs shows as the spread of each.
+    # interleaved, so drift between runs shows as the spread of each. OXCCL_LATENCY_COLLECTIVE
+    # (default allreduce) names the collective.
+    lc=${OXCCL_LATENCY_COLLECTIVE:-allreduce}
     for n in ${OXCCL_SESSION_GPUS:-2 4}; do
         ((ngpus >= n)) || continue
         export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
@@ -291,9 +293,9 @@ latency)
                     [[ -x ${bin} ]] || continue
                     ;;
                 esac
-                step "latency ${n}gpu ${variant} round ${round} bf16 1K..4M vs NCCL graph" 60 env "${env[@]}" \
-                    "${bin}" -N "${n}" -b 1K -e 4M -f 2 -d bf16 -w 5 --iters 20 --graph --compare nccl \
-                    --json "${out}/latency-${variant}-${round}-${n}gpu.json"
+                step "latency ${n}gpu ${lc} ${variant} round ${round} bf16 1K..4M vs NCCL graph" 60 env "${env[@]}" \
+                    "${bin}" -c "${lc}" -N "${n}" -b 1K -e 4M -f 2 -d bf16 -w 5 --iters 20 --graph --compare nccl \
+                    --json "${out}/latency-${lc}-${variant}-${round}-${n}gpu.json"
             done
         done
     done
