@@ -19,6 +19,7 @@ use oxccl_kernels::abi::{
     self, OxcclAllreduceArgs, OXCCL_ALLREDUCE_ERR_ABORTED, OXCCL_ALLREDUCE_ERR_TIMEOUT,
     OXCCL_ALLREDUCE_MAX_BLOCKS, OXCCL_ALLREDUCE_MAX_RANKS, OXCCL_ALLREDUCE_SYNC_EPOCH,
     OXCCL_ALLREDUCE_SYNC_ERROR, OXCCL_ALLREDUCE_SYNC_EXPECTED, OXCCL_ALLREDUCE_SYNC_INBOUND,
+    OXCCL_ALLREDUCE_SYNC_MAILBOX_SEEN, OXCCL_ALLREDUCE_SYNC_MAILBOX_SEQ,
 };
 use oxccl_kernels::{formats, reduce};
 
@@ -260,12 +261,7 @@ impl Call {
     /// (`packet_offset`: LL16 packets or LL128 lines), after checking that `world` slots
     /// of `slot` bytes fit one half.
     pub(crate) fn flagged_half(&self, slot: usize) -> Result<(u32, usize)> {
-        if self.world > 1 && self.world * slot > self.a.packet_half_bytes as usize {
-            return Err(Error::InvalidArgument(format!(
-                "{}: {} bytes x {} ranks do not fit a half of {} bytes",
-                self.kernel, self.total, self.world, self.a.packet_half_bytes
-            )));
-        }
+        self.check_half(slot)?;
         let epoch = self
             .word(self.me, u64::from(OXCCL_ALLREDUCE_SYNC_EPOCH))
             .load(Ordering::Acquire);
@@ -273,10 +269,70 @@ impl Call {
         Ok((flag_of(epoch), half))
     }
 
+    /// Whether `world` slots of `slot` bytes fit one half of the flag-protocol region.
+    fn check_half(&self, slot: usize) -> Result<()> {
+        if self.world > 1 && self.world * slot > self.a.packet_half_bytes as usize {
+            return Err(Error::InvalidArgument(format!(
+                "{}: {} bytes x {} ranks do not fit a half of {} bytes",
+                self.kernel, self.total, self.world, self.a.packet_half_bytes
+            )));
+        }
+        Ok(())
+    }
+
     /// Advances the epoch, as block 0 of a device kernel does (one host thread is the
     /// whole grid here, so there are no blocks to count in DONE).
     pub(crate) fn finish(&self) {
         self.word(self.me, u64::from(OXCCL_ALLREDUCE_SYNC_EPOCH))
+            .fetch_add(1, Ordering::Release);
+    }
+
+    /// The mailbox call's number (MAILBOX_SEQ, abi_allreduce.h), its flag and the byte
+    /// offset of its half of the mailbox (`packet_offset`), after checking that `world`
+    /// slots of `slot` bytes fit one half.
+    pub(crate) fn mailbox_half(&self, slot: usize) -> Result<(u64, u32, usize)> {
+        self.check_half(slot)?;
+        let seq = self
+            .word(self.me, u64::from(OXCCL_ALLREDUCE_SYNC_MAILBOX_SEQ))
+            .load(Ordering::Acquire);
+        let half = (self.a.packet_offset + (seq & 1) * self.a.packet_half_bytes) as usize;
+        Ok((seq, flag_of(seq), half))
+    }
+
+    /// Tells every peer this rank has started mailbox call `seq` (its MAILBOX_SEEN word in
+    /// each peer's scratch): it reads no earlier call's packets any more.
+    pub(crate) fn publish_mailbox_start(&self, seq: u64) {
+        for p in (0..self.world).filter(|p| *p != self.me) {
+            self.mailbox_seen(p, self.me)
+                .store(seq + 1, Ordering::Release);
+        }
+    }
+
+    /// Waits until `root` has started mailbox call `seq - 1`, so it reads no packets of
+    /// call `seq - 2`, which call `seq` overwrites.
+    pub(crate) fn wait_mailbox_free(&self, root: usize, seq: u64) -> Result<()> {
+        let seen = self.mailbox_seen(self.me, root);
+        let mut polls = 0u32;
+        while seen.load(Ordering::Acquire) < seq {
+            if self.expired() {
+                return Err(self.fail(root, "the root's previous one-shot reduce"));
+            }
+            backoff(&mut polls);
+        }
+        Ok(())
+    }
+
+    /// Word `of` of MAILBOX_SEEN in `rank`'s scratch.
+    fn mailbox_seen(&self, rank: usize, of: usize) -> &AtomicU64 {
+        self.word(
+            rank,
+            u64::from(OXCCL_ALLREDUCE_SYNC_MAILBOX_SEEN) + of as u64 * 8,
+        )
+    }
+
+    /// Advances MAILBOX_SEQ, the mailbox calls' counter ([`Call::finish`] for the epoch).
+    pub(crate) fn finish_mailbox(&self) {
+        self.word(self.me, u64::from(OXCCL_ALLREDUCE_SYNC_MAILBOX_SEQ))
             .fetch_add(1, Ordering::Release);
     }
 }
@@ -437,7 +493,7 @@ fn ll16_wait(
     }
 }
 
-/// The rooted one-shots' acknowledgement (`ll16_ack` in allreduce_device.hpp): the first
+/// The epoch one-shots' acknowledgement (`ll16_ack` in allreduce_device.hpp): the first
 /// packet of unit 0 of this rank's slot (`slot` bytes per rank) in `to`'s current half,
 /// written to a peer this call sends no data.
 ///

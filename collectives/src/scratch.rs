@@ -26,6 +26,10 @@ pub enum FlagRegion {
     /// LL128 lines (112 data bytes and a 16-byte flag). A region of their own, so an LL16
     /// reader never meets user data where it expects a flag.
     Lines,
+    /// LL16 packets of the one-shot reduce, whose senders do not wait for the root and so
+    /// keep out of the epoch's halves (MAILBOX_SEQ in abi_allreduce.h). As large as
+    /// `Packets`.
+    Mailbox,
 }
 
 /// Byte offsets of the scratch layout (the same on every rank).
@@ -39,6 +43,8 @@ pub struct ScratchLayout {
     pub ll128_offset: usize,
     /// Bytes of one line half.
     pub ll128_half: usize,
+    /// Start of the one-shot reduce's mailbox (two halves of `packet_half` bytes).
+    pub mailbox_offset: usize,
     /// Start of the two-shot staging ("in", then "out").
     pub data_offset: usize,
     /// Bytes of each staging buffer.
@@ -66,9 +72,13 @@ impl ScratchLayout {
             .checked_mul(2)
             .and_then(|b| b.checked_add(packet_offset))
             .ok_or_else(overflow)?;
-        let data_offset = ll128_half
+        let mailbox_offset = ll128_half
             .checked_mul(2)
             .and_then(|b| b.checked_add(ll128_offset))
+            .ok_or_else(overflow)?;
+        let data_offset = packet_half
+            .checked_mul(2)
+            .and_then(|b| b.checked_add(mailbox_offset))
             .ok_or_else(overflow)?;
         let total = staging
             .checked_mul(2)
@@ -79,13 +89,14 @@ impl ScratchLayout {
             packet_half,
             ll128_offset,
             ll128_half,
+            mailbox_offset,
             data_offset,
             staging,
             total,
         })
     }
 
-    /// Bytes that must start at zero: the sync words and both flag regions (flag 0 never
+    /// Bytes that must start at zero: the sync words and the flag regions (flag 0 never
     /// matches). The staging buffers need no initial value.
     pub fn zeroed_prefix(&self) -> usize {
         self.data_offset
@@ -96,6 +107,7 @@ impl ScratchLayout {
         match region {
             FlagRegion::Packets => (self.packet_offset, self.packet_half),
             FlagRegion::Lines => (self.ll128_offset, self.ll128_half),
+            FlagRegion::Mailbox => (self.mailbox_offset, self.packet_half),
         }
     }
 }
@@ -201,12 +213,17 @@ mod tests {
         assert!(l.packet_half >= 4 * 2 * (1 << 20));
         assert_eq!(l.ll128_offset, l.packet_offset + 2 * l.packet_half);
         assert!(l.ll128_half >= 4 * one_shot_ll128::slot_bytes(1 << 20));
-        assert_eq!(l.data_offset, l.ll128_offset + 2 * l.ll128_half);
+        assert_eq!(l.mailbox_offset, l.ll128_offset + 2 * l.ll128_half);
+        assert_eq!(l.data_offset, l.mailbox_offset + 2 * l.packet_half);
         assert_eq!(l.total, l.data_offset + 2 * l.staging);
         assert_eq!(l.zeroed_prefix(), l.data_offset);
         assert_eq!(
             l.flag_region(FlagRegion::Lines),
             (l.ll128_offset, l.ll128_half)
+        );
+        assert_eq!(
+            l.flag_region(FlagRegion::Mailbox),
+            (l.mailbox_offset, l.packet_half)
         );
         assert!(ScratchLayout::new(8, usize::MAX / 4, 1).is_err());
     }

@@ -441,6 +441,89 @@ fn one_shot_ranks_running_ahead_of_a_slow_root() {
     });
 }
 
+/// The one-shot reduce keeps out of the epoch's packet halves (its senders do not wait for
+/// the root; MAILBOX_SEQ in abi_allreduce.h): one-shot reduces to changing roots,
+/// interleaved with the epoch one-shots (allreduce, broadcast) on one stream with no
+/// synchronization between calls and a different rank slow at each step, must each give
+/// their own call's result.
+#[test]
+fn one_shot_reduces_interleaved_with_epoch_one_shots() {
+    threads(3, None, |r| {
+        let rank = r.comm.rank();
+        let (count, dtype, steps) = (777usize, DataType::F32, 12u64);
+        let (op, accum) = (ReduceOp::Sum, AccumType::Auto);
+        let bytes = dtype.bytes(count).unwrap();
+        for (collective, name) in [
+            (Collective::Reduce, "reduce_oneshot_ll"),
+            (Collective::AllReduce, "oneshot"),
+            (Collective::Broadcast, "oneshot"),
+        ] {
+            let choice = r.comm.choose_collective(collective, count, dtype).unwrap();
+            assert!(
+                choice.algorithm.to_string().contains(name),
+                "{collective:?}: {} ({})",
+                choice.algorithm,
+                choice.reason
+            );
+        }
+        // Per step: two reduces (roots s and s + 1), an allreduce, a broadcast (root s + 2).
+        let roots = |step: u64| [step % 3, (step + 1) % 3, 0, (step + 2) % 3].map(|x| x as u32);
+        let bufs: Vec<Vec<_>> = (0..steps)
+            .map(|_| {
+                (0..4)
+                    .map(|_| r.comm.device().alloc(bytes, MemoryKind::Plain).unwrap())
+                    .collect()
+            })
+            .collect();
+        for (step, b) in (0..steps).zip(&bufs) {
+            for (k, buf) in b.iter().enumerate() {
+                let data = input(dtype, rank, count, step * 4 + k as u64);
+                r.stream.write(buf.ptr(), &data).unwrap();
+            }
+            if rank == (step % 3) as u32 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let root = roots(step);
+            // SAFETY: every buffer holds `count` elements until the synchronize below.
+            unsafe {
+                for (k, buf) in b.iter().take(2).enumerate() {
+                    let p = buf.ptr();
+                    r.comm
+                        .reduce(p, p, count, dtype, op, accum, root[k], &r.stream)
+                        .unwrap();
+                }
+                let p = b[2].ptr();
+                r.comm
+                    .all_reduce(p, p, count, dtype, op, accum, &r.stream)
+                    .unwrap();
+                let p = b[3].ptr();
+                r.comm
+                    .broadcast(p, p, count, dtype, root[3], &r.stream)
+                    .unwrap();
+            }
+        }
+        r.stream.synchronize().unwrap();
+        r.comm.check_error(&r.stream).unwrap();
+        for (step, b) in (0..steps).zip(&bufs) {
+            let root = roots(step);
+            for (k, buf) in b.iter().enumerate() {
+                let salt = step * 4 + k as u64;
+                let want = match k {
+                    0 | 1 if rank == root[k] => expected(dtype, op, accum, 3, count, salt),
+                    0 | 1 => input(dtype, rank, count, salt), // in place: a sender keeps its input
+                    2 => expected(dtype, op, accum, 3, count, salt),
+                    _ => input(dtype, root[k], count, salt),
+                };
+                let mut got = vec![0u8; bytes];
+                r.stream.read(buf.ptr(), &mut got).unwrap();
+                same_bits(dtype, &got, &want, count)
+                    .map_err(|e| format!("rank {rank}: step {step} call {k}: {e}"))
+                    .unwrap();
+            }
+        }
+    });
+}
+
 #[test]
 fn mismatched_roots_are_detected_on_first_call() {
     threads(2, None, |r| {

@@ -36,7 +36,7 @@
 //! | `broadcast_direct` | broadcast | `broadcast_direct` | registered outputs: the root stores into every rank's output between two barriers |
 //! | `broadcast_relay` | broadcast | `broadcast_relay` | registered outputs, 3 or more ranks: the root stores one chunk into each peer's output, each peer stores its chunk on into the others', in pipelined rounds |
 //! | `broadcast_copy` | broadcast | `broadcast_barrier` | registered outputs, large messages: the root's copy engine copies into the peers' outputs (a second stream) while the caller's stream copies its own, between two barrier kernels |
-//! | `reduce_oneshot_ll` | reduce | `reduce_oneshot_ll` | small messages: every rank's LL16 packets into the root's packet half, acknowledgements back, no barrier |
+//! | `reduce_oneshot_ll` | reduce | `reduce_oneshot_ll` | small messages: every rank's LL16 packets into the root's mailbox; no barrier, and the senders wait only for the root's previous call |
 //! | `reduce_staged` | reduce | `reduce_staged` | any size on unregistered buffers: the other ranks push into the root's staging, the root reduces locally |
 //! | `reduce_direct` | reduce | `reduce_direct` | registered inputs: the root reduces straight from every rank's input between two barriers |
 //! | `reduce_relay` | reduce | `reduce_relay` | registered inputs, 3 or more ranks: each non-root rank reduces its chunk from every input into the root's staging, the root copies it out a round later |

@@ -15,6 +15,11 @@
  *                                        by epoch parity, zeroed at setup; a launch of that
  *                                        kernel passes this region as packet_offset /
  *                                        packet_half_bytes
+ *   [mailbox offset, +2*packet half)     LL16 packets of reduce_oneshot_ll, two halves by
+ *                                        the MAILBOX_SEQ parity, zeroed at setup (a region
+ *                                        of its own: that kernel keeps out of the epoch
+ *                                        protocol, see MAILBOX_SEQ); its launches pass it
+ *                                        as packet_offset / packet_half_bytes
  *   [data_offset, +2*data_bytes)         two-shot staging: "in" (inputs peers read) then
  *                                        "out" (reduced chunks peers read)
  *
@@ -27,6 +32,18 @@
  *              after its writes to the peers; block 0 waits for all, resets it and
  *              advances the epoch).
  *   ERROR      0, or OXCCL_ALLREDUCE_ERR_* | (peer rank << 32): first failure seen.
+ *   MAILBOX_SEQ   reduce_oneshot_ll calls completed by this rank's kernels (advanced as
+ *              EPOCH, which those calls leave alone). Its flags and mailbox halves derive
+ *              from it.
+ *   MAILBOX_SEEN  [MAX_RANKS]: word p holds 1 + the MAILBOX_SEQ of the latest
+ *              reduce_oneshot_ll call rank p has started (p stores it here at the start
+ *              of each), so p has finished reading every earlier call's packets. A sender
+ *              of call s writes the root's half s & 1 once the root's word is >= s (the
+ *              root has started call s - 1, so it no longer reads call s - 2's packets
+ *              there); the sender never waits for the root to read call s. The epoch
+ *              one-shots instead finish a call only once every peer has started it, which
+ *              a call that does not wait would break for the calls after it; hence a
+ *              counter and a region of its own.
  *   INBOUND    [MAX_BLOCKS][MAX_RANKS]: block b of rank p adds 1 to INBOUND[b][p] of this
  *              rank (release) at each two-shot barrier (both two-shot kernels).
  *   EXPECTED   [MAX_BLOCKS][MAX_RANKS]: signals consumed so far (local only).
@@ -43,6 +60,8 @@
 #define OXCCL_ALLREDUCE_SYNC_EPOCH 0
 #define OXCCL_ALLREDUCE_SYNC_DONE 8
 #define OXCCL_ALLREDUCE_SYNC_ERROR 16
+#define OXCCL_ALLREDUCE_SYNC_MAILBOX_SEQ 24
+#define OXCCL_ALLREDUCE_SYNC_MAILBOX_SEEN 64
 #define OXCCL_ALLREDUCE_SYNC_INBOUND 4096
 #define OXCCL_ALLREDUCE_SYNC_EXPECTED 20480
 

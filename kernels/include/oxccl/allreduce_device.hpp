@@ -342,7 +342,9 @@ OXCCL_DEVICE_INLINE uint64_t read_epoch(void* own_scratch) {
 /// else until the count of `count_block` is complete, which it resets for the next call:
 /// every block added before, so nothing adds after). No fence and no returned atomic on
 /// the way out.
-OXCCL_DEVICE_INLINE void finish_call(void* own_scratch, bool counted) {
+/// `counter`: the sync word the call advances (EPOCH; MAILBOX_SEQ for reduce_oneshot_ll).
+OXCCL_DEVICE_INLINE void finish_call(void* own_scratch, bool counted,
+                                     uint64_t counter = OXCCL_ALLREDUCE_SYNC_EPOCH) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   if (counted && gridDim.x > 1) {
     uint64_t* done = sync_word(own_scratch, OXCCL_ALLREDUCE_SYNC_DONE);
@@ -350,7 +352,7 @@ OXCCL_DEVICE_INLINE void finish_call(void* own_scratch, bool counted) {
     }
     atomic_store_relaxed(done, 0);
   }
-  atomic_add_relaxed_device(sync_word(own_scratch, OXCCL_ALLREDUCE_SYNC_EPOCH), 1);
+  atomic_add_relaxed_device(sync_word(own_scratch, counter), 1);
 }
 
 /// Bytes of one element of a data type code (0 for an unknown code).
@@ -385,10 +387,10 @@ OXCCL_DEVICE_INLINE uint32_t ll16_peer_bits(uint32_t w, uint32_t me) {
 /// CUDA; two groups of 4 on HIP, whose 64-lane waves have 128 VGPRs per lane for the whole
 /// kernel: 16 packets in flight took 64 of them, see platform.hpp). Returns false, after
 /// reporting the first missing peer, when the wait timed out or was aborted.
+template <uint32_t kGroup = kLl16PollRanks>
 OXCCL_DEVICE_INLINE bool ll16_read_peers(const char* mine, uint64_t u, uint64_t slot_bytes, uint32_t flag,
                                          uint32_t all_peers, Vec16 (&in)[OXCCL_ALLREDUCE_MAX_RANKS],
                                          const CallState call) {
-  constexpr uint32_t kGroup = kLl16PollRanks;
   constexpr uint32_t kPackets = 2 * kGroup;
   static_assert(OXCCL_ALLREDUCE_MAX_RANKS % kGroup == 0, "rank groups must tile the ranks");
   const OxcclLL16Packet* base = reinterpret_cast<const OxcclLL16Packet*>(mine) + 2 * u;
@@ -421,9 +423,9 @@ OXCCL_DEVICE_INLINE bool ll16_read_peers(const char* mine, uint64_t u, uint64_t 
   return true;
 }
 
-/// The rooted one-shots (broadcast, reduce) send some peers no data. To such a peer a rank
-/// writes one packet instead, the first of unit 0 of its slot in the peer's current half: an
-/// acknowledgement that this rank's call has started. Every rank waits for every peer's data
+/// The epoch one-shots that send some peers no data (broadcast, all_to_all_v's empty
+/// chunks). To such a peer a rank writes one packet instead, the first of unit 0 of its
+/// slot in the peer's current half: an acknowledgement that this rank's call has started. Every rank waits for every peer's data
 /// or acknowledgement, so, as in the one-shots where everyone sends to everyone, no rank
 /// finishes a call before every peer has started it, and none can run two calls ahead into
 /// a packet half a peer is still reading.
@@ -461,8 +463,9 @@ OXCCL_DEVICE_INLINE void* own_scratch(const OxcclAllreduceArgs& a) {
 /// refuse a bad argument block (`kernel_ok`: the kernel's own conditions on top of
 /// `args_ok`); run `body(call)`; advance the epoch. `kReadsEpoch`: the body reads the epoch
 /// (the one-shots' flags and halves) and counts its blocks (`CallState::count_block`); the
-/// barrier kernels synchronize through their barriers and need neither.
-template <bool kReadsEpoch, typename Body>
+/// barrier kernels synchronize through their barriers and need neither. `kCounter`: the
+/// sync word the call advances (`finish_call`).
+template <bool kReadsEpoch, uint64_t kCounter = OXCCL_ALLREDUCE_SYNC_EPOCH, typename Body>
 __device__ __forceinline__ void run_call(const OxcclAllreduceArgs& a, bool kernel_ok, Body&& body) {
   wait_prior_grid();
   launch_dependents();
@@ -484,7 +487,7 @@ __device__ __forceinline__ void run_call(const OxcclAllreduceArgs& a, bool kerne
   if (threadIdx.x == 0) failed = 0;
   const CallState call{own, Deadline{a.timeout_ns, a.abort_flag, failure}, &failed};
   body(call);
-  finish_call(own, kReadsEpoch);
+  finish_call(own, kReadsEpoch, kCounter);
 }
 
 }  // namespace allreduce

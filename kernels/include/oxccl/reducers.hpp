@@ -246,10 +246,10 @@ OXCCL_DEVICE_INLINE Vec16 reduce_ranks(const Reducer& reduce, const Vec16 (&in)[
   return reduce.finish(s, n);
 }
 
-/// Calls `body.template operator()<Fmt>(reducer)` with the reducer for the call's types.
-/// Inlined on HIP (a call needs a stack in scratch on gfx942); nvcc decides on CUDA.
+/// Calls `body.template operator()<Fmt>(reducer)` with the reducer for the call's types,
+/// forced inline (`dispatch_all` lets nvcc choose).
 template <typename Body>
-OXCCL_DEVICE_INLINE_ON_HIP void dispatch_all(const OxcclAllreduceArgs& a, Body&& body) {
+__device__ __forceinline__ void dispatch_all_inlined(const OxcclAllreduceArgs& a, Body&& body) {
   if (dispatch_own_type(a.dtype, a.op, body)) return;
   dispatch_dtype(a.dtype, [&]<typename Fmt>() OXCCL_INLINE_LAMBDA {
     const Acc acc = resolve_accum<Fmt>(a.accum);
@@ -271,12 +271,26 @@ OXCCL_DEVICE_INLINE_ON_HIP void dispatch_all(const OxcclAllreduceArgs& a, Body&&
   });
 }
 
+/// Calls `body.template operator()<Fmt>(reducer)` with the reducer for the call's types.
+/// Inlined on HIP (a call needs a stack in scratch on gfx942); nvcc decides on CUDA.
+template <typename Body>
+OXCCL_DEVICE_INLINE_ON_HIP void dispatch_all(const OxcclAllreduceArgs& a, Body&& body) {
+  dispatch_all_inlined(a, body);
+}
+
 /// What every reducing kernel does around its body ([`run_call`]), with the body run for
 /// the call's element format and reducer: `body.template operator()<Fmt>(reducer, call)`.
-template <bool kReadsEpoch, typename Body>
+/// `kInlined`: the type dispatch is inlined into the body's caller (`dispatch_all_inlined`),
+/// for a latency kernel whose dispatch nvcc made a call that spills.
+template <bool kReadsEpoch, uint64_t kCounter = OXCCL_ALLREDUCE_SYNC_EPOCH, bool kInlined = false, typename Body>
 __device__ __forceinline__ void run_reducing(const OxcclAllreduceArgs& a, bool kernel_ok, Body&& body) {
-  run_call<kReadsEpoch>(a, kernel_ok, [&](const CallState call) OXCCL_INLINE_LAMBDA {
-    dispatch_all(a, [&]<typename Fmt>(auto reducer) OXCCL_INLINE_LAMBDA { body.template operator()<Fmt>(reducer, call); });
+  run_call<kReadsEpoch, kCounter>(a, kernel_ok, [&](const CallState call) OXCCL_INLINE_LAMBDA {
+    const auto typed = [&]<typename Fmt>(auto reducer) OXCCL_INLINE_LAMBDA { body.template operator()<Fmt>(reducer, call); };
+    if constexpr (kInlined) {
+      dispatch_all_inlined(a, typed);
+    } else {
+      dispatch_all(a, typed);
+    }
   });
 }
 

@@ -6,12 +6,15 @@
 // the bits of the host reference. Host stand-ins with the same protocol:
 // collectives/src/algorithms/reduce/.
 //
-// - reduce_oneshot_ll: small messages, no barrier. Every other rank writes its input as LL16
-//   packets into slot `me` of the root's packet half and an acknowledgement into slot `me`
-//   of the other ranks' halves; the root acknowledges to every peer (`ll16_ack`: only the
-//   root receives data, and the epoch-parity halves are safe only while every rank
-//   receives from every peer). The root reduces its input and every peer's packets in rank
-//   order; the others wait for the acknowledgements.
+// - reduce_oneshot_ll: small messages, no barrier, and no sender waits for the root.
+//   Every other rank writes its input as LL16 packets into slot `me` of the root's mailbox
+//   half (a packet region of its own, halves by the MAILBOX_SEQ parity) and leaves: the
+//   root reduces its input and every peer's packets in rank order. What keeps a sender
+//   from overwriting packets the root has not read yet is the root's MAILBOX_SEEN word
+//   (abi_allreduce.h): before call s writes into half s & 1, the sender waits until the
+//   root has started call s - 1, which it usually did long before. So back-to-back reduces
+//   pipeline: a sender runs up to one call ahead and its packets are waiting when the root
+//   starts, instead of every call paying a round trip for the root's acknowledgement.
 // - reduce_staged: any size on buffers nobody registered. Every non-root rank pushes its
 //   input into slot `me` of the root's staging; barrier; the root reduces its own input and
 //   every slot of its staging, in rank order, into its output; barrier (the staging is free
@@ -48,6 +51,20 @@ namespace reduce_to_root {
 
 using namespace oxccl::allreduce;
 
+/// Waits until this rank's MAILBOX_SEEN word of `peer` is at least `want`; false, after
+/// reporting, when the wait timed out or was aborted. Acquire: the packets written after it
+/// are ordered after the root's reads that the word vouches for.
+OXCCL_DEVICE_INLINE bool wait_seen(const uint64_t* seen, uint32_t peer, uint64_t want, const CallState call) {
+  uint64_t since = 0;
+  for (uint64_t polls = 0; atomic_load_acquire(seen + peer) < want; ++polls) {
+    if (call.deadline.expired(polls, since)) {
+      report(call.own, call.deadline.failure(), peer);
+      return false;
+    }
+  }
+  return true;
+}
+
 template <typename Fmt, typename Reducer>
 OXCCL_DEVICE_INLINE void oneshot_body(const Reducer reduce, const OxcclAllreduceArgs& a, const CallState call) {
   const uint64_t total = a.count * sizeof(typename Fmt::Storage);
@@ -57,14 +74,24 @@ OXCCL_DEVICE_INLINE void oneshot_body(const Reducer reduce, const OxcclAllreduce
   const uint32_t root = a.root;
   const uint64_t first = thread_index();
   const uint64_t stride = thread_count();
-  // A sender's first unit load and the epoch read go out together: the packets need both.
-  Vec16 v = me != root && first < units ? load_unit(a.input, first * 16, total) : Vec16{{0, 0, 0, 0}};
-  const uint64_t epoch = read_epoch(call.own);
-  const uint32_t flag = flag_of(epoch);
-  const uint64_t half = a.packet_offset + (epoch & 1) * a.packet_half_bytes;
+  const uint64_t* seen = sync_word(call.own, OXCCL_ALLREDUCE_SYNC_MAILBOX_SEEN);
   const uint64_t slot_bytes = units * 32;  // two LL16 packets per 16-byte unit
+  // A sender's first unit load, the call's number and the root's progress go out together.
+  Vec16 v = me != root && first < units ? load_unit(a.input, first * 16, total) : Vec16{{0, 0, 0, 0}};
+  const uint64_t seq = atomic_load_relaxed(sync_word(call.own, OXCCL_ALLREDUCE_SYNC_MAILBOX_SEQ));
+  const uint64_t root_seen = me != root ? atomic_load_acquire(seen + root) : 0;
+  const uint32_t flag = flag_of(seq);
+  const uint64_t half = a.packet_offset + (seq & 1) * a.packet_half_bytes;
 
-  if (me != root) {
+  if (first == 0) {
+    // This rank has started call `seq`: its kernel of call seq - 1 (the stream's previous
+    // grid, waited for) read its last packets, so senders may reuse that call's half.
+    for (uint32_t k = 1; k < w; ++k) {
+      const uint32_t p = me + k < w ? me + k : me + k - w;
+      atomic_store_relaxed(sync_word(a.scratch[p], OXCCL_ALLREDUCE_SYNC_MAILBOX_SEEN) + me, seq + 1);
+    }
+  }
+  if (me != root && (root_seen >= seq || wait_seen(seen, root, seq, call))) {
     for (uint64_t u = first; u < units; u += stride) {
       if (u != first) v = load_unit(a.input, u * 16, total);
       OxcclLL16Packet* dst = reinterpret_cast<OxcclLL16Packet*>(
@@ -74,26 +101,20 @@ OXCCL_DEVICE_INLINE void oneshot_body(const Reducer reduce, const OxcclAllreduce
       ll16_write(dst + 1, v.w[2], v.w[3], flag);
     }
   }
-  if (first == 0) {
-    for (uint32_t k = 1; k < w; ++k) {
-      const uint32_t p = me + k < w ? me + k : me + k - w;
-      if (p != root) ll16_ack(a, p, half, slot_bytes, flag);
-    }
-  }
-  call.count_block(epoch);
+  call.count_block(seq);
+  if (me != root) return;
 
   const char* mine = static_cast<const char*>(a.scratch[me]) + half;
   const uint32_t peers = ll16_peer_bits(w, me);
-  if (me != root) {
-    if (first == 0) ll16_wait_acks(mine, slot_bytes, flag, peers, call);
-    return;
-  }
   for (uint64_t u = first; u < units; u += stride) {
     const Vec16 own_unit = load_unit(a.input, u * 16, total);
     Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
 #pragma unroll
     for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) in[r] = own_unit;  // peers' replaced below
-    if (!ll16_read_peers(mine, u, slot_bytes, flag, peers, in, call)) return;
+    // Peers polled two at a time: with every peer's packets in flight at once (groups of 8
+    // on CUDA) nvcc spilled (sm_90: 296-byte stack, 2306 bytes of spill stores, against 8
+    // and none). Two covers the 2-rank root's one peer in one round.
+    if (!ll16_read_peers<2>(mine, u, slot_bytes, flag, peers, in, call)) return;
     store_unit(a.output, u * 16, reduce_ranks(reduce, in, w), total);
   }
 }
@@ -258,9 +279,12 @@ OXCCL_DEVICE_INLINE void local_body(const Reducer reduce, const OxcclAllreduceAr
 OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void reduce_oneshot_ll(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {
   const OxcclAllreduceArgs& args = oxccl::kernel_args(param);
   using namespace oxccl::allreduce;
-  run_reducing<true>(args, args.root < args.world_size, [&]<typename Fmt>(auto reducer, const CallState call) OXCCL_INLINE_LAMBDA {
-    oxccl::reduce_to_root::oneshot_body<Fmt>(reducer, args, call);
-  });
+  // Advances MAILBOX_SEQ, not the epoch (see the file's head). The type dispatch inlined
+  // (sm_90: 8 bytes of stack against 72 and spills when nvcc chose).
+  run_reducing<true, OXCCL_ALLREDUCE_SYNC_MAILBOX_SEQ, true>(
+      args, args.root < args.world_size, [&]<typename Fmt>(auto reducer, const CallState call) OXCCL_INLINE_LAMBDA {
+        oxccl::reduce_to_root::oneshot_body<Fmt>(reducer, args, call);
+      });
 }
 
 OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void reduce_staged(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {

@@ -10,7 +10,7 @@
 //!
 //! | name | kernel | serves |
 //! |---|---|---|
-//! | `reduce_oneshot_ll` | `reduce_oneshot_ll` | small messages: the other ranks write LL16 packets into the root's packet half, the root acknowledges; no barrier |
+//! | `reduce_oneshot_ll` | `reduce_oneshot_ll` | small messages: the other ranks write LL16 packets into the root's mailbox and leave (up to one call ahead of the root); no barrier |
 //! | `reduce_staged` | `reduce_staged` | any size, buffers nobody registered: the other ranks push into their slots of the root's staging, the root reduces locally, two barriers per round |
 //! | `reduce_direct` | `reduce_direct` | registered inputs: the root reduces straight from every rank's input between two barriers |
 //! | `reduce_relay` | `reduce_relay` | registered inputs, 3 or more ranks: the rank owning chunk k (one per rank but the root) reduces it from every rank's input into the root's staging, the root copies it out a round later |

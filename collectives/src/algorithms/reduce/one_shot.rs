@@ -1,16 +1,16 @@
-//! One-shot LL16 reduce: the latency path, no barrier. Every other rank writes its input as
-//! LL16 packets into its slot of the root's packet half and acknowledges to the other
-//! non-root ranks; the root acknowledges to every peer (one packet: its call has started),
-//! because the alternating packet halves are safe only while every rank receives from
-//! every peer (`ll16_ack` in allreduce_device.hpp). The root reduces its input and every
-//! peer's packets in rank order; the others wait for the acknowledgements.
+//! One-shot LL16 reduce: the latency path, no barrier, and no sender waits for the root.
+//! Every other rank writes its input as LL16 packets into its slot of the root's mailbox
+//! (a packet region of its own, `FlagRegion::Mailbox`) and is done; the root reduces its
+//! input and every peer's packets in rank order. A sender of mailbox call s waits only
+//! until the root has started call s - 1 (MAILBOX_SEEN in abi_allreduce.h), so
+//! back-to-back reduces pipeline: the packets are there when the root starts.
 
 use oxccl_hal::{HostKernelTable, LaunchConfig, Result};
 
 use crate::algorithms::all_reduce::one_shot::ll16_plan_one_block;
 use crate::algorithms::scratch_kernel::ScratchKernel;
 use crate::algorithms::{Algorithm, Buffers, CallShape, Collective, Descriptor, Plan};
-use crate::host_kernels::{ll16_ack, ll16_read_unit, ll16_wait_ack, ll16_write_unit, Call};
+use crate::host_kernels::{ll16_read_unit, ll16_write_unit, Call};
 use crate::scratch::FlagRegion;
 
 /// Kernel symbol (device image and host stand-in).
@@ -22,7 +22,7 @@ pub const REDUCE_ONESHOT_LL: Algorithm = Algorithm::new(&Descriptor {
     name: "reduce_oneshot_ll",
     aliases: &["reduce_oneshot"],
     code: 503,
-    serves: "small reduces, any world size 1..=8; needs world_size * 2 * bytes of packet \
+    serves: "small reduces, any world size 1..=8; needs world_size * 2 * bytes of mailbox \
              scratch",
     kernel: KERNEL,
     host: HostKernelTable {
@@ -33,7 +33,7 @@ pub const REDUCE_ONESHOT_LL: Algorithm = Algorithm::new(&Descriptor {
     buffers: Buffers::Own,
     maps_peers: true,
     tuning: None,
-    setup: |ctx, me| ScratchKernel::setup(ctx, me, FlagRegion::Packets),
+    setup: |ctx, me| ScratchKernel::setup(ctx, me, FlagRegion::Mailbox),
 });
 
 /// Units (16 bytes each) that one block takes whole, one per thread: a single block ends
@@ -52,24 +52,15 @@ fn host_kernel(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     let root = c.root()?;
     let units = c.total.div_ceil(16).max(1);
     let slot = units * 32;
-    let (flag, half) = c.flagged_half(slot)?;
-    let peers = || (1..c.world).map(|k| (c.me + k) % c.world);
+    let (seq, flag, half) = c.mailbox_half(slot)?;
+    c.publish_mailbox_start(seq);
     if c.me != root {
+        c.wait_mailbox_free(root, seq)?;
         for u in 0..units {
             let v = c.load_input(u * 16);
-            // SAFETY: packets 2u, 2u+1 of slot `me` of the root's current half, which fits
-            // (checked above).
+            // SAFETY: packets 2u, 2u+1 of slot `me` of the root's current mailbox half,
+            // which fits (checked above).
             unsafe { ll16_write_unit(&c, root, half + c.me * slot + u * 32, &v, flag) };
-        }
-    }
-    for p in peers().filter(|p| *p != root) {
-        // SAFETY: slot `me` of peer p's current half, which fits.
-        unsafe { ll16_ack(&c, p, half, slot, flag) };
-    }
-    if c.me != root {
-        for p in peers() {
-            // SAFETY: slot p of this rank's own current half.
-            unsafe { ll16_wait_ack(&c, p, half, slot, flag)? };
         }
     } else {
         let mut inputs = vec![[0u8; 16]; c.world];
@@ -78,7 +69,7 @@ fn host_kernel(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
                 *input = if r == c.me {
                     c.load_input(u * 16)
                 } else {
-                    // SAFETY: slot r of this rank's own current half.
+                    // SAFETY: slot r of this rank's own current mailbox half.
                     unsafe { ll16_read_unit(&c, half + r * slot + u * 32, r, flag)? }
                 };
             }
@@ -86,7 +77,7 @@ fn host_kernel(_: &LaunchConfig, bytes: &[u8]) -> Result<()> {
             c.store_output(u * 16, &c.reduce_unit(&inputs, valid)?);
         }
     }
-    c.finish();
+    c.finish_mailbox();
     Ok(())
 }
 
