@@ -445,7 +445,9 @@ fn one_shot_ranks_running_ahead_of_a_slow_root() {
 /// the root; MAILBOX_SEQ in abi_allreduce.h): one-shot reduces to changing roots,
 /// interleaved with the epoch one-shots (allreduce, broadcast) on one stream with no
 /// synchronization between calls and a different rank slow at each step, must each give
-/// their own call's result.
+/// their own call's result. Each step starts with three reduces to its slow rank, so a
+/// sender that did not wait for the root's previous call would overwrite the first one's
+/// packets in the mailbox half the third reuses.
 #[test]
 fn one_shot_reduces_interleaved_with_epoch_one_shots() {
     threads(3, None, |r| {
@@ -466,18 +468,23 @@ fn one_shot_reduces_interleaved_with_epoch_one_shots() {
                 choice.reason
             );
         }
-        // Per step: two reduces (roots s and s + 1), an allreduce, a broadcast (root s + 2).
-        let roots = |step: u64| [step % 3, (step + 1) % 3, 0, (step + 2) % 3].map(|x| x as u32);
+        // Per step: three reduces to root s (the slow rank), one to s + 1, an allreduce, a
+        // broadcast (root s + 2).
+        const REDUCES: usize = 4;
+        let roots = |step: u64| {
+            let s = step % 3;
+            [s, s, s, (s + 1) % 3, 0, (s + 2) % 3].map(|x| x as u32)
+        };
         let bufs: Vec<Vec<_>> = (0..steps)
             .map(|_| {
-                (0..4)
+                (0..REDUCES + 2)
                     .map(|_| r.comm.device().alloc(bytes, MemoryKind::Plain).unwrap())
                     .collect()
             })
             .collect();
         for (step, b) in (0..steps).zip(&bufs) {
             for (k, buf) in b.iter().enumerate() {
-                let data = input(dtype, rank, count, step * 4 + k as u64);
+                let data = input(dtype, rank, count, step * 8 + k as u64);
                 r.stream.write(buf.ptr(), &data).unwrap();
             }
             if rank == (step % 3) as u32 {
@@ -486,19 +493,19 @@ fn one_shot_reduces_interleaved_with_epoch_one_shots() {
             let root = roots(step);
             // SAFETY: every buffer holds `count` elements until the synchronize below.
             unsafe {
-                for (k, buf) in b.iter().take(2).enumerate() {
+                for (k, buf) in b.iter().take(REDUCES).enumerate() {
                     let p = buf.ptr();
                     r.comm
                         .reduce(p, p, count, dtype, op, accum, root[k], &r.stream)
                         .unwrap();
                 }
-                let p = b[2].ptr();
+                let p = b[REDUCES].ptr();
                 r.comm
                     .all_reduce(p, p, count, dtype, op, accum, &r.stream)
                     .unwrap();
-                let p = b[3].ptr();
+                let p = b[REDUCES + 1].ptr();
                 r.comm
-                    .broadcast(p, p, count, dtype, root[3], &r.stream)
+                    .broadcast(p, p, count, dtype, root[REDUCES + 1], &r.stream)
                     .unwrap();
             }
         }
@@ -507,11 +514,13 @@ fn one_shot_reduces_interleaved_with_epoch_one_shots() {
         for (step, b) in (0..steps).zip(&bufs) {
             let root = roots(step);
             for (k, buf) in b.iter().enumerate() {
-                let salt = step * 4 + k as u64;
+                let salt = step * 8 + k as u64;
                 let want = match k {
-                    0 | 1 if rank == root[k] => expected(dtype, op, accum, 3, count, salt),
-                    0 | 1 => input(dtype, rank, count, salt), // in place: a sender keeps its input
-                    2 => expected(dtype, op, accum, 3, count, salt),
+                    k if k < REDUCES && rank == root[k] => {
+                        expected(dtype, op, accum, 3, count, salt)
+                    }
+                    k if k < REDUCES => input(dtype, rank, count, salt), // a sender keeps its input
+                    REDUCES => expected(dtype, op, accum, 3, count, salt),
                     _ => input(dtype, root[k], count, salt),
                 };
                 let mut got = vec![0u8; bytes];
