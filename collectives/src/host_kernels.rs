@@ -312,10 +312,16 @@ impl Call {
     /// call `seq - 2`, which call `seq` overwrites.
     pub(crate) fn wait_mailbox_free(&self, root: usize, seq: u64) -> Result<()> {
         let seen = self.mailbox_seen(self.me, root);
+        self.wait_at_least(seen, seq, root, "the root's previous one-shot reduce")
+    }
+
+    /// Polls `word` (acquire) until it holds at least `want`, or fails naming `peer` and
+    /// `what` once the wait expired (the barrier's and the mailbox's waits).
+    fn wait_at_least(&self, word: &AtomicU64, want: u64, peer: usize, what: &str) -> Result<()> {
         let mut polls = 0u32;
-        while seen.load(Ordering::Acquire) < seq {
+        while word.load(Ordering::Acquire) < want {
             if self.expired() {
-                return Err(self.fail(root, "the root's previous one-shot reduce"));
+                return Err(self.fail(peer, what));
             }
             backoff(&mut polls);
         }
@@ -555,14 +561,7 @@ pub(crate) fn barrier(c: &Call, blocks: usize) -> Result<()> {
         for p in (0..c.world).filter(|p| *p != c.me) {
             let expected = c.expected(b, p);
             let want = expected.load(Ordering::Relaxed) + 1;
-            let inbound = c.inbound(c.me, b, p);
-            let mut polls = 0u32;
-            while inbound.load(Ordering::Acquire) < want {
-                if c.expired() {
-                    return Err(c.fail(p, "two-shot barrier"));
-                }
-                backoff(&mut polls);
-            }
+            c.wait_at_least(c.inbound(c.me, b, p), want, p, "two-shot barrier")?;
             expected.store(want, Ordering::Relaxed);
         }
     }

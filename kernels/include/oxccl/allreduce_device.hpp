@@ -425,10 +425,10 @@ OXCCL_DEVICE_INLINE bool ll16_read_peers(const char* mine, uint64_t u, uint64_t 
 
 /// The epoch one-shots that send some peers no data (broadcast, all_to_all_v's empty
 /// chunks). To such a peer a rank writes one packet instead, the first of unit 0 of its
-/// slot in the peer's current half: an acknowledgement that this rank's call has started. Every rank waits for every peer's data
-/// or acknowledgement, so, as in the one-shots where everyone sends to everyone, no rank
-/// finishes a call before every peer has started it, and none can run two calls ahead into
-/// a packet half a peer is still reading.
+/// slot in the peer's current half: an acknowledgement that this rank's call has started.
+/// Every rank waits for every peer's data or acknowledgement, so, as in the one-shots where
+/// everyone sends to everyone, no rank finishes a call before every peer has started it,
+/// and none can run two calls ahead into a packet half a peer is still reading.
 OXCCL_DEVICE_INLINE void ll16_ack(const OxcclAllreduceArgs& a, uint32_t to, uint64_t half, uint64_t slot_bytes,
                                   uint32_t flag) {
   ll16_write(reinterpret_cast<OxcclLL16Packet*>(static_cast<char*>(a.scratch[to]) + half + a.rank * slot_bytes), 0, 0,
