@@ -18,7 +18,8 @@ use oxccl_backend::{AnyDevice, AnyHostMemory, AnyMemory};
 use oxccl_hal::{Device, Error, HostVisible, Memory, MemoryKind, Result};
 use oxccl_kernels::abi::{self, OxcclFifo, OxcclProxyTrigger};
 
-use crate::semaphore::{host_poll, zeroed};
+use crate::backing::zeroed_device;
+use crate::semaphore::host_poll;
 
 /// Slots of a FIFO when the caller has no preference.
 pub const DEFAULT_FIFO_SIZE: u32 = 512;
@@ -139,7 +140,7 @@ impl Fifo {
         // SAFETY: the allocation is fresh and `ring_bytes + TAIL_PAD` long; nobody else
         // knows it yet. Pinned host memory is not guaranteed zeroed on every backend.
         unsafe { std::ptr::write_bytes(ring.host_ptr(), 0, ring_bytes + TAIL_PAD) };
-        let head = zeroed(device, 8, MemoryKind::Plain)?;
+        let head = zeroed_device(device, 8, MemoryKind::Plain)?;
         Ok(Fifo { ring, head, size })
     }
 

@@ -4,7 +4,8 @@
 //! tagged send/recv, barrier; every wait bounded and naming the ranks it waited for); the
 //! ranks of one node exchange small per-call records through shared host memory instead
 //! ([`local_exchange`]).
-//! Memory is made reachable by peers through [`registered_memory`] and moved by a
+//! Memory ([`backing`]: device memory, or pinned host memory the device maps) is made
+//! reachable by peers through [`registered_memory`] and moved by a
 //! [`connection`] (chosen per peer from [`hosts`], every rank's node): same-node IPC (the
 //! copy engine on GPUs), TCP, or InfiniBand RC queue pairs behind the `ib` feature (without
 //! it, a stub whose every call says "InfiniBand support not built"). On top of those:
@@ -18,6 +19,7 @@
 //! Device handles are the plain structs of `kernels/include/oxccl/abi.h`; [`host_kernels`]
 //! implements the same operations on the host backend so the protocols are tested in CI.
 
+pub mod backing;
 pub mod bootstrap;
 pub mod connection;
 pub mod fifo;

@@ -305,15 +305,19 @@ impl Worker {
                     )))
                 }
             };
-            sem.connection.write(
-                dst,
-                t.dst_offset as usize,
-                src,
-                t.src_offset as usize,
-                t.size as usize,
-            )?;
-        }
-        if t.kind.has(TriggerKind::FLAG) {
+            let (dst, src) = (
+                (&**dst, t.dst_offset as usize),
+                (src, t.src_offset as usize),
+            );
+            if t.kind.has(TriggerKind::FLAG) {
+                // Data and signal as one operation (one send on TCP for a small put).
+                sem.semaphore
+                    .write_and_signal(&sem.connection, dst, src, t.size as usize)?;
+            } else {
+                sem.connection
+                    .write(dst.0, dst.1, src.0, src.1, t.size as usize)?;
+            }
+        } else if t.kind.has(TriggerKind::FLAG) {
             sem.semaphore.signal(&sem.connection)?;
         }
         if t.kind.has(TriggerKind::SYNC) {

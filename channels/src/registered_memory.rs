@@ -18,9 +18,10 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 
-use oxccl_backend::{AnyDevice, AnyImported, AnyMemory};
-use oxccl_hal::{BackendKind, Device, DevicePtr, Error, IpcHandle, Memory, Result};
+use oxccl_backend::{AnyDevice, AnyImported};
+use oxccl_hal::{BackendKind, Device, DevicePtr, Error, HostVisible, IpcHandle, Memory, Result};
 
+use crate::backing::Backing;
 use crate::bootstrap::Bootstrap;
 use crate::connection::ib::IbRegion;
 use crate::connection::{Transport, TransportSet};
@@ -132,7 +133,7 @@ impl fmt::Display for HostIdentity {
 
 /// The local side of a registration: what a TCP receiver writes into.
 pub(crate) struct Registration {
-    pub(crate) memory: Arc<AnyMemory>,
+    pub(crate) memory: Backing,
     /// First byte of the registered range within `memory`.
     pub(crate) offset: usize,
     /// Length of the registered range.
@@ -152,20 +153,10 @@ impl Registration {
         self.memory.ptr().offset(self.offset)?.offset(at)
     }
 
-    /// Host address of the range's first byte, when the memory is host-addressable (the
-    /// host backend); device memory of a GPU backend has none.
+    /// Host address of the range's first byte, when the memory is host-addressable (pinned
+    /// host memory, the host backend's memory); device memory of a GPU backend has none.
     pub(crate) fn host_base(&self) -> Option<*mut u8> {
-        host_address(&self.memory).map(|p| p.wrapping_add(self.offset))
-    }
-}
-
-/// Host address of an allocation the host can address directly.
-pub(crate) fn host_address(memory: &AnyMemory) -> Option<*mut u8> {
-    use oxccl_hal::HostVisible;
-    match memory {
-        AnyMemory::Host(m) => Some(m.host_ptr()),
-        #[allow(unreachable_patterns)]
-        _ => None,
+        self.memory.host_ptr().map(|p| p.wrapping_add(self.offset))
     }
 }
 
@@ -227,13 +218,15 @@ impl fmt::Debug for RegisteredMemory {
 }
 
 impl RegisteredMemory {
-    /// Registers all of `memory`, owned by `rank`, for `transports`.
+    /// Registers all of `memory` (device memory, or pinned host memory the device maps:
+    /// [`Backing`]), owned by `rank`, for `transports`.
     pub fn new(
         device: &AnyDevice,
         rank: u32,
-        memory: Arc<AnyMemory>,
+        memory: impl Into<Backing>,
         transports: TransportSet,
     ) -> Result<RegisteredMemory> {
+        let memory = memory.into();
         let len = memory.len();
         RegisteredMemory::range(device, rank, memory, 0, len, transports)
     }
@@ -241,16 +234,17 @@ impl RegisteredMemory {
     /// Registers `len` bytes of `memory` starting at `offset`, owned by `rank`.
     ///
     /// Fails with [`Error::InvalidArgument`] when the range is empty or does not fit, with
-    /// [`Error::Unsupported`] when InfiniBand is asked for and cannot be had, and with the
-    /// device's error when IPC export fails.
+    /// [`Error::Unsupported`] when InfiniBand is asked for and cannot be had or IPC for
+    /// pinned host memory, and with the device's error when IPC export fails.
     pub fn range(
         device: &AnyDevice,
         rank: u32,
-        memory: Arc<AnyMemory>,
+        memory: impl Into<Backing>,
         offset: usize,
         len: usize,
         transports: TransportSet,
     ) -> Result<RegisteredMemory> {
+        let memory = memory.into();
         let end = offset.checked_add(len).filter(|&e| e <= memory.len());
         if len == 0 || end.is_none() {
             return Err(Error::InvalidArgument(format!(
@@ -273,11 +267,23 @@ impl RegisteredMemory {
         let _span = tracing::debug_span!("register_memory", rank, len, ?transports).entered();
         let host = HostIdentity::local()?.clone();
         let ipc = if transports.contains(Transport::Ipc) {
-            Some(device.export_memory(&memory)?)
+            let exportable = memory.device_memory().ok_or_else(|| {
+                Error::Unsupported(
+                    "pinned host memory cannot be shared through IPC; register it for TCP or \
+                     InfiniBand"
+                        .into(),
+                )
+            })?;
+            Some(device.export_memory(exportable)?)
         } else {
             None
         };
-        let base = memory.ptr().offset(offset)?;
+        // Pinned host memory is registered with the NIC by its host address.
+        let base = match &memory {
+            Backing::HostMapped(m) => DevicePtr(m.host_ptr() as u64),
+            Backing::Device(m) => m.ptr(),
+        }
+        .offset(offset)?;
         let ib = if transports.contains(Transport::Ib) {
             Some(IbRegion::register(base, len)?)
         } else {
@@ -334,7 +340,7 @@ impl RegisteredMemory {
     }
 
     /// The allocation the range belongs to.
-    pub fn memory(&self) -> &Arc<AnyMemory> {
+    pub fn memory(&self) -> &Backing {
         &self.inner.memory
     }
 
@@ -710,6 +716,25 @@ mod tests {
 
     fn device() -> AnyDevice {
         AnyDevice::open_with(BackendKind::Host, DeviceId(0)).unwrap()
+    }
+
+    #[test]
+    fn pinned_host_memory_registers_for_tcp_not_ipc() {
+        let dev = device();
+        let pinned = Arc::new(oxccl_hal::Device::alloc_host(&dev, 4096).unwrap());
+        let tcp = TransportSet::of(&[Transport::Tcp]);
+        let reg = RegisteredMemory::range(&dev, 0, Arc::clone(&pinned), 64, 1024, tcp).unwrap();
+        let base = HostVisible::host_ptr(pinned.as_ref());
+        assert_eq!(reg.registration().host_base(), Some(base.wrapping_add(64)));
+        assert!(lookup(reg.id()).is_some());
+        let ipc = TransportSet::of(&[Transport::Ipc, Transport::Tcp]);
+        let e = RegisteredMemory::new(&dev, 0, pinned, ipc)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("pinned host memory cannot be shared through IPC"),
+            "{e}"
+        );
     }
 
     #[test]

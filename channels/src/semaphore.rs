@@ -10,20 +10,21 @@
 //!   the *peer's proxy* through a [`Connection`] (`update_and_sync` of the next value), so
 //!   the signal is ordered after the data that connection wrote.
 //! - [`HostSemaphore`] (host to host): the same wiring, waited for by a host thread. Its
-//!   counter must be host-addressable, which the host backend's memory always is.
+//!   counter must be host-addressable: the host backend's memory always is, and so is a
+//!   TCP connection's counter (pinned host memory) on every backend.
 //!
 //! The `host_*` functions are the device operations of `semaphore.hpp` in Rust, over the
 //! same handles: the host backend's kernels use them, so the protocol is tested in CI.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use oxccl_backend::{AnyDevice, AnyMemory};
+use oxccl_backend::AnyDevice;
 use oxccl_hal::atomics::HostFlag;
-use oxccl_hal::{Device, Error, HostVisible, Memory, MemoryKind, Result, Stream};
+use oxccl_hal::{Error, MemoryKind, Result};
 use oxccl_kernels::abi::{OxcclDeviceSemaphore, OxcclHostDeviceSemaphore};
 
+use crate::backing::Backing;
 use crate::bootstrap::Bootstrap;
 use crate::connection::{Connection, Transport, TransportSet};
 use crate::registered_memory::{RegisteredMemory, RemoteMemory};
@@ -53,15 +54,6 @@ pub fn spin_limit() -> Result<u64> {
             }),
         Err(_) => Ok(DEFAULT_SPIN_LIMIT),
     }
-}
-
-/// Allocates `bytes` of device memory and zeroes it (a GPU allocation starts undefined).
-pub(crate) fn zeroed(device: &AnyDevice, bytes: usize, kind: MemoryKind) -> Result<Arc<AnyMemory>> {
-    let memory = device.alloc(bytes, kind)?;
-    let stream = device.create_stream()?;
-    stream.write(memory.ptr(), &vec![0u8; bytes])?;
-    stream.synchronize()?;
-    Ok(Arc::new(memory))
 }
 
 /// Sends `local` to `peer` and receives the peer's registration in return (under `tag`).
@@ -95,27 +87,25 @@ pub(crate) fn swap_registrations(
 }
 
 /// Device address of byte `at` of `memory`.
-fn addr(memory: &AnyMemory, at: usize) -> Result<*mut u64> {
+fn addr(memory: &Backing, at: usize) -> Result<*mut u64> {
     Ok(oxccl_kernels::abi::ptr(memory.ptr().offset(at)?))
 }
 
-/// The host address of host-backend memory, or an error for device memory of a GPU.
-pub(crate) fn host_base(memory: &AnyMemory, what: &str) -> Result<*mut u8> {
-    match memory {
-        AnyMemory::Host(m) => Ok(m.host_ptr()),
-        #[allow(unreachable_patterns)]
-        other => Err(Error::Unsupported(format!(
+/// The host address of host-addressable memory, or an error for device memory of a GPU.
+fn host_base(memory: &Backing, what: &str) -> Result<*mut u8> {
+    memory.host_ptr().ok_or_else(|| {
+        Error::Unsupported(format!(
             "{what} needs host-addressable memory; {} device memory is not",
-            other.backend()
-        ))),
-    }
+            memory.backend()
+        ))
+    })
 }
 
 /// Device-to-device semaphore between this rank and one peer (see the module docs).
 #[derive(Debug)]
 pub struct DeviceSemaphore {
     peer: u32,
-    memory: Arc<AnyMemory>,
+    memory: Backing,
     local: RegisteredMemory,
     remote: RemoteMemory,
     max_spins: u64,
@@ -134,11 +124,11 @@ impl DeviceSemaphore {
     ) -> Result<DeviceSemaphore> {
         let rank = bootstrap.rank();
         let _span = tracing::debug_span!("device_semaphore", rank, peer).entered();
-        let memory = zeroed(device, SEMAPHORE_BYTES, MemoryKind::Coherent)?;
+        let memory = Backing::zeroed(device, SEMAPHORE_BYTES, MemoryKind::Coherent, false)?;
         let local = RegisteredMemory::range(
             device,
             rank,
-            Arc::clone(&memory),
+            memory.clone(),
             0,
             8,
             TransportSet::of(&[Transport::Ipc]),
@@ -194,7 +184,7 @@ impl DeviceSemaphore {
 #[derive(Debug)]
 pub struct HostDeviceSemaphore {
     peer: u32,
-    memory: Arc<AnyMemory>,
+    memory: Backing,
     local: RegisteredMemory,
     remote: RemoteMemory,
     /// Signals sent so far (the proxy stores `outbound + 1` into the peer's counter).
@@ -204,7 +194,10 @@ pub struct HostDeviceSemaphore {
 
 impl HostDeviceSemaphore {
     /// Builds the semaphore over `connection` (to its peer). Collective between the two
-    /// ranks (same `tag`); the counter is registered for the connection's transport.
+    /// ranks (same `tag`); the counter is registered for the connection's transport. Over
+    /// TCP it lives in pinned host memory: the peer's receiver thread then signals with one
+    /// atomic store instead of a stream write it has to wait for, and the GPU polls it
+    /// through its mapping.
     pub fn connect(
         bootstrap: &Bootstrap,
         device: &AnyDevice,
@@ -214,11 +207,12 @@ impl HostDeviceSemaphore {
         let rank = bootstrap.rank();
         let peer = connection.peer();
         let _span = tracing::debug_span!("host_device_semaphore", rank, peer).entered();
-        let memory = zeroed(device, SEMAPHORE_BYTES, MemoryKind::Coherent)?;
+        let host_mapped = connection.transport() == Transport::Tcp;
+        let memory = Backing::zeroed(device, SEMAPHORE_BYTES, MemoryKind::Coherent, host_mapped)?;
         let local = RegisteredMemory::range(
             device,
             rank,
-            Arc::clone(&memory),
+            memory.clone(),
             0,
             8,
             TransportSet::of(&[connection.transport()]),
@@ -264,6 +258,28 @@ impl HostDeviceSemaphore {
     pub fn signal(&self, connection: &Connection) -> Result<()> {
         let next = self.outbound.fetch_add(1, Ordering::Relaxed) + 1;
         connection.update_and_sync(&self.remote, 0, next)
+    }
+}
+
+impl HostDeviceSemaphore {
+    /// Writes `bytes` from `src` into the peer's `dst`, then signals the peer, as one
+    /// connection operation ([`Connection::write_and_update`]). The proxy's put-with-signal.
+    pub fn write_and_signal(
+        &self,
+        connection: &Connection,
+        (dst, dst_offset): (&RemoteMemory, usize),
+        (src, src_offset): (&RegisteredMemory, usize),
+        bytes: usize,
+    ) -> Result<()> {
+        let next = self.outbound.fetch_add(1, Ordering::Relaxed) + 1;
+        connection.write_and_update(
+            dst,
+            dst_offset,
+            src,
+            src_offset,
+            bytes,
+            (&self.remote, 0, next),
+        )
     }
 }
 

@@ -286,6 +286,26 @@ impl Connection {
         }
     }
 
+    /// [`Connection::write`] then [`Connection::update_and_sync`] of `flag` (the peer's
+    /// registration, offset, value) as one operation, so a transport may send both at once
+    /// (TCP: a small write and its update leave in one send). A PortChannel's
+    /// put-with-signal.
+    pub fn write_and_update(
+        &self,
+        dst: &RemoteMemory,
+        dst_offset: usize,
+        src: &RegisteredMemory,
+        src_offset: usize,
+        bytes: usize,
+        flag: (&RemoteMemory, usize, u64),
+    ) -> Result<()> {
+        if let Connection::Tcp(c) = self {
+            return c.write_and_update(dst, dst_offset, src, src_offset, bytes, flag);
+        }
+        self.write(dst, dst_offset, src, src_offset, bytes)?;
+        self.update_and_sync(flag.0, flag.1, flag.2)
+    }
+
     /// Stores `value` into the 8 bytes at `dst_offset` of the peer's `dst`, after every
     /// earlier write of this connection has landed there.
     ///

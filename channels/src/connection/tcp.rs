@@ -45,8 +45,10 @@ use crate::bootstrap::Bootstrap;
 use crate::registered_memory::{
     lookup, HostIdentity, Reader, RegisteredMemory, Registration, RemoteMemory,
 };
+use spin_read::SpinRead;
 use staging::{Staging, CHUNK, SLOTS};
 
+mod spin_read;
 mod staging;
 
 const OP_WRITE: u8 = 1;
@@ -296,7 +298,10 @@ impl TcpConnection {
         let receiver = Receiver {
             rank,
             peer,
-            sock: incoming.try_clone().map_err(os("dup (socket)"))?,
+            sock: SpinRead::new(
+                incoming.try_clone().map_err(os("dup (socket)"))?,
+                spin_read::SPIN,
+            ),
             out: out.try_clone().map_err(os("dup (socket)"))?,
             shared: Arc::clone(&shared),
             staging: recv_staging,
@@ -406,6 +411,46 @@ impl TcpConnection {
                 .and_then(|()| out.sock.write_all(data))
         };
         sent.map_err(|e| self.send_failed(&mut out.broken, e))
+    }
+
+    /// A write then an update (see [`super::Connection::write_and_update`]). A small write
+    /// of host memory leaves with its update in one send: one system call, and one wake-up
+    /// of the peer's receiver instead of two.
+    pub fn write_and_update(
+        &self,
+        dst: &RemoteMemory,
+        dst_offset: usize,
+        src: &RegisteredMemory,
+        src_offset: usize,
+        bytes: usize,
+        (flag, flag_offset, value): (&RemoteMemory, usize, u64),
+    ) -> Result<()> {
+        let in_place_src = in_place(src.registration(), self.bounce_all);
+        let (Some(base), true) = (in_place_src, bytes > 0 && bytes <= SMALL_WRITE) else {
+            self.write(dst, dst_offset, src, src_offset, bytes)?;
+            return self.update_and_sync(flag, flag_offset, value);
+        };
+        check_write(
+            Transport::Tcp,
+            self.peer,
+            dst,
+            dst_offset,
+            src,
+            src_offset,
+            bytes,
+        )?;
+        check_update(Transport::Tcp, self.peer, flag, flag_offset)?;
+        let mut out = self.sender()?;
+        // SAFETY: as in `write`: the range lies inside the registration (check_write), which
+        // stays mapped for this call, and the caller does not write it meanwhile.
+        let data = unsafe { std::slice::from_raw_parts(base.add(src_offset), bytes) };
+        let mut frame = Vec::with_capacity(2 * HEADER + bytes);
+        frame.extend_from_slice(&header(OP_WRITE, dst.id(), dst_offset as u64, bytes as u64));
+        frame.extend_from_slice(data);
+        frame.extend_from_slice(&header(OP_UPDATE, flag.id(), flag_offset as u64, value));
+        out.sock
+            .write_all(&frame)
+            .map_err(|e| self.send_failed(&mut out.broken, e))
     }
 
     /// Sends a write of device memory through the bounce slots: while the socket takes
@@ -587,7 +632,8 @@ fn clone_error(e: &Error) -> Error {
 struct Receiver {
     rank: u32,
     peer: u32,
-    sock: TcpStream,
+    /// Spins a little before it sleeps (`tcp/spin_read.rs`).
+    sock: SpinRead,
     /// The connection's sending socket, shut down when the receiver stops.
     out: TcpStream,
     shared: Arc<Shared>,
@@ -634,7 +680,7 @@ impl Receiver {
         };
         tracing::debug!(rank = self.rank, peer = self.peer, %why, "TCP receiver stops");
         *lock(&self.shared.lost) = Some(why);
-        let _ = self.sock.shutdown(Shutdown::Both);
+        let _ = self.sock.socket().shutdown(Shutdown::Both);
         // A peer that closed its side may never read again, and a peer socket closed after
         // a shutdown can sit at a zero window without resetting: a send blocked on it would
         // wait out the whole timeout. Shutting our sending side wakes it with an error.
@@ -651,40 +697,29 @@ impl Receiver {
     /// Reads a write's bytes and puts them in place. A write that cannot be applied is
     /// still read off the socket (the stream stays in step) and reported by the next ack.
     fn apply_write(&mut self, id: u64, offset: u64, len: u64) -> std::result::Result<(), String> {
-        let target = self.write_target(id, offset, len);
-        if let Ok(t) = &target {
-            if in_place(&t.reg, self.bounce_all).is_none() {
-                let reg = Arc::clone(&t.reg);
-                return self.receive_staged(&reg, offset, len);
+        let t = match self.write_target(id, offset, len) {
+            Ok(t) => t,
+            Err(e) => {
+                self.note(Err(e));
+                return self.discard(len);
             }
-            // Host memory is written by this thread: copies still queued must not land
-            // after it.
-            let drained = self.drain();
-            self.note(drained);
-        }
-        let mut left = len;
-        let mut at = offset;
-        self.bounce.resize(CHUNK, 0);
-        let mut failed = None;
-        while left > 0 {
-            let n = CHUNK.min(usize::try_from(left).unwrap_or(CHUNK));
-            if let Err(e) = self.sock.read_exact(&mut self.bounce[..n]) {
-                return Err(format!("TCP connection failed inside a write: {e}"));
-            }
-            if failed.is_none() {
-                let outcome = match &target {
-                    Ok(t) => self.place(t, at, n),
-                    Err(e) => Err(Error::InvalidArgument(e.to_string())),
-                };
-                failed = outcome.err();
-            }
-            left -= n as u64;
-            at += n as u64;
-        }
-        if let Some(e) = failed {
-            self.note(Err(e));
-        }
-        Ok(())
+        };
+        let Some(base) = in_place(&t.reg, self.bounce_all) else {
+            return self.receive_staged(&t.reg, offset, len);
+        };
+        // Host memory is written by this thread: copies still queued must not land after it.
+        let drained = self.drain();
+        self.note(drained);
+        // `offset + len <= reg.len` (write_target), so both fit a usize.
+        let (at, n) = (offset as usize, len as usize);
+        // Straight from the socket into place, with no copy out of a bounce buffer.
+        // SAFETY: `at + n <= reg.len` (write_target checked the write), and `t.reg` keeps the
+        // allocation mapped while this runs. Nothing else writes the range meanwhile: the
+        // protocol leaves it to this write until the signal that follows it on this socket.
+        let dst = unsafe { std::slice::from_raw_parts_mut(base.add(at), n) };
+        self.sock
+            .read_exact(dst)
+            .map_err(|e| format!("TCP connection failed inside a write: {e}"))
     }
 
     /// Reads a write for device memory through the bounce slots: while the device copies
@@ -771,21 +806,6 @@ impl Receiver {
             )));
         }
         Ok(Target { reg })
-    }
-
-    /// Copies `n` bounce bytes to byte `at` of the host-memory target (bounds checked by
-    /// the caller).
-    fn place(&self, t: &Target, at: u64, n: usize) -> Result<()> {
-        let at = usize::try_from(at)
-            .map_err(|_| Error::InvalidArgument(format!("offset {at} does not fit")))?;
-        let base = in_place(&t.reg, self.bounce_all).ok_or_else(|| {
-            Error::InvalidArgument("device memory reached the host-memory path".into())
-        })?;
-        // SAFETY: `at + n <= reg.len` (write_target checked the whole write and this chunk
-        // lies inside it); the registration keeps the allocation mapped, and the bounce
-        // buffer is a separate allocation.
-        unsafe { std::ptr::copy_nonoverlapping(self.bounce.as_ptr(), base.add(at), n) };
-        Ok(())
     }
 
     fn apply_update(&mut self, id: u64, offset: u64, value: u64) -> Result<()> {
