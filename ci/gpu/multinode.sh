@@ -11,6 +11,8 @@
 #     MN_GPUS=1 OUT=dir ci/gpu/multinode.sh     # 2 ranks time-sliced on GPU 0 (correctness
 #                                               # only: NCCL refuses two ranks on one GPU)
 #     OXCCL_BACKEND=host MN_MAX=1M ci/gpu/multinode.sh   # the host backend (no GPU)
+#     MN_TIMING_ONLY=1 BIN=.gpu/prev OUT=dir ci/gpu/multinode.sh   # only the timing against
+#                                               # NCCL (e.g. of an earlier build, for an A/B)
 #
 # Every size is checked against the host reference with the output poisoned first
 # (oxccl-perf's check); the algorithm column must name the PortChannel algorithm; the
@@ -112,6 +114,7 @@ echo "# $WORLD ranks on $GPUS GPU(s), OXCCL_SEPARATE_HOSTS=1, sizes up to $MAX"
 q=(-w 1 --iters 2)
 perf=("$BIN/oxccl-perf")
 for c in allreduce allgather reducescatter; do
+    [[ ${MN_TIMING_ONLY:-0} == 1 ]] && break
     algo=$(port_algo "$c")
     for dtype in bf16 f32 fp8_e4m3; do
         step "$c-$dtype" "$algo" "${perf[@]}" -c "$c" -b 1 -e "$MAX" -f 7 -d "$dtype" "${q[@]}"
@@ -125,6 +128,7 @@ for c in allreduce allgather reducescatter; do
     step "$c-bf16-graph" "$algo" "${perf[@]}" -c "$c" -b 1K -e 4M -f 8 -d bf16 --graph "${q[@]}"
 done
 for c in alltoall broadcast reduce; do
+    [[ ${MN_TIMING_ONLY:-0} == 1 ]] && break
     refused "$c-refused" "${perf[@]}" -c "$c" -b 1K -e 1K "${q[@]}"
 done
 

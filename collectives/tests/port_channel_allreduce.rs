@@ -181,6 +181,10 @@ fn every_type_op_and_accumulation_over_tcp_and_ipc() {
                 .enumerate()
                 .all(|(p, t)| (p == r.rank() as usize) == t.is_none()
                     && t.is_none_or(|t| t == transport)));
+            assert_eq!(
+                r.port().scratch_in_host_memory(),
+                transport == Transport::Tcp
+            );
             let mut salt = 0;
             for dtype in DataType::ALL {
                 for accum in accums(dtype) {
@@ -229,8 +233,8 @@ fn odd_counts_many_rounds_and_world_sizes_one_to_four() {
     }
 }
 
-/// 2^20 + 7 f32 (4 MiB) through 128 KiB rounds (a scratch of about 1 MiB: send and receive
-/// areas of 2 x 2 rounds), both transports, in and out of place.
+/// 2^20 + 7 f32 (4 MiB) through 128 KiB rounds (a scratch of 1.5 MiB: send and receive
+/// areas of 3 slots x 2 ranks), both transports, in and out of place.
 #[test]
 fn a_message_much_larger_than_the_scratch() {
     for transport in [Transport::Tcp, Transport::Ipc] {
@@ -241,6 +245,28 @@ fn a_message_much_larger_than_the_scratch() {
                 .unwrap_or_else(|e| panic!("{transport}: {e}"));
             r.check(DataType::F16, ReduceOp::Max, AccumType::Auto, n, false, 98)
                 .unwrap_or_else(|e| panic!("{transport}: {e}"));
+        });
+    }
+}
+
+/// Rounds smaller than a slot: 1 MiB slots, 2^20 + 7 f32 go in 512 KiB rounds (an eighth of
+/// the call) with a short last one, between calls of one round; both transports.
+#[test]
+fn rounds_smaller_than_a_slot() {
+    for transport in [Transport::Tcp, Transport::Ipc] {
+        threads(2, config(transport, 1 << 20), move |r| {
+            let n = (1 << 20) + 7;
+            for (i, count) in [n, 1000, n + 4096, 3].into_iter().enumerate() {
+                r.check(
+                    DataType::F32,
+                    ReduceOp::Sum,
+                    AccumType::Auto,
+                    count,
+                    i % 2 == 0,
+                    50 + i as u64,
+                )
+                .unwrap_or_else(|e| panic!("{transport} count {count}: {e}"));
+            }
         });
     }
 }

@@ -206,6 +206,8 @@ fn child_rank() {
     for (p, t) in port.transports().iter().enumerate() {
         assert_eq!(*t, (p as u32 != rank).then_some(Transport::Tcp), "peer {p}");
     }
+    // Only TCP peers: the scratch is pinned host memory the sockets move in place.
+    assert!(port.scratch_in_host_memory());
     // Chosen without OXCCL_ALGO.
     for (c, a) in [
         (Collective::AllReduce, PORT_CHANNEL),

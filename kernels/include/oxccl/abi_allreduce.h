@@ -159,18 +159,26 @@ OXCCL_STATIC_ASSERT(sizeof(OxcclAlltoallvArgs) == 608, "OxcclAlltoallvArgs");
  * Every rank owns one scratch allocation registered for its transports, same layout:
  *   [0, PORT_SYNC_BYTES)                      sync area: ROUND (rounds completed, advanced by
  *                                             the kernels), ERROR (as SYNC_ERROR above)
- *   [send_offset, +2*world*chunk_bytes)       send[parity][slot]: what leaves this rank, the
- *                                             proxy's source (slot p: reduce-scatter's chunk
- *                                             for peer p; slot 0: allreduce, all-gather)
- *   [recv_offset, +2*world*chunk_bytes)       recv[parity][rank r]: rank r's chunk, written
+ *   [send_offset, +S*world*chunk_bytes)       send[slot][s]: what leaves this rank, the
+ *                                             proxy's source (s = p: reduce-scatter's chunk
+ *                                             for peer p; s = 0: allreduce, all-gather)
+ *   [recv_offset, +S*world*chunk_bytes)       recv[slot][rank r]: rank r's chunk, written
  *                                             by r's proxy
- * Per round k (global round g = ROUND + k, parity g & 1): stage the outgoing chunk(s) in
- * send[parity]; one thread per peer p pushes put_with_signal(send[parity][slot] ->
- * p.recv[parity][rank]) and waits for p's signal; then reduce (or copy, all-gather) every
- * rank's chunk in rank order into the output. A rank may only be one round ahead of a peer
- * (it needs the peer's data of every round), so parity double buffering protects both send
- * and recv slots. For all-gather `count` is one rank's input, for reduce-scatter one rank's
- * output. */
+ * (S = OXCCL_PORT_ROUND_SLOTS.) A call moves its bytes in rounds of round_bytes (at most
+ * one slot, so a call of a few slots still has several rounds to pipeline); round k
+ * (global round g = ROUND + k) uses slot g % S. A
+ * call stages round 0 in send[slot] and one thread per peer p pushes put_with_signal
+ * (send[slot][s] -> p.recv[slot][rank]); then per round k: stage round k + 1, wait for
+ * every peer's signal of round k, push round k + 1 to each peer as soon as its round k
+ * landed, then reduce (or copy, all-gather) every rank's chunk of round k in rank order
+ * into the output. Why three slots suffice: a peer sends round k only after it reduced
+ * round k - 2 and received my round k - 1 (so my round k - 2 has left my send slot); my
+ * push of round k + 1, made after its round k landed, therefore overwrites its recv slot
+ * of round k - 2, which it is done reading, and I restage send slot k - 2 only after every
+ * peer's round k - 1 landed. With two slots the push of k + 1 would overwrite the recv
+ * slot of round k - 1, which the peer may still be reducing. For all-gather `count` is
+ * one rank's input, for reduce-scatter one rank's output. */
+#define OXCCL_PORT_ROUND_SLOTS 3
 #define OXCCL_PORT_ALLREDUCE_SYNC_BYTES 4096
 #define OXCCL_PORT_ALLREDUCE_SYNC_ROUND 0
 #define OXCCL_PORT_ALLREDUCE_SYNC_ERROR 8
@@ -191,7 +199,8 @@ typedef struct OxcclPortAllreduceArgs {
   uint32_t dtype; /* OXCCL_DTYPE_* */
   uint32_t op;    /* OXCCL_OP_* */
   uint32_t accum; /* OXCCL_ACCUM_* */
-  uint32_t _pad0;
+  uint32_t round_bytes; /* bytes of one round of this call: a multiple of 16, at most
+                           chunk_bytes (the slot); 0 = chunk_bytes */
 } OxcclPortAllreduceArgs;
 
 OXCCL_STATIC_ASSERT(sizeof(OxcclPortAllreduceArgs) == 104, "OxcclPortAllreduceArgs");

@@ -13,9 +13,11 @@
 // reducescatter_port share one instantiation per format and reducer (a run-time flag).
 //
 // One block: thread p (p < world_size, p != rank) drives the channel to peer p (pushes its
-// trigger and waits for its signal); every thread copies and reduces. Rounds of chunk_bytes;
-// the round counter lives in the scratch's sync area, shared by the three kernels (nothing
-// on the host advances per call, so graph replays stay correct).
+// triggers and waits for its signals); every thread stages, copies and reduces. Rounds of
+// chunk_bytes in three slots, so the next round is staged and on the wire while this one is
+// reduced (TCP peers: the socket is the bottleneck, keep it busy); the round counter lives
+// in the scratch's sync area, shared by the three kernels (nothing on the host advances per
+// call, so graph replays stay correct).
 
 #include "oxccl/abi.h"
 #include "oxccl/allreduce_device.hpp"
@@ -51,23 +53,29 @@ OXCCL_DEVICE_INLINE bool wait_signal(const OxcclHostDeviceSemaphore& s, const De
   return true;
 }
 
-/// Round k of a call whose per-rank chunk of the whole call is `total` bytes: its parity,
-/// first byte, 16-byte units, and this rank's recv[parity].
+/// Round k of a call whose per-rank chunk of the whole call is `total` bytes: its slot
+/// (global round mod OXCCL_PORT_ROUND_SLOTS), first byte, 16-byte units, and this rank's
+/// recv[slot].
 struct PortRound {
-  uint64_t parity;
+  uint64_t slot;
   uint64_t base;
   uint64_t units;
   const char* recv;
 };
 
+/// Bytes of one round of this call (at most one slot; port_args_ok checked it).
+OXCCL_DEVICE_INLINE uint64_t port_step(const OxcclPortAllreduceArgs& a) {
+  return a.round_bytes != 0 ? a.round_bytes : a.chunk_bytes;
+}
+
 OXCCL_DEVICE_INLINE PortRound port_round(const OxcclPortAllreduceArgs& a, uint64_t round0,
                                          uint64_t k, uint64_t total) {
-  const uint64_t c = a.chunk_bytes;
+  const uint64_t step = port_step(a);
   PortRound r;
-  r.parity = (round0 + k) & 1;
-  r.base = k * c;
-  r.units = ((total - r.base < c ? total - r.base : c) + 15) / 16;
-  r.recv = static_cast<const char*>(a.scratch) + a.recv_offset + r.parity * a.world_size * c;
+  r.slot = (round0 + k) % OXCCL_PORT_ROUND_SLOTS;
+  r.base = k * step;
+  r.units = ((total - r.base < step ? total - r.base : step) + 15) / 16;
+  r.recv = static_cast<const char*>(a.scratch) + a.recv_offset + r.slot * a.world_size * a.chunk_bytes;
   return r;
 }
 
@@ -79,22 +87,22 @@ OXCCL_DEVICE_INLINE void port_finish(const OxcclPortAllreduceArgs& a, uint64_t r
   }
 }
 
-/// One round's exchange: stage what leaves this rank in its send slots (the proxy reads
-/// registered memory only), then thread p pushes put_with_signal into my slot of peer p's
-/// recv[parity] and waits for p's signal (p's chunk of this round has landed in my
-/// recv[parity][p]). `scatter` (reduce-scatter): peer p gets chunk p of my input from send
-/// slot p; otherwise every peer gets my input from slot 0. `total`: bytes of one rank's
-/// chunk of the whole call. Returns false when a wait failed (recorded in the scratch).
-OXCCL_DEVICE_OUTLINED bool port_exchange(const OxcclPortAllreduceArgs& a, uint64_t total,
-                                         const PortRound& round, bool scatter, const Deadline& d,
-                                         int* failed) {
+/// First byte of send[slot][0].
+OXCCL_DEVICE_INLINE uint64_t port_send_group(const OxcclPortAllreduceArgs& a, const PortRound& r) {
+  return a.send_offset + r.slot * a.world_size * a.chunk_bytes;
+}
+
+/// Stages what leaves this rank in round `round` in its send slots (the proxy reads
+/// registered memory only): `scatter` (reduce-scatter): slot p gets chunk p of my input;
+/// otherwise slot 0 gets my input. Every thread stages; the caller syncs the block.
+OXCCL_DEVICE_OUTLINED void port_stage(const OxcclPortAllreduceArgs& a, uint64_t total,
+                                      const PortRound& round, bool scatter) {
   const uint32_t w = a.world_size;
   const uint32_t me = a.rank;
   const uint64_t c = a.chunk_bytes;
   const uint64_t base = round.base;
   const uint64_t units = round.units;
-  const uint64_t group = a.send_offset + round.parity * w * c;  // send[parity][0]
-  char* send = static_cast<char*>(a.scratch) + group;
+  char* send = static_cast<char*>(a.scratch) + port_send_group(a, round);
   const char* input = static_cast<const char*>(a.input);
   if (scatter) {
     for (uint64_t i = threadIdx.x; i < w * units; i += blockDim.x) {
@@ -109,20 +117,53 @@ OXCCL_DEVICE_OUTLINED bool port_exchange(const OxcclPortAllreduceArgs& a, uint64
       store16(send + u * 16, allreduce::load_unit(input, base + u * 16, total));
     }
   }
-  __syncthreads();
+}
+
+/// Thread p (a peer) pushes put_with_signal of round `round` into my slot of p's
+/// recv[slot]. False (recorded) when the FIFO stayed full.
+OXCCL_DEVICE_INLINE bool port_push(const OxcclPortAllreduceArgs& a, const PortRound& round,
+                                   bool scatter, const Deadline& d, uint32_t p) {
+  fence_system();  // the block's stores into send[] before the trigger
+  const PortChannelDevice ch{a.channels[p]};
+  const uint64_t c = a.chunk_bytes;
+  const uint64_t dst = a.recv_offset + (round.slot * a.world_size + a.rank) * c;
+  const uint64_t src = port_send_group(a, round) + (scatter ? p : 0) * c;
+  // A full FIFO ends at the FIFO's own spin limit (it does not read the abort word);
+  // either failure is reported as an abort once the communicator was aborted.
+  if (ch.put_with_signal(dst, src, round.units * 16) == ~uint64_t{0}) {
+    port_report(a.scratch, d.failure(), p);
+    return false;
+  }
+  return true;
+}
+
+/// Round k's exchange and the push of round k + 1, pipelined over OXCCL_PORT_ROUND_SLOTS
+/// slots (see abi_allreduce.h): round k + 1 is staged while round k is on the wire, and
+/// thread p pushes it to p as soon as p's round k has landed, before this rank reduces
+/// round k. Round 0 is staged and pushed first (`k == 0`). Returns false when a push or
+/// a wait failed (recorded in the scratch).
+OXCCL_DEVICE_OUTLINED bool port_exchange(const OxcclPortAllreduceArgs& a, uint64_t total,
+                                         uint64_t round0, uint64_t k, uint64_t rounds,
+                                         bool scatter, const Deadline& d, int* failed) {
   const uint32_t p = threadIdx.x;
-  if (p < w && p != me) {
-    fence_system();  // the block's stores into send[] before the trigger
-    const PortChannelDevice ch{a.channels[p]};
-    const uint64_t dst = a.recv_offset + (round.parity * w + me) * c;
-    const uint64_t src = group + (scatter ? p : 0) * c;
-    // A full FIFO ends at the FIFO's own spin limit (it does not read the abort word);
-    // either failure is reported as an abort once the communicator was aborted.
-    if (ch.put_with_signal(dst, src, units * 16) == ~uint64_t{0}) {
+  const bool peer = p < a.world_size && p != a.rank;
+  const PortRound round = port_round(a, round0, k, total);
+  if (k == 0) {
+    port_stage(a, total, round, scatter);
+    __syncthreads();
+    if (peer && !port_push(a, round, scatter, d, p)) *failed = 1;
+  }
+  const bool more = k + 1 < rounds;
+  const PortRound next = port_round(a, round0, k + 1, total);
+  // send[next.slot] last held round k - 2, which every peer has received (each sent its
+  // round k - 1, which it does only after my round k - 2 landed).
+  if (more) port_stage(a, total, next, scatter);
+  __syncthreads();
+  if (peer && *failed == 0) {
+    if (!wait_signal(a.channels[p].semaphore, d)) {
       port_report(a.scratch, d.failure(), p);
       *failed = 1;
-    } else if (!wait_signal(ch.h.semaphore, d)) {
-      port_report(a.scratch, d.failure(), p);
+    } else if (more && !port_push(a, next, scatter, d, p)) {
       *failed = 1;
     }
   }
@@ -143,13 +184,13 @@ OXCCL_DEVICE_OUTLINED void port_reduce_body(const Reducer reduce, const OxcclPor
   const uint32_t me = a.rank;
   const uint64_t c = a.chunk_bytes;
   const char* mine = static_cast<const char*>(a.input) + (scatter ? me * total : 0);
-  const uint64_t rounds = (total + c - 1) / c;
+  const uint64_t rounds = (total + port_step(a) - 1) / port_step(a);
 
   for (uint64_t k = 0; k < rounds; ++k) {
     const PortRound round = port_round(a, round0, k, total);
     const uint64_t base = round.base;
     const char* recv = round.recv;
-    if (w > 1 && !port_exchange(a, total, round, scatter, d, failed)) return;
+    if (w > 1 && !port_exchange(a, total, round0, k, rounds, scatter, d, failed)) return;
     for (uint64_t u = threadIdx.x; u < round.units; u += blockDim.x) {
       Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
 #pragma unroll
@@ -161,7 +202,7 @@ OXCCL_DEVICE_OUTLINED void port_reduce_body(const Reducer reduce, const OxcclPor
       }
       allreduce::store_unit(a.output, base + u * 16, allreduce::reduce_ranks(reduce, in, w), total);
     }
-    // Every read of recv[parity] is done before the next round's triggers are pushed.
+    // Every read of recv[slot] is done before a later round's exchange goes on.
     __syncthreads();
   }
   port_finish(a, round0, rounds);
@@ -177,14 +218,14 @@ OXCCL_DEVICE_OUTLINED void port_gather_body(const OxcclPortAllreduceArgs& a, uin
   const uint64_t c = a.chunk_bytes;
   char* output = static_cast<char*>(a.output);
   const bool in_place = a.input == output + me * total;
-  const uint64_t rounds = (total + c - 1) / c;
+  const uint64_t rounds = (total + port_step(a) - 1) / port_step(a);
 
   for (uint64_t k = 0; k < rounds; ++k) {
     const PortRound round = port_round(a, round0, k, total);
     const uint64_t base = round.base;
     const uint64_t units = round.units;
     const char* recv = round.recv;
-    if (w > 1 && !port_exchange(a, total, round, false, d, failed)) return;
+    if (w > 1 && !port_exchange(a, total, round0, k, rounds, false, d, failed)) return;
     for (uint64_t i = threadIdx.x; i < w * units; i += blockDim.x) {
       const uint64_t r = i / units;
       const uint64_t u = i - r * units;
@@ -201,7 +242,8 @@ OXCCL_DEVICE_OUTLINED void port_gather_body(const OxcclPortAllreduceArgs& a, uin
 OXCCL_DEVICE_INLINE bool port_args_ok(const OxcclPortAllreduceArgs& a) {
   return a.world_size >= 1 && a.world_size <= OXCCL_ALLREDUCE_MAX_RANKS &&
          a.rank < a.world_size && blockDim.x >= a.world_size && gridDim.x == 1 &&
-         a.chunk_bytes != 0 && a.chunk_bytes % 16 == 0 && a.scratch != nullptr &&
+         a.chunk_bytes != 0 && a.chunk_bytes % 16 == 0 && a.round_bytes % 16 == 0 &&
+         a.round_bytes <= a.chunk_bytes && a.scratch != nullptr &&
          (a.world_size == 1 || a.channels != nullptr) && a.dtype < OXCCL_DTYPE_COUNT &&
          a.op <= OXCCL_OP_AVG && a.accum <= OXCCL_ACCUM_F32;
 }

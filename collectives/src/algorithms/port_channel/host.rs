@@ -11,7 +11,7 @@ use oxccl_hal::{AccumType, DataType, Error, ReduceOp, Result};
 use oxccl_kernels::abi::{
     self, OxcclPortAllreduceArgs, OxcclPortChannel, OXCCL_ALLREDUCE_ERR_ABORTED,
     OXCCL_ALLREDUCE_ERR_ARGS, OXCCL_ALLREDUCE_ERR_TIMEOUT, OXCCL_ALLREDUCE_MAX_RANKS,
-    OXCCL_PORT_ALLREDUCE_SYNC_ERROR, OXCCL_PORT_ALLREDUCE_SYNC_ROUND,
+    OXCCL_PORT_ALLREDUCE_SYNC_ERROR, OXCCL_PORT_ALLREDUCE_SYNC_ROUND, OXCCL_PORT_ROUND_SLOTS,
 };
 
 use crate::host_kernels::{aborted, read_unit, reduce_unit, write_unit};
@@ -63,6 +63,9 @@ impl Call {
             }
             if a.chunk_bytes == 0 || a.chunk_bytes % 16 != 0 {
                 return Err(bad("chunk not a positive multiple of 16"));
+            }
+            if a.round_bytes % 16 != 0 || u64::from(a.round_bytes) > a.chunk_bytes {
+                return Err(bad("round not a multiple of 16 within the chunk"));
             }
             if world > 1 && a.channels.is_null() {
                 return Err(bad("null channels"));
@@ -236,10 +239,15 @@ unsafe fn report(scratch: *mut u8, code: u32, peer: u32) {
 /// A PortChannel kernel on the host backend: the device kernel's steps on one thread.
 pub(crate) fn run(bytes: &[u8], kernel: &'static str, kind: Kind) -> Result<()> {
     let c = Call::new(bytes, kernel, kind)?;
+    // Slots are `chunk` bytes apart; a round moves `step` of them.
     let chunk = c.a.chunk_bytes as usize;
+    let step = match c.a.round_bytes {
+        0 => chunk,
+        r => r as usize,
+    };
     let (send_off, recv_off) = (c.a.send_offset as usize, c.a.recv_offset as usize);
     let round0 = c.round_word().load(Ordering::Acquire);
-    let rounds = c.total.div_ceil(chunk);
+    let rounds = c.total.div_ceil(step);
     let channels: Vec<OxcclPortChannel> = (0..c.world)
         .map(|p| {
             if p == c.me {
@@ -257,67 +265,85 @@ pub(crate) fn run(bytes: &[u8], kernel: &'static str, kind: Kind) -> Result<()> 
         }
         _ => false,
     };
-    let mut inputs = vec![[0u8; 16]; c.world];
-    for k in 0..rounds {
-        let parity = ((round0 + k as u64) & 1) as usize;
-        let base = k * chunk;
-        let len = (c.total - base).min(chunk);
-        let units = len.div_ceil(16);
-        if c.world > 1 {
-            // send[parity][slot]: slot p holds chunk p for a reduce-scatter, slot 0 the
-            // input otherwise.
-            let group = send_off + parity * c.world * chunk;
-            let slots: Vec<usize> = if scatter {
-                (0..c.world).filter(|&p| p != c.me).collect()
-            } else {
-                vec![0]
-            };
-            for &s in &slots {
-                for u in 0..units {
-                    let v = c.load_input(s, base + u * 16);
-                    // SAFETY: send[parity][s] holds `chunk` >= 16 * units bytes of the live
-                    // scratch; the transports finished reading it (see the module docs).
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            v.as_ptr(),
-                            c.scratch().add(group + s * chunk + u * 16),
-                            16,
-                        )
-                    };
-                }
-            }
-            for k in 1..c.world {
-                let p = (c.me + k) % c.world;
-                let dst = recv_off + (parity * c.world + c.me) * chunk;
-                let src = group + if scatter { p * chunk } else { 0 };
-                // SAFETY: launch contract: a live channel of the host backend; both ranges
-                // lie inside the registered scratches (same layout on every rank).
+    // Round k's slot, first byte, length and 16-byte units.
+    let round = |k: usize| {
+        let slot = ((round0 + k as u64) % u64::from(OXCCL_PORT_ROUND_SLOTS)) as usize;
+        let base = k * step;
+        let len = c.total.saturating_sub(base).min(step);
+        (slot, base, len, len.div_ceil(16))
+    };
+    // send[slot][s]: s = p holds chunk p for a reduce-scatter, s = 0 the input otherwise.
+    let slots: Vec<usize> = if scatter {
+        (0..c.world).filter(|&p| p != c.me).collect()
+    } else {
+        vec![0]
+    };
+    let stage = |k: usize| {
+        let (slot, base, _, units) = round(k);
+        let group = send_off + slot * c.world * chunk;
+        for &s in &slots {
+            for u in 0..units {
+                let v = c.load_input(s, base + u * 16);
+                // SAFETY: send[slot][s] holds `chunk` >= 16 * units bytes of the live
+                // scratch; the transports finished reading it (see abi_allreduce.h).
                 unsafe {
-                    port::host_put_with_signal(
-                        &channels[p],
-                        dst as u64,
-                        src as u64,
-                        (units * 16) as u64,
-                        0,
+                    std::ptr::copy_nonoverlapping(
+                        v.as_ptr(),
+                        c.scratch().add(group + s * chunk + u * 16),
+                        16,
                     )
-                }
-                .inspect_err(|_| {
-                    // Recorded for check_error; the FIFO's own error is returned.
-                    let _ = c.fail(p, "a FIFO slot");
-                })?;
-            }
-            for k in 1..c.world {
-                let p = (c.me + k) % c.world;
-                c.wait_signal(&channels[p], p)?;
+                };
             }
         }
-        let recv = recv_off + parity * c.world * chunk;
+    };
+    let push = |k: usize, p: usize| -> Result<()> {
+        let (slot, _, _, units) = round(k);
+        let group = send_off + slot * c.world * chunk;
+        let dst = recv_off + (slot * c.world + c.me) * chunk;
+        let src = group + if scatter { p * chunk } else { 0 };
+        // SAFETY: launch contract: a live channel of the host backend; both ranges lie
+        // inside the registered scratches (same layout on every rank).
+        unsafe {
+            port::host_put_with_signal(&channels[p], dst as u64, src as u64, (units * 16) as u64, 0)
+        }
+        .inspect_err(|_| {
+            // Recorded for check_error; the FIFO's own error is returned.
+            let _ = c.fail(p, "a FIFO slot");
+        })
+    };
+    let peers: Vec<usize> = (1..c.world).map(|k| (c.me + k) % c.world).collect();
+    // The kernels' pipeline (abi_allreduce.h): round 0 staged and pushed first; then per
+    // round k, stage k + 1, wait for every peer's round k, push k + 1, reduce k.
+    if c.world > 1 && rounds > 0 {
+        stage(0);
+        for &p in &peers {
+            push(0, p)?;
+        }
+    }
+    let mut inputs = vec![[0u8; 16]; c.world];
+    for k in 0..rounds {
+        let (slot, base, len, units) = round(k);
+        if c.world > 1 {
+            let more = k + 1 < rounds;
+            if more {
+                stage(k + 1);
+            }
+            for &p in &peers {
+                c.wait_signal(&channels[p], p)?;
+            }
+            if more {
+                for &p in &peers {
+                    push(k + 1, p)?;
+                }
+            }
+        }
+        let recv = recv_off + slot * c.world * chunk;
         for u in 0..units {
             for (r, input) in inputs.iter_mut().enumerate() {
                 if r == c.me {
                     *input = c.load_input(c.me, base + u * 16);
                 } else {
-                    // SAFETY: recv[parity][r] of the live scratch: rank r's chunk, landed
+                    // SAFETY: recv[slot][r] of the live scratch: rank r's chunk, landed
                     // before its signal, which this rank acquired.
                     unsafe {
                         std::ptr::copy_nonoverlapping(

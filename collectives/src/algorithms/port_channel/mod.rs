@@ -19,15 +19,14 @@
 //! `OXCCL_SEPARATE_HOSTS=1`), or when one of them is forced (`OXCCL_ALGO`): within a node
 //! the NVLink algorithms are faster and the proxy thread costs a core.
 //!
-//! Protocol (one round of `chunk_bytes`; layout and steps in `abi_allreduce.h`): stage what
-//! leaves this rank in `send[parity]`, `put_with_signal` it into this rank's slot of every
-//! peer's `recv[parity]`, wait for every peer's signal, then reduce (allreduce,
-//! reduce-scatter) or copy (all-gather) every rank's chunk into the output. Flow control
-//! without extra signals: to finish round g a rank needs every peer's data of round g,
-//! which a peer sends only after it finished round g - 1; so when a rank writes round g + 1
-//! into `p.recv[(g + 1) & 1]`, p is done reading that slot (round g - 1), and p has
-//! received (so the transport has read) this rank's round g - 1 data from
-//! `send[(g + 1) & 1]`. Every wait is bounded (the call's timeout, the communicator's
+//! Protocol (rounds of `chunk_bytes` in three slots; layout, steps and why three slots
+//! suffice in `abi_allreduce.h`): stage what leaves this rank in `send[slot]`,
+//! `put_with_signal` it into this rank's slot of every peer's `recv[slot]`; per round, stage
+//! the next round, wait for every peer's signal, push the next round to each peer whose
+//! data landed, then reduce (allreduce, reduce-scatter) or copy (all-gather) every rank's
+//! chunk of this round into the output. So the next round is on the wire while this one is
+//! reduced. Flow control needs no extra signals: a peer sends round g only after it
+//! reduced round g - 2 and received this rank's round g - 1. Every wait is bounded (the call's timeout, the communicator's
 //! abort word and the semaphores' spin limit); a timeout or an abort is recorded in the sync
 //! area's error word
 //! ([`PortAlgorithm::check_error`]) and, on the host backend, returned by the stream.
@@ -42,6 +41,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use oxccl_backend::{AnyDevice, AnyKernel, AnyMemory, AnyStream};
+use oxccl_channels::backing::Backing;
 use oxccl_channels::bootstrap::Bootstrap;
 use oxccl_channels::connection::{Connection, Transport, TransportSet};
 use oxccl_channels::hosts::Hosts;
@@ -54,7 +54,7 @@ use oxccl_hal::{
 };
 use oxccl_kernels::abi::{
     self, KernelArgs, OxcclPortAllreduceArgs, OxcclPortChannel, OXCCL_ALLREDUCE_MAX_RANKS,
-    OXCCL_PORT_ALLREDUCE_SYNC_BYTES, OXCCL_PORT_ALLREDUCE_SYNC_ERROR,
+    OXCCL_PORT_ALLREDUCE_SYNC_BYTES, OXCCL_PORT_ALLREDUCE_SYNC_ERROR, OXCCL_PORT_ROUND_SLOTS,
 };
 
 use crate::algorithms::{
@@ -125,14 +125,31 @@ pub(crate) fn plan(kernel: &'static str, s: &CallShape<'_>) -> Result<Plan> {
     Ok(Plan { kernel, config })
 }
 
+/// Rounds a call is cut into, at least, where a round stays above [`MIN_ROUND`]: with
+/// fewer, a call of one or two slots would leave the wire idle while it stages and reduces.
+const PIPELINE_ROUNDS: usize = 8;
+/// Smallest round of a call that has several: each round pays a trigger, a signal and
+/// their wake-ups (tens of microseconds over TCP).
+const MIN_ROUND: usize = 256 << 10;
+
+/// Bytes of one round of a call that sends `total` bytes to each peer, with slots of
+/// `slot` bytes: about `total / PIPELINE_ROUNDS`, at least [`MIN_ROUND`], at most a slot,
+/// a multiple of 16.
+pub(crate) fn round_bytes(total: usize, slot: usize) -> usize {
+    (total / PIPELINE_ROUNDS)
+        .max(MIN_ROUND)
+        .next_multiple_of(16)
+        .min(slot)
+}
+
 /// Byte offsets of the scratch (the same on every rank; see `abi_allreduce.h`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Layout {
     /// Bytes of one round (one slot).
     pub(crate) chunk: usize,
-    /// `send[2][world]`.
+    /// `send[OXCCL_PORT_ROUND_SLOTS][world]`.
     pub(crate) send: usize,
-    /// `recv[2][world]`.
+    /// `recv[OXCCL_PORT_ROUND_SLOTS][world]`.
     pub(crate) recv: usize,
     /// Bytes of the whole scratch.
     pub(crate) total: usize,
@@ -144,7 +161,7 @@ impl Layout {
         let send = OXCCL_PORT_ALLREDUCE_SYNC_BYTES as usize;
         let overflow = || Error::InvalidArgument(format!("PortChannel: chunk {chunk} too big"));
         let region = chunk
-            .checked_mul(2 * world.max(1) as usize)
+            .checked_mul(OXCCL_PORT_ROUND_SLOTS as usize * world.max(1) as usize)
             .ok_or_else(overflow)?;
         let recv = send.checked_add(region).ok_or_else(overflow)?;
         let total = recv.checked_add(region).ok_or_else(overflow)?;
@@ -180,7 +197,7 @@ pub struct PortState {
     proxy: Option<Proxy>,
     handles: Option<AnyMemory>,
     registration: RegisteredMemory,
-    scratch: Arc<AnyMemory>,
+    scratch: Backing,
 }
 
 impl PortState {
@@ -215,24 +232,18 @@ impl PortState {
         } else {
             set
         };
-        let scratch = Arc::new(
-            device
-                .alloc(layout.total, MemoryKind::Coherent)
-                .map_err(at)?,
-        );
+        // Where only TCP peers read and write the scratch, it lives in pinned host memory
+        // that the kernels reach through its device mapping: the sockets then move it in
+        // place, with no bounce copies and no stream synchronization per put or signal.
+        // IPC needs device memory (a copy engine writes it), InfiniBand writes GPU memory.
+        let host_mapped = world > 1 && set == TransportSet::of(&[Transport::Tcp]);
         // The sync area must start at zero. The slots need no value, but the proxy's copies
         // (host API calls) read send slots only kernels wrote, which compute-sanitizer's
         // initcheck counted as uninitialized (2 H100s, every byte of every put): zeroing
         // them once here costs one memset at setup.
-        if Device::backend(device) != oxccl_hal::BackendKind::Host {
-            let stream = device.create_stream().map_err(at)?;
-            // SAFETY: inside the allocation just made, which outlives the fill (synchronized
-            // right below).
-            unsafe { stream.fill(scratch.ptr(), 0, layout.total) }.map_err(at)?;
-            stream.synchronize().map_err(at)?;
-        }
-        let registration =
-            RegisteredMemory::new(device, rank, Arc::clone(&scratch), set).map_err(at)?;
+        let scratch =
+            Backing::zeroed(device, layout.total, MemoryKind::Coherent, host_mapped).map_err(at)?;
+        let registration = RegisteredMemory::new(device, rank, scratch.clone(), set).map_err(at)?;
         let mut proxy = None;
         let mut handles = None;
         if world > 1 {
@@ -272,6 +283,7 @@ impl PortState {
             world,
             ?transports,
             chunk = layout.chunk,
+            host_mapped,
             "PortChannel machinery ready"
         );
         Ok(PortState {
@@ -303,12 +315,27 @@ impl PortState {
         self.registration.len()
     }
 
+    /// Whether the scratch is pinned host memory (every peer is a TCP peer) rather than
+    /// device memory.
+    pub fn scratch_in_host_memory(&self) -> bool {
+        matches!(self.scratch, Backing::HostMapped(_))
+    }
+
     /// The argument block of one call.
-    fn args(&self, call: &Call, op: ReduceOp, accum: AccumType) -> OxcclPortAllreduceArgs {
+    fn args(&self, call: &Call, op: ReduceOp, accum: AccumType) -> Result<OxcclPortAllreduceArgs> {
+        // Bytes each rank sends each peer: the input (all-gather, allreduce) or one chunk
+        // of it (reduce-scatter), `count` elements either way.
+        let total = call.dtype.bytes(call.count)?;
+        let round = round_bytes(total, self.layout.chunk);
+        let round_bytes = u32::try_from(round).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "PortChannel round of {round} bytes: lower {CHUNK_VAR}"
+            ))
+        })?;
         let channels = self.handles.as_ref().map_or(std::ptr::null(), |m| {
             abi::ptr::<OxcclPortChannel>(m.ptr()).cast_const()
         });
-        OxcclPortAllreduceArgs {
+        Ok(OxcclPortAllreduceArgs {
             input: abi::ptr::<std::ffi::c_void>(call.input).cast_const(),
             output: abi::ptr(call.output),
             scratch: abi::ptr(self.scratch.ptr()),
@@ -324,8 +351,8 @@ impl PortState {
             dtype: call.dtype.code(),
             op: op.code(),
             accum: accum.code(),
-            _pad0: 0,
-        }
+            round_bytes,
+        })
     }
 }
 
@@ -361,6 +388,11 @@ impl PortAlgorithm {
     pub fn scratch_bytes(&self) -> usize {
         self.state.scratch_bytes()
     }
+
+    /// Whether the shared scratch is pinned host memory (every peer is a TCP peer).
+    pub fn scratch_in_host_memory(&self) -> bool {
+        self.state.scratch_in_host_memory()
+    }
 }
 
 impl Instance for PortAlgorithm {
@@ -371,7 +403,7 @@ impl Instance for PortAlgorithm {
         } else {
             (ReduceOp::Sum, AccumType::Auto)
         };
-        let args = self.state.args(call, op, accum);
+        let args = self.state.args(call, op, accum)?;
         // SAFETY: the block matches the kernel (abi_allreduce.h); scratch and channel
         // handles are the shared state's live allocations (the proxy and its FIFO and
         // semaphores live as long as `self.state`), the abort word the communicator's
@@ -412,8 +444,23 @@ mod tests {
         let l = Layout::new(8, 1000).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(l.chunk, 1008);
         assert_eq!(l.send, 4096);
-        assert_eq!(l.recv, 4096 + 16 * 1008);
-        assert_eq!(l.total, l.recv + 16 * 1008);
+        assert_eq!(l.recv, 4096 + 24 * 1008);
+        assert_eq!(l.total, l.recv + 24 * 1008);
         assert!(Layout::new(8, 1 << 30).is_err());
+    }
+
+    #[test]
+    fn rounds_pipeline_calls_of_a_few_slots() {
+        let slot = DEFAULT_CHUNK;
+        // Small calls: one round of MIN_ROUND bytes at most (the kernel trims the last).
+        assert_eq!(round_bytes(1000, slot), MIN_ROUND);
+        // 4 MiB (one slot): eight rounds of 512 KiB, not one.
+        assert_eq!(round_bytes(4 << 20, slot), 512 << 10);
+        assert_eq!((4usize << 20).div_ceil(round_bytes(4 << 20, slot)), 8);
+        // Large calls: whole slots.
+        assert_eq!(round_bytes(1 << 30, slot), slot);
+        // Never more than a slot, always a multiple of 16.
+        assert_eq!(round_bytes(1 << 20, 1008), 1008);
+        assert_eq!(round_bytes((3 << 20) + 8, slot) % 16, 0);
     }
 }
