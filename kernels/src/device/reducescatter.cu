@@ -68,7 +68,9 @@ OXCCL_DEVICE_INLINE void oneshot_body(const Reducer reduce, const OxcclAllreduce
     Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
 #pragma unroll
     for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) in[r] = own_unit;  // peers' replaced below
-    if (!ll16_read_peers(mine, u, slot_bytes, flag, all_peers, in, call)) return;
+    // Peers polled two at a time, as the reduce root (reduce.cu): with every peer's packets
+    // in flight at once nvcc kept them on a 192-byte stack.
+    if (!ll16_read_peers<2>(mine, u, slot_bytes, flag, all_peers, in, call)) return;
     store_unit(a.output, u * 16, reduce_ranks(reduce, in, w), total);
   }
 }
@@ -141,9 +143,11 @@ OXCCL_DEVICE_INLINE void direct_body(const Reducer reduce, const OxcclAllreduceA
 OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void reducescatter_oneshot_ll(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {
   const OxcclAllreduceArgs& args = oxccl::kernel_args(param);
   using namespace oxccl::allreduce;
-  run_reducing<true>(args, true, [&]<typename Fmt>(auto reducer, const CallState call) OXCCL_INLINE_LAMBDA {
-    oxccl::reducescatter::oneshot_body<Fmt>(reducer, args, call);
-  });
+  // The type dispatch inlined, as reduce_oneshot_ll's (no call that spills around it).
+  run_reducing<true, OXCCL_ALLREDUCE_SYNC_EPOCH, true>(
+      args, true, [&]<typename Fmt>(auto reducer, const CallState call) OXCCL_INLINE_LAMBDA {
+        oxccl::reducescatter::oneshot_body<Fmt>(reducer, args, call);
+      });
 }
 
 OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void reducescatter_staged(const OXCCL_GRID_CONSTANT OxcclAllreduceArgs param) {
