@@ -109,12 +109,14 @@ fn one_shot(shape: &CallShape<'_>) -> Result<(Algorithm, Plan)> {
 /// fit). All-gather is the exception: on 2 H200s its direct kernel took 13.35 us at 2 MiB
 /// per rank against the one-shot's 18.17 (10.84 against 10.73 at 1 MiB), so it hands over
 /// above 1 MiB, which costs 6% at 2 MiB on H100s. More ranks move `world - 1` copies and
-/// keep the 256 KiB that the allreduce one-shot held on 4 H200s (the other collectives not
-/// measured there).
+/// keep the 256 KiB that the allreduce one-shot held on 4 H200s, but reduce on 3-4 ranks,
+/// whose one-shot took 11.1 us at 512 KiB on 4 H100s against `reduce_direct`'s 12.6-13.5
+/// (`results/2026-11-27-late-h100x4-*`; its senders write and leave, the root reads).
 pub fn collective_oneshot_max(collective: Collective, world_size: u32) -> usize {
     match (collective, world_size) {
         (Collective::AllGather, 0..=2) => 1 << 20,
         (_, 0..=2) => 2 << 20,
+        (Collective::Reduce, 3..=4) => 512 << 10,
         _ => 256 << 10,
     }
 }
@@ -688,6 +690,9 @@ mod tests {
             (Collective::Reduce, 2, true, 1 << 20),
             (Collective::ReduceScatter, 2, true, 2 << 20),
             (Collective::Broadcast, 8, true, 256 << 10),
+            (Collective::Reduce, 4, true, 512 << 10),
+            (Collective::Reduce, 3, false, 512 << 10),
+            (Collective::Reduce, 8, true, 256 << 10),
         ] {
             for (bytes, one_shot) in [(max, true), (max + 2, false)] {
                 let mut sh = shape(bytes, world, &caps);
@@ -712,9 +717,11 @@ mod tests {
             assert_eq!(s.choose(&sh).unwrap().algorithm, want, "{bytes} bytes");
         }
         // Registered reduces: direct, then the relay on more than 2 ranks (2 ranks: direct,
-        // above the one-shot, then the copy lane from its threshold, checked below).
+        // above the one-shot, then the copy lane from its threshold, checked below; 3-4
+        // ranks keep the one-shot up to where the relay starts).
         for (bytes, world, want) in [
-            (REDUCE_DIRECT_MAX_BYTES, 4, REDUCE_DIRECT),
+            (REDUCE_DIRECT_MAX_BYTES, 8, REDUCE_DIRECT),
+            (REDUCE_DIRECT_MAX_BYTES, 4, REDUCE_ONESHOT_LL),
             (REDUCE_DIRECT_MAX_BYTES + 2, 4, REDUCE_RELAY),
             (1 << 30, 3, REDUCE_RELAY),
             (4 << 20, 2, REDUCE_DIRECT),
