@@ -256,12 +256,9 @@ impl HostDeviceSemaphore {
     /// Signals the peer through `connection`: its counter becomes the number of signals
     /// sent, after every earlier write of the connection has landed. The proxy's operation.
     pub fn signal(&self, connection: &Connection) -> Result<()> {
-        let next = self.outbound.fetch_add(1, Ordering::Relaxed) + 1;
-        connection.update_and_sync(&self.remote, 0, next)
+        connection.update_and_sync(&self.remote, 0, self.next_signal())
     }
-}
 
-impl HostDeviceSemaphore {
     /// Writes `bytes` from `src` into the peer's `dst`, then signals the peer, as one
     /// connection operation ([`Connection::write_and_update`]). The proxy's put-with-signal.
     pub fn write_and_signal(
@@ -271,15 +268,13 @@ impl HostDeviceSemaphore {
         (src, src_offset): (&RegisteredMemory, usize),
         bytes: usize,
     ) -> Result<()> {
-        let next = self.outbound.fetch_add(1, Ordering::Relaxed) + 1;
-        connection.write_and_update(
-            dst,
-            dst_offset,
-            src,
-            src_offset,
-            bytes,
-            (&self.remote, 0, next),
-        )
+        let flag = (&self.remote, 0, self.next_signal());
+        connection.write_and_update(dst, dst_offset, src, src_offset, bytes, flag)
+    }
+
+    /// The count the peer's counter takes with the next signal.
+    fn next_signal(&self) -> u64 {
+        self.outbound.fetch_add(1, Ordering::Relaxed) + 1
     }
 }
 

@@ -376,41 +376,7 @@ impl TcpConnection {
         src_offset: usize,
         bytes: usize,
     ) -> Result<()> {
-        check_write(
-            Transport::Tcp,
-            self.peer,
-            dst,
-            dst_offset,
-            src,
-            src_offset,
-            bytes,
-        )?;
-        if bytes == 0 {
-            return Ok(());
-        }
-        let mut out = self.sender()?;
-        let out = &mut *out;
-        let header = header(OP_WRITE, dst.id(), dst_offset as u64, bytes as u64);
-        let registration = src.registration();
-        let Some(base) = in_place(registration, self.bounce_all) else {
-            return self.send_staged(out, &header, registration, src_offset, bytes);
-        };
-        // SAFETY: `src_offset + bytes <= src.len()` (check_write) and the registered range
-        // lies inside the allocation, which `registration` keeps mapped for this call. The
-        // caller must not write the range while the write runs (the contract of every
-        // transport's `write`), so nothing mutates these bytes.
-        let data = unsafe { std::slice::from_raw_parts(base.add(src_offset), bytes) };
-        let sent = if bytes <= SMALL_WRITE {
-            let mut frame = Vec::with_capacity(HEADER + bytes);
-            frame.extend_from_slice(&header);
-            frame.extend_from_slice(data);
-            out.sock.write_all(&frame)
-        } else {
-            out.sock
-                .write_all(&header)
-                .and_then(|()| out.sock.write_all(data))
-        };
-        sent.map_err(|e| self.send_failed(&mut out.broken, e))
+        self.send_write(dst, dst_offset, src, src_offset, bytes, None)
     }
 
     /// A write then an update (see [`super::Connection::write_and_update`]). A small write
@@ -423,13 +389,24 @@ impl TcpConnection {
         src: &RegisteredMemory,
         src_offset: usize,
         bytes: usize,
-        (flag, flag_offset, value): (&RemoteMemory, usize, u64),
+        flag: (&RemoteMemory, usize, u64),
     ) -> Result<()> {
-        let in_place_src = in_place(src.registration(), self.bounce_all);
-        let (Some(base), true) = (in_place_src, bytes > 0 && bytes <= SMALL_WRITE) else {
-            self.write(dst, dst_offset, src, src_offset, bytes)?;
-            return self.update_and_sync(flag, flag_offset, value);
-        };
+        self.send_write(dst, dst_offset, src, src_offset, bytes, Some(flag))
+    }
+
+    /// A write frame, followed by an update frame of `update` (registration, offset, value)
+    /// when there is one, under one hold of the sending socket. A write of up to
+    /// [`SMALL_WRITE`] bytes of host memory leaves with its header (and the update) in one
+    /// send; device memory goes through the bounce slots.
+    fn send_write(
+        &self,
+        dst: &RemoteMemory,
+        dst_offset: usize,
+        src: &RegisteredMemory,
+        src_offset: usize,
+        bytes: usize,
+        update: Option<(&RemoteMemory, usize, u64)>,
+    ) -> Result<()> {
         check_write(
             Transport::Tcp,
             self.peer,
@@ -439,15 +416,52 @@ impl TcpConnection {
             src_offset,
             bytes,
         )?;
-        check_update(Transport::Tcp, self.peer, flag, flag_offset)?;
+        let mut update = update
+            .map(|(flag, at, value)| {
+                check_update(Transport::Tcp, self.peer, flag, at)?;
+                Ok(header(OP_UPDATE, flag.id(), at as u64, value))
+            })
+            .transpose()?;
+        if bytes == 0 && update.is_none() {
+            return Ok(());
+        }
         let mut out = self.sender()?;
-        // SAFETY: as in `write`: the range lies inside the registration (check_write), which
-        // stays mapped for this call, and the caller does not write it meanwhile.
-        let data = unsafe { std::slice::from_raw_parts(base.add(src_offset), bytes) };
-        let mut frame = Vec::with_capacity(2 * HEADER + bytes);
-        frame.extend_from_slice(&header(OP_WRITE, dst.id(), dst_offset as u64, bytes as u64));
-        frame.extend_from_slice(data);
-        frame.extend_from_slice(&header(OP_UPDATE, flag.id(), flag_offset as u64, value));
+        let out = &mut *out;
+        let registration = src.registration();
+        if bytes > 0 {
+            let header = header(OP_WRITE, dst.id(), dst_offset as u64, bytes as u64);
+            let Some(base) = in_place(registration, self.bounce_all) else {
+                self.send_staged(out, &header, registration, src_offset, bytes)?;
+                return self.send_update(out, update);
+            };
+            // SAFETY: `src_offset + bytes <= src.len()` (check_write) and the registered range
+            // lies inside the allocation, which `registration` keeps mapped for this call. The
+            // caller must not write the range while the write runs (the contract of every
+            // transport's `write`), so nothing mutates these bytes.
+            let data = unsafe { std::slice::from_raw_parts(base.add(src_offset), bytes) };
+            let sent = if bytes <= SMALL_WRITE {
+                let mut frame = Vec::with_capacity(2 * HEADER + bytes);
+                frame.extend_from_slice(&header);
+                frame.extend_from_slice(data);
+                if let Some(u) = update.take() {
+                    frame.extend_from_slice(&u);
+                }
+                out.sock.write_all(&frame)
+            } else {
+                out.sock
+                    .write_all(&header)
+                    .and_then(|()| out.sock.write_all(data))
+            };
+            sent.map_err(|e| self.send_failed(&mut out.broken, e))?;
+        }
+        self.send_update(out, update)
+    }
+
+    /// Sends an update frame (when there is one) on the held sending socket.
+    fn send_update(&self, out: &mut Out, update: Option<[u8; HEADER]>) -> Result<()> {
+        let Some(frame) = update else {
+            return Ok(());
+        };
         out.sock
             .write_all(&frame)
             .map_err(|e| self.send_failed(&mut out.broken, e))
@@ -497,11 +511,8 @@ impl TcpConnection {
     /// after every earlier write of this connection.
     pub fn update_and_sync(&self, dst: &RemoteMemory, dst_offset: usize, value: u64) -> Result<()> {
         check_update(Transport::Tcp, self.peer, dst, dst_offset)?;
-        let mut out = self.sender()?;
         let frame = header(OP_UPDATE, dst.id(), dst_offset as u64, value);
-        out.sock
-            .write_all(&frame)
-            .map_err(|e| self.send_failed(&mut out.broken, e))
+        self.send_update(&mut *self.sender()?, Some(frame))
     }
 
     /// Sends a flush marker and waits for its acknowledgement, which the peer sends after

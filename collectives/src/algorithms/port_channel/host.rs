@@ -265,12 +265,18 @@ pub(crate) fn run(bytes: &[u8], kernel: &'static str, kind: Kind) -> Result<()> 
         }
         _ => false,
     };
-    // Round k's slot, first byte, length and 16-byte units.
+    // Round k's slot, first byte, length, 16-byte units and send[slot][0].
     let round = |k: usize| {
         let slot = ((round0 + k as u64) % u64::from(OXCCL_PORT_ROUND_SLOTS)) as usize;
         let base = k * step;
         let len = c.total.saturating_sub(base).min(step);
-        (slot, base, len, len.div_ceil(16))
+        (
+            slot,
+            base,
+            len,
+            len.div_ceil(16),
+            send_off + slot * c.world * chunk,
+        )
     };
     // send[slot][s]: s = p holds chunk p for a reduce-scatter, s = 0 the input otherwise.
     let slots: Vec<usize> = if scatter {
@@ -279,8 +285,7 @@ pub(crate) fn run(bytes: &[u8], kernel: &'static str, kind: Kind) -> Result<()> 
         vec![0]
     };
     let stage = |k: usize| {
-        let (slot, base, _, units) = round(k);
-        let group = send_off + slot * c.world * chunk;
+        let (_, base, _, units, group) = round(k);
         for &s in &slots {
             for u in 0..units {
                 let v = c.load_input(s, base + u * 16);
@@ -297,8 +302,7 @@ pub(crate) fn run(bytes: &[u8], kernel: &'static str, kind: Kind) -> Result<()> 
         }
     };
     let push = |k: usize, p: usize| -> Result<()> {
-        let (slot, _, _, units) = round(k);
-        let group = send_off + slot * c.world * chunk;
+        let (slot, _, _, units, group) = round(k);
         let dst = recv_off + (slot * c.world + c.me) * chunk;
         let src = group + if scatter { p * chunk } else { 0 };
         // SAFETY: launch contract: a live channel of the host backend; both ranges lie
@@ -322,7 +326,7 @@ pub(crate) fn run(bytes: &[u8], kernel: &'static str, kind: Kind) -> Result<()> 
     }
     let mut inputs = vec![[0u8; 16]; c.world];
     for k in 0..rounds {
-        let (slot, base, len, units) = round(k);
+        let (slot, base, len, units, _) = round(k);
         if c.world > 1 {
             let more = k + 1 < rounds;
             if more {

@@ -19,16 +19,16 @@
 //! `OXCCL_SEPARATE_HOSTS=1`), or when one of them is forced (`OXCCL_ALGO`): within a node
 //! the NVLink algorithms are faster and the proxy thread costs a core.
 //!
-//! Protocol (rounds of `chunk_bytes` in three slots; layout, steps and why three slots
-//! suffice in `abi_allreduce.h`): stage what leaves this rank in `send[slot]`,
-//! `put_with_signal` it into this rank's slot of every peer's `recv[slot]`; per round, stage
-//! the next round, wait for every peer's signal, push the next round to each peer whose
-//! data landed, then reduce (allreduce, reduce-scatter) or copy (all-gather) every rank's
-//! chunk of this round into the output. So the next round is on the wire while this one is
-//! reduced. Flow control needs no extra signals: a peer sends round g only after it
-//! reduced round g - 2 and received this rank's round g - 1. Every wait is bounded (the call's timeout, the communicator's
-//! abort word and the semaphores' spin limit); a timeout or an abort is recorded in the sync
-//! area's error word
+//! Protocol (three slots of `chunk_bytes`, rounds of at most a slot, `round_bytes`;
+//! layout, steps and why three slots suffice in `abi_allreduce.h`): stage what leaves this
+//! rank in `send[slot]`, `put_with_signal` it into this rank's slot of every peer's
+//! `recv[slot]`; per round, stage the next round, wait for every peer's signal, push the
+//! next round to each peer whose data landed, then reduce (allreduce, reduce-scatter) or
+//! copy (all-gather) every rank's chunk of this round into the output. So the next round is
+//! on the wire while this one is reduced. Flow control needs no extra signals: a peer sends
+//! round g only after it reduced round g - 2 and received this rank's round g - 1. Every
+//! wait is bounded (the call's timeout, the communicator's abort word and the semaphores'
+//! spin limit); a timeout or an abort is recorded in the sync area's error word
 //! ([`PortAlgorithm::check_error`]) and, on the host backend, returned by the stream.
 //!
 //! Serves any count and world sizes 1..=8 (one GPU per rank, any number of nodes among
