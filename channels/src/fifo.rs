@@ -6,7 +6,9 @@
 //! (only producers touch it). The protocol is in `fifo_device.hpp`; [`host_push`] is that
 //! code in Rust for the host backend, line by line, and [`FifoConsumer`] is the proxy side:
 //! 1. a producer claims slot `head++` and waits while `slot >= tail + size` (back-pressure:
-//!    a full FIFO stalls the producer, a slot is never overwritten);
+//!    a full FIFO stalls the producer, a slot is never overwritten); the last tail read is
+//!    cached in `head[1]`, so a producer reads `tail` (over PCIe, on a GPU) only when the
+//!    cached value does not show room;
 //! 2. it writes `snd`, then `fst` with release; `fst != 0` marks the slot full;
 //! 3. the consumer acquires `fst`, reads `snd`, performs the trigger, zeroes `fst`, and
 //!    release-stores `tail = slot + 1`.
@@ -140,7 +142,8 @@ impl Fifo {
         // SAFETY: the allocation is fresh and `ring_bytes + TAIL_PAD` long; nobody else
         // knows it yet. Pinned host memory is not guaranteed zeroed on every backend.
         unsafe { std::ptr::write_bytes(ring.host_ptr(), 0, ring_bytes + TAIL_PAD) };
-        let head = zeroed_device(device, 8, MemoryKind::Plain)?;
+        // head[0]: the next slot; head[1]: the cached tail.
+        let head = zeroed_device(device, 16, MemoryKind::Plain)?;
         Ok(Fifo { ring, head, size })
     }
 
@@ -237,15 +240,14 @@ pub unsafe fn host_push(fifo: &OxcclFifo, t: OxcclProxyTrigger, max_spins: u64) 
     let slot = unsafe { AtomicU64::from_ptr(fifo.head) }.fetch_add(1, Ordering::Relaxed);
     let size = u64::from(fifo.size);
     if slot >= size {
-        // SAFETY: the tail counter of the live FIFO.
-        unsafe {
-            host_poll(
-                fifo.tail,
-                slot - size + 1,
-                max_spins,
-                "FIFO tail (full FIFO)",
-            )
-        }?;
+        let need = slot - size + 1;
+        // SAFETY: head[1], the live FIFO's cached tail, accessed atomically.
+        let cached = unsafe { AtomicU64::from_ptr(fifo.head.add(1)) };
+        if cached.load(Ordering::Acquire) < need {
+            // SAFETY: the tail counter of the live FIFO.
+            let seen = unsafe { host_poll(fifo.tail, need, max_spins, "FIFO tail (full FIFO)") }?;
+            cached.store(seen, Ordering::Release);
+        }
     }
     let p = fifo.triggers.wrapping_add((slot & (size - 1)) as usize);
     // SAFETY: a slot of the live ring, claimed by this producer alone (head) and released
@@ -263,7 +265,7 @@ pub unsafe fn host_push(fifo: &OxcclFifo, t: OxcclProxyTrigger, max_spins: u64) 
 /// As [`host_push`].
 pub unsafe fn host_sync(fifo: &OxcclFifo, slot: u64, max_spins: u64) -> Result<()> {
     // SAFETY: the caller's obligations.
-    unsafe { host_poll(fifo.tail, slot + 1, max_spins, "FIFO tail (flush)") }
+    unsafe { host_poll(fifo.tail, slot + 1, max_spins, "FIFO tail (flush)") }.map(|_| ())
 }
 
 #[cfg(test)]
@@ -403,5 +405,42 @@ mod tests {
         }
         let c = fifo.consumer();
         assert_eq!(c.peek(), Some(t), "slot 0 kept its trigger");
+    }
+
+    /// A producer reads `tail` only when the cached tail (head[1]) does not show room: with
+    /// the real tail hidden (set back to 0), a push the cache clears still goes in, and the
+    /// first one it does not clear reads the tail and times out.
+    #[test]
+    fn the_cached_tail_spares_tail_reads_until_the_ring_may_be_full() {
+        let fifo = Fifo::new(&device(), 2).unwrap();
+        let h = fifo.handle().unwrap();
+        let mut c = fifo.consumer();
+        let t = OxcclProxyTrigger { fst: 1, snd: 2 };
+        // SAFETY: the handle of a live host-backend FIFO; its counters are accessed
+        // atomically.
+        unsafe {
+            let cached = AtomicU64::from_ptr(h.head.add(1));
+            let tail = AtomicU64::from_ptr(h.tail);
+            for slot in 0..2 {
+                assert_eq!(host_push(&h, t, 100).unwrap(), slot);
+            }
+            assert_eq!(
+                cached.load(Ordering::Relaxed),
+                0,
+                "no tail read within the ring"
+            );
+            c.pop();
+            c.pop();
+            // Slot 2 needs tail >= 1: the cache (0) does not show it, the tail (2) does.
+            assert_eq!(host_push(&h, t, 100).unwrap(), 2);
+            assert_eq!(cached.load(Ordering::Relaxed), 2);
+            c.pop();
+            tail.store(0, Ordering::Release);
+            // Slot 3 needs tail >= 2: the cache shows it, the hidden tail is not read.
+            assert_eq!(host_push(&h, t, 100).unwrap(), 3);
+            // Slot 4 needs tail >= 3: only the tail could show it, and it reads 0.
+            let e = host_push(&h, t, 100).unwrap_err();
+            assert!(e.to_string().contains("full FIFO"), "{e}");
+        }
     }
 }

@@ -32,3 +32,4 @@ pub mod proxy;
 pub mod registered_memory;
 pub mod semaphore;
 pub mod switch_channel;
+pub mod timeline;

@@ -31,6 +31,7 @@ use crate::connection::Connection;
 use crate::fifo::{Fifo, FifoConsumer, Trigger, TriggerKind, DEFAULT_FIFO_SIZE};
 use crate::registered_memory::{RegisteredMemory, RemoteMemory};
 use crate::semaphore::HostDeviceSemaphore;
+use crate::timeline::{self, Event};
 
 /// Environment variable with the CPUs the proxy thread is pinned to.
 pub const PROXY_CPUS_VAR: &str = "OXCCL_PROXY_CPUS";
@@ -288,6 +289,8 @@ impl Worker {
             .semaphores
             .get(t.semaphore_id as usize)
             .ok_or_else(|| Error::InvalidArgument(format!("trigger names no semaphore {t:?}")))?;
+        let peer = sem.connection.peer();
+        timeline::record(Event::Picked, u32::MAX, peer);
         if t.kind.has(TriggerKind::DATA) && t.size > 0 {
             let src = match self.tables.memories.get(t.src_memory_id as usize) {
                 Some(MemoryEntry::Local(m)) => m,
@@ -323,6 +326,7 @@ impl Worker {
         if t.kind.has(TriggerKind::SYNC) {
             sem.connection.flush(FLUSH_TIMEOUT)?;
         }
+        timeline::record(Event::Sent, u32::MAX, peer);
         Ok(())
     }
 }

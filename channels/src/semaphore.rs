@@ -40,6 +40,8 @@ const SPINS_BEFORE_YIELD: u64 = 1 << 10;
 const EXPECTED_AT: usize = 64;
 /// Bytes of a semaphore's allocation: inbound and expected counters, a line each.
 const SEMAPHORE_BYTES: usize = 128;
+/// Bytes of a separate `expected` counter (a line).
+const EXPECTED_BYTES: usize = 64;
 
 /// The spin limit: [`SPIN_LIMIT_VAR`], else [`DEFAULT_SPIN_LIMIT`].
 pub fn spin_limit() -> Result<u64> {
@@ -185,6 +187,9 @@ impl DeviceSemaphore {
 pub struct HostDeviceSemaphore {
     peer: u32,
     memory: Backing,
+    /// The waiter's `expected` counter when `memory` is pinned host memory: device memory,
+    /// so a GPU wait does not cross PCIe to read and write it (only the GPU touches it).
+    expected: Option<Backing>,
     local: RegisteredMemory,
     remote: RemoteMemory,
     /// Signals sent so far (the proxy stores `outbound + 1` into the peer's counter).
@@ -197,7 +202,7 @@ impl HostDeviceSemaphore {
     /// ranks (same `tag`); the counter is registered for the connection's transport. Over
     /// TCP it lives in pinned host memory: the peer's receiver thread then signals with one
     /// atomic store instead of a stream write it has to wait for, and the GPU polls it
-    /// through its mapping.
+    /// through its mapping; the waiter's own count of signals stays in device memory.
     pub fn connect(
         bootstrap: &Bootstrap,
         device: &AnyDevice,
@@ -209,6 +214,9 @@ impl HostDeviceSemaphore {
         let _span = tracing::debug_span!("host_device_semaphore", rank, peer).entered();
         let host_mapped = connection.transport() == Transport::Tcp;
         let memory = Backing::zeroed(device, SEMAPHORE_BYTES, MemoryKind::Coherent, host_mapped)?;
+        let expected = host_mapped
+            .then(|| Backing::zeroed(device, EXPECTED_BYTES, MemoryKind::Coherent, false))
+            .transpose()?;
         let local = RegisteredMemory::range(
             device,
             rank,
@@ -221,6 +229,7 @@ impl HostDeviceSemaphore {
         Ok(HostDeviceSemaphore {
             peer,
             memory,
+            expected,
             local,
             remote,
             outbound: AtomicU64::new(0),
@@ -247,7 +256,10 @@ impl HostDeviceSemaphore {
     pub fn handle(&self) -> Result<OxcclHostDeviceSemaphore> {
         Ok(OxcclHostDeviceSemaphore {
             inbound: addr(&self.memory, 0)?,
-            expected_inbound: addr(&self.memory, EXPECTED_AT)?,
+            expected_inbound: match &self.expected {
+                Some(e) => addr(e, 0)?,
+                None => addr(&self.memory, EXPECTED_AT)?,
+            },
             max_spins: self.max_spins,
             _pad0: 0,
         })
@@ -333,18 +345,19 @@ fn timeout(what: &str, polls: u64, seen: u64, want: u64) -> Error {
 }
 
 /// Polls `counter` until it is at least `want`, at most `max_spins` polls (0 = unbounded);
-/// yields the CPU after the first polls. The host version of `poll_until_at_least`.
+/// yields the CPU after the first polls; returns the value that reached `want`. The host
+/// version of `poll_until_at_least`.
 ///
 /// # Safety
 /// `counter` must point to a live, 8-byte aligned counter accessed only atomically.
-pub unsafe fn host_poll(counter: *const u64, want: u64, max_spins: u64, what: &str) -> Result<()> {
+pub unsafe fn host_poll(counter: *const u64, want: u64, max_spins: u64, what: &str) -> Result<u64> {
     // SAFETY: the caller's obligations.
     let c = unsafe { AtomicU64::from_ptr(counter.cast_mut()) };
     let mut polls = 0u64;
     loop {
         let seen = c.load(Ordering::Acquire);
         if seen >= want {
-            return Ok(());
+            return Ok(seen);
         }
         polls += 1;
         if max_spins != 0 && polls >= max_spins {

@@ -13,6 +13,11 @@
 #     OXCCL_BACKEND=host MN_MAX=1M ci/gpu/multinode.sh   # the host backend (no GPU)
 #     MN_TIMING_ONLY=1 BIN=.gpu/prev OUT=dir ci/gpu/multinode.sh   # only the timing against
 #                                               # NCCL (e.g. of an earlier build, for an A/B)
+#     MN_TIMELINE=1 ...                         # and where a 1 KB call's time goes
+#                                               # (ci/gpu/tcp_timeline.py)
+#     MN_TIME_ARGS='--iters 30' MN_TIMELINE_ARGS=--graph ...  # more oxccl-perf arguments for
+#                                               # the timing against NCCL / the timeline
+#     MN_TIMING=0 ...                           # no timing against NCCL
 #
 # Every size is checked against the host reference with the output poisoned first
 # (oxccl-perf's check); the algorithm column must name the PortChannel algorithm; the
@@ -133,16 +138,28 @@ for c in alltoall broadcast reduce; do
 done
 
 # Timing against NCCL on its socket transport, same GPUs, same sizes, one run each.
-if ((GPUS >= WORLD)) && [[ ${OXCCL_BACKEND:-} != host ]]; then
+if [[ ${MN_TIMING:-1} == 0 ]]; then
+    echo "# timing against NCCL skipped: MN_TIMING=0"
+elif ((GPUS >= WORLD)) && [[ ${OXCCL_BACKEND:-} != host ]]; then
     for c in allreduce allgather reducescatter; do
         algo=$(port_algo "$c")
         step "$c-vs-nccl-sockets" "$algo" env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 \
             NCCL_NVLS_ENABLE=0 "${perf[@]}" -c "$c" -b 1K -e "${MN_TIME_MAX:-256M}" -f 4 -d bf16 -w 3 --iters 10 \
-            --compare nccl --nccl-default-only --json "$OUT/$c-bf16-${WORLD}rank-sockets.json"
+            --compare nccl --nccl-default-only --json "$OUT/$c-bf16-${WORLD}rank-sockets.json" ${MN_TIME_ARGS:-}
         grep -E '^#|^ *[0-9]+ ' "$OUT/$c-vs-nccl-sockets.0.log" | tail -12
     done
 else
     echo "# timing against NCCL skipped: ${OXCCL_BACKEND:-GPU} backend, $WORLD ranks on $GPUS GPU(s) (NCCL needs a GPU per rank)"
+fi
+# MN_TIMELINE=1: where a small call's time goes (channels/src/timeline.rs): 1 KB calls
+# with the channel timeline on, lined up by ci/gpu/tcp_timeline.py.
+if [[ ${MN_TIMELINE:-0} == 1 ]]; then
+    for c in ${MN_TIMELINE_COLLECTIVES:-allgather allreduce}; do
+        rm -f "$OUT/timeline-$c".*.csv
+        step "$c-timeline" "$(port_algo "$c")" env OXCCL_CHANNEL_TIMELINE="$OUT/timeline-$c" \
+            "${perf[@]}" -c "$c" -b 1K -e 1K -d bf16 -w 50 --iters 500 ${MN_TIMELINE_ARGS:-}
+        python3 ci/gpu/tcp_timeline.py "$OUT/timeline-$c".*.csv | tee "$OUT/timeline-$c.txt"
+    done
 fi
 if ((FAILED)); then
     echo "multinode: FAILED (logs in $OUT)"

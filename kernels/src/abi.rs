@@ -164,7 +164,7 @@ mod tests {
         let size = |n: &str| OXCCL_ABI_STRUCTS.iter().find(|s| s.0 == n).map(|s| s.1);
         assert_eq!(size("OxcclAllreduceArgs"), Some(288));
         assert_eq!(size("OxcclAlltoallvArgs"), Some(608));
-        assert_eq!(size("OxcclPortAllreduceArgs"), Some(104));
+        assert_eq!(size("OxcclPortAllreduceArgs"), Some(112));
         assert_eq!(size("OxcclPortChannel"), Some(80));
         assert_eq!(size("OxcclMemoryChannelArgs"), Some(144));
         assert_eq!(size("OxcclPortChannelArgs"), Some(144));

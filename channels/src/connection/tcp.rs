@@ -45,6 +45,7 @@ use crate::bootstrap::Bootstrap;
 use crate::registered_memory::{
     lookup, HostIdentity, Reader, RegisteredMemory, Registration, RemoteMemory,
 };
+use crate::timeline::{self, Event};
 use spin_read::SpinRead;
 use staging::{Staging, CHUNK, SLOTS};
 
@@ -59,6 +60,9 @@ const ACK_HEADER: usize = 13;
 const HELLO_MAGIC: &[u8; 4] = b"OXTC";
 /// Writes up to this size travel in one `send` with their header.
 const SMALL_WRITE: usize = 4096;
+/// Bytes the receiver reads ahead: a small write's whole frame and the update after it, so
+/// one read takes a small put (see `spin_read`).
+const READ_AHEAD: usize = 2 * HEADER + SMALL_WRITE;
 /// Longest error message an acknowledgement carries.
 const MAX_ACK_MESSAGE: usize = 4096;
 
@@ -301,6 +305,7 @@ impl TcpConnection {
             sock: SpinRead::new(
                 incoming.try_clone().map_err(os("dup (socket)"))?,
                 spin_read::SPIN,
+                READ_AHEAD,
             ),
             out: out.try_clone().map_err(os("dup (socket)"))?,
             shared: Arc::clone(&shared),
@@ -591,6 +596,7 @@ impl Drop for TcpConnection {
                 tracing::warn!(peer = self.peer, "TCP receiver thread panicked");
             }
         }
+        timeline::write();
     }
 }
 
@@ -676,9 +682,13 @@ impl Receiver {
             };
             let (a, b, c) = (word(1), word(9), word(17));
             let step = match h[0] {
-                OP_WRITE => self.apply_write(a, b, c),
+                OP_WRITE => {
+                    timeline::record(Event::Header, self.rank, self.peer);
+                    self.apply_write(a, b, c)
+                }
                 OP_UPDATE => {
                     let outcome = self.apply_update(a, b, c);
+                    timeline::record(Event::Signalled, self.rank, self.peer);
                     self.note(outcome);
                     Ok(())
                 }

@@ -117,7 +117,8 @@ typedef struct __attribute__((aligned(16))) OxcclProxyTrigger {
 /* FIFO in host-visible memory between GPU threads (producers) and the proxy (consumer). */
 typedef struct OxcclFifo {
   OxcclProxyTrigger* triggers; /* ring of `size` slots */
-  uint64_t* head;              /* device memory: next slot to claim (atomic add) */
+  uint64_t* head;              /* device memory, two words: [0] next slot to claim (atomic
+                                  add), [1] the last tail a producer read (a cache) */
   uint64_t* tail;              /* host-visible: slots the proxy has consumed */
   uint32_t size;               /* number of slots (a power of two) */
   uint32_t _pad0;

@@ -157,8 +157,7 @@ OXCCL_STATIC_ASSERT(sizeof(OxcclAlltoallvArgs) == 608, "OxcclAlltoallvArgs");
  * kernels/src/device/allreduce_port.cu; host stand-ins in
  * collectives/src/algorithms/port_channel/host.rs) -----------------------------------------
  * Every rank owns one scratch allocation registered for its transports, same layout:
- *   [0, PORT_SYNC_BYTES)                      sync area: ROUND (rounds completed, advanced by
- *                                             the kernels), ERROR (as SYNC_ERROR above)
+ *   [0, PORT_SYNC_BYTES)                      sync area: ERROR (as SYNC_ERROR above)
  *   [send_offset, +S*world*chunk_bytes)       send[slot][s]: what leaves this rank, the
  *                                             proxy's source (s = p: reduce-scatter's chunk
  *                                             for peer p; s = 0: allreduce, all-gather)
@@ -166,7 +165,7 @@ OXCCL_STATIC_ASSERT(sizeof(OxcclAlltoallvArgs) == 608, "OxcclAlltoallvArgs");
  *                                             by r's proxy
  * (S = OXCCL_PORT_ROUND_SLOTS.) A call moves its bytes in rounds of round_bytes (at most
  * one slot, so a call of a few slots still has several rounds to pipeline); round k
- * (global round g = ROUND + k) uses slot g % S. A
+ * (global round g = *rounds + k) uses slot g % S. A
  * call stages round 0 in send[slot] and one thread per peer p pushes put_with_signal
  * (send[slot][s] -> p.recv[slot][rank]); then per round k: stage round k + 1, wait for
  * every peer's signal of round k, push round k + 1 to each peer as soon as its round k
@@ -180,7 +179,6 @@ OXCCL_STATIC_ASSERT(sizeof(OxcclAlltoallvArgs) == 608, "OxcclAlltoallvArgs");
  * one rank's input, for reduce-scatter one rank's output. */
 #define OXCCL_PORT_ROUND_SLOTS 3
 #define OXCCL_PORT_ALLREDUCE_SYNC_BYTES 4096
-#define OXCCL_PORT_ALLREDUCE_SYNC_ROUND 0
 #define OXCCL_PORT_ALLREDUCE_SYNC_ERROR 8
 
 typedef struct OxcclPortAllreduceArgs {
@@ -201,8 +199,11 @@ typedef struct OxcclPortAllreduceArgs {
   uint32_t accum; /* OXCCL_ACCUM_* */
   uint32_t round_bytes; /* bytes of one round of this call: a multiple of 16, at most
                            chunk_bytes (the slot); 0 = chunk_bytes */
+  uint64_t* rounds; /* rounds this rank's port kernels completed, advanced by them. Device
+                       memory even where the scratch is pinned host memory (TCP peers): no
+                       one else reads it, and a call would cross PCIe twice for it. */
 } OxcclPortAllreduceArgs;
 
-OXCCL_STATIC_ASSERT(sizeof(OxcclPortAllreduceArgs) == 104, "OxcclPortAllreduceArgs");
+OXCCL_STATIC_ASSERT(sizeof(OxcclPortAllreduceArgs) == 112, "OxcclPortAllreduceArgs");
 
 #endif /* OXCCL_ABI_ALLREDUCE_H_ */

@@ -5,7 +5,10 @@
 // 1. claim a slot: `slot = atomic add(head, 1)` (head lives in device memory; only
 //    producers touch it);
 // 2. back-pressure: wait until `slot < tail + size` (tail lives in host memory and only the
-//    proxy advances it), so a slot is never overwritten before the proxy consumed it;
+//    proxy advances it), so a slot is never overwritten before the proxy consumed it. The
+//    last tail a producer read is kept beside head (`head[1]`, device memory; release after
+//    the acquire of tail, acquire here, so it vouches for what tail did): only a producer
+//    that this cached value does not clear crosses PCIe to read tail again;
 // 3. write `snd`, then `fst` with a system-scope release store: `fst != 0` tells the proxy
 //    that the slot is full and `snd` is valid;
 // 4. the proxy performs the trigger, zeroes `fst`, then release-stores tail = slot + 1.
@@ -51,9 +54,16 @@ struct FifoDevice {
         __hip_atomic_fetch_add(f.head, uint64_t{1}, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 #endif
     if (slot >= f.size) {
-      // The tail read crosses PCIe: only producers that may be a full ring ahead pay for it.
-      if (poll_until_at_least(f.tail, slot - f.size + 1, max_spins) != WaitResult::Ok) {
-        return ~uint64_t{0};
+      const uint64_t need = slot - f.size + 1;
+      uint64_t* cached = f.head + 1;
+      if (atomic_load_acquire(cached) < need) {
+        // The tail read crosses PCIe: only producers the cached tail does not clear pay.
+        uint64_t seen = 0;
+        for (uint64_t spins = 0; (seen = atomic_load_acquire(f.tail)) < need; ++spins) {
+          if (max_spins != 0 && spins + 1 >= max_spins) return ~uint64_t{0};
+        }
+        // A race may store an older value over a newer one: it only costs a later read.
+        atomic_store_release(cached, seen);
       }
     }
     OxcclProxyTrigger* p = &f.triggers[slot & (f.size - 1)];

@@ -15,8 +15,8 @@
 // One block: thread p (p < world_size, p != rank) drives the channel to peer p (pushes its
 // triggers and waits for its signals); every thread stages, copies and reduces. Rounds of
 // chunk_bytes in three slots, so the next round is staged and on the wire while this one is
-// reduced (TCP peers: the socket is the bottleneck, keep it busy); the round counter lives
-// in the scratch's sync area, shared by the three kernels (nothing on the host advances per
+// reduced (TCP peers: the socket is the bottleneck, keep it busy); the round counter
+// (`rounds`, device memory) is shared by the three kernels (nothing on the host advances per
 // call, so graph replays stay correct).
 
 #include "oxccl/abi.h"
@@ -82,9 +82,7 @@ OXCCL_DEVICE_INLINE PortRound port_round(const OxcclPortAllreduceArgs& a, uint64
 /// The end of a call: `rounds` more rounds completed (one thread; the next call reads it).
 OXCCL_DEVICE_INLINE void port_finish(const OxcclPortAllreduceArgs& a, uint64_t round0,
                                      uint64_t rounds) {
-  if (threadIdx.x == 0) {
-    atomic_store_release(port_word(a.scratch, OXCCL_PORT_ALLREDUCE_SYNC_ROUND), round0 + rounds);
-  }
+  if (threadIdx.x == 0) atomic_store_release(a.rounds, round0 + rounds);
 }
 
 /// First byte of send[slot][0].
@@ -243,7 +241,7 @@ OXCCL_DEVICE_INLINE bool port_args_ok(const OxcclPortAllreduceArgs& a) {
   return a.world_size >= 1 && a.world_size <= OXCCL_ALLREDUCE_MAX_RANKS &&
          a.rank < a.world_size && blockDim.x >= a.world_size && gridDim.x == 1 &&
          a.chunk_bytes != 0 && a.chunk_bytes % 16 == 0 && a.round_bytes % 16 == 0 &&
-         a.round_bytes <= a.chunk_bytes && a.scratch != nullptr &&
+         a.round_bytes <= a.chunk_bytes && a.scratch != nullptr && a.rounds != nullptr &&
          (a.world_size == 1 || a.channels != nullptr) && a.dtype < OXCCL_DTYPE_COUNT &&
          a.op <= OXCCL_OP_AVG && a.accum <= OXCCL_ACCUM_F32;
 }
@@ -259,8 +257,7 @@ OXCCL_DEVICE_INLINE void port_entry(const OxcclPortAllreduceArgs& args, Body bod
   }
   __shared__ int failed;
   if (threadIdx.x == 0) failed = 0;
-  const uint64_t round0 =
-      atomic_load_relaxed(port_word(args.scratch, OXCCL_PORT_ALLREDUCE_SYNC_ROUND));
+  const uint64_t round0 = atomic_load_relaxed(args.rounds);
   __syncthreads();
   const Deadline d{args.timeout_ns, args.abort_flag};
   body(round0, d, &failed);

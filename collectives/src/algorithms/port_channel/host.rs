@@ -11,7 +11,7 @@ use oxccl_hal::{AccumType, DataType, Error, ReduceOp, Result};
 use oxccl_kernels::abi::{
     self, OxcclPortAllreduceArgs, OxcclPortChannel, OXCCL_ALLREDUCE_ERR_ABORTED,
     OXCCL_ALLREDUCE_ERR_ARGS, OXCCL_ALLREDUCE_ERR_TIMEOUT, OXCCL_ALLREDUCE_MAX_RANKS,
-    OXCCL_PORT_ALLREDUCE_SYNC_ERROR, OXCCL_PORT_ALLREDUCE_SYNC_ROUND, OXCCL_PORT_ROUND_SLOTS,
+    OXCCL_PORT_ALLREDUCE_SYNC_ERROR, OXCCL_PORT_ROUND_SLOTS,
 };
 
 use crate::host_kernels::{aborted, read_unit, reduce_unit, write_unit};
@@ -70,6 +70,9 @@ impl Call {
             if world > 1 && a.channels.is_null() {
                 return Err(bad("null channels"));
             }
+            if a.rounds.is_null() {
+                return Err(bad("null round counter"));
+            }
             let dtype = DataType::from_code(a.dtype)?;
             let op = ReduceOp::from_code(a.op)?;
             let accum = AccumType::from_code(a.accum)?;
@@ -105,16 +108,10 @@ impl Call {
     }
 
     fn round_word(&self) -> &AtomicU64 {
-        // SAFETY: launch contract: the scratch is live and its sync area's words are 8-byte
-        // aligned; only this rank's kernels (one at a time, stream order) and check_error
-        // touch them, atomically here.
-        unsafe {
-            AtomicU64::from_ptr(
-                self.scratch()
-                    .add(OXCCL_PORT_ALLREDUCE_SYNC_ROUND as usize)
-                    .cast(),
-            )
-        }
+        // SAFETY: launch contract: `rounds` is a live, 8-byte aligned counter (checked
+        // non-null in `new`) that only this rank's kernels touch, one at a time in stream
+        // order, atomically here.
+        unsafe { AtomicU64::from_ptr(self.a.rounds) }
     }
 
     fn channel(&self, p: usize) -> OxcclPortChannel {
@@ -382,12 +379,12 @@ mod tests {
 
     #[test]
     fn argument_block_has_the_header_layout() {
-        assert_eq!(size_of::<OxcclPortAllreduceArgs>(), 104);
+        assert_eq!(size_of::<OxcclPortAllreduceArgs>(), 112);
         assert_eq!(size_of::<OxcclPortChannel>(), 80);
         let a = OxcclPortAllreduceArgs::default();
-        assert_eq!(a.as_bytes().len(), 104);
+        assert_eq!(a.as_bytes().len(), 112);
         for kind in [Kind::AllReduce, Kind::AllGather, Kind::ReduceScatter] {
-            assert!(Call::new(&[0u8; 103], "k", kind).is_err());
+            assert!(Call::new(&[0u8; 111], "k", kind).is_err());
             // A null scratch is refused before anything is read through it.
             assert!(Call::new(a.as_bytes(), "k", kind).is_err());
         }

@@ -198,6 +198,8 @@ pub struct PortState {
     handles: Option<AnyMemory>,
     registration: RegisteredMemory,
     scratch: Backing,
+    /// The kernels' round counter (`OxcclPortAllreduceArgs::rounds`), device memory.
+    rounds: Backing,
 }
 
 impl PortState {
@@ -244,6 +246,7 @@ impl PortState {
         let scratch =
             Backing::zeroed(device, layout.total, MemoryKind::Coherent, host_mapped).map_err(at)?;
         let registration = RegisteredMemory::new(device, rank, scratch.clone(), set).map_err(at)?;
+        let rounds = Backing::zeroed(device, 8, MemoryKind::Coherent, false).map_err(at)?;
         let mut proxy = None;
         let mut handles = None;
         if world > 1 {
@@ -297,6 +300,7 @@ impl PortState {
             handles,
             registration,
             scratch,
+            rounds,
         })
     }
 
@@ -352,6 +356,7 @@ impl PortState {
             op: op.code(),
             accum: accum.code(),
             round_bytes,
+            rounds: abi::ptr(self.rounds.ptr()),
         })
     }
 }
