@@ -27,7 +27,8 @@
 #                                  # direct kernels and NCCL, 64M..1G, graph replay
 #     ci/gpu/session.sh reducecopy # reduce_copy (copy-engine pull + local reduce) vs
 #                                  # reduce_direct, vs NCCL, over chunk sizes and grids
-#     ci/gpu/session.sh reducerelay # reduce_relay vs reduce_direct on 4 and 3 GPUs, vs NCCL
+#     ci/gpu/session.sh reducerelay # reduce_relay vs reduce_direct on 4 and 3 GPUs, vs NCCL;
+#                                  # reduce_relay and the one-shot in place
 #     ci/gpu/session.sh autoreg    # unregistered eager allreduce: zero-copy through a per-call
 #                                  # exchange vs the scratch, each vs NCCL
 #     ci/gpu/session.sh perf       # bf16 sum vs NCCL (default and symmetric), graph replay
@@ -435,6 +436,13 @@ reducerelay)
                 -c reduce -N "${n}" -b 64K -e 1G -f 4 -d bf16 -w 5 --iters 20 --graph --compare nccl \
                 --json "${out}/${algo}-${n}gpu.json"
         done
+        # In place (the root's output is its input): the relay's owners store into it.
+        for algo in reduce_relay reduce_oneshot_ll; do
+            max=1G; [[ ${algo} == reduce_oneshot_ll ]] && max=1M
+            step "perf ${n}gpu ${algo} in place 64K..${max} vs NCCL graph" 90 env OXCCL_ALGO="${algo}" \
+                "${BIN}/oxccl-perf" -c reduce -N "${n}" -b 64K -e "${max}" -f 2 -d bf16 -w 5 --iters 20 --graph \
+                --in-place --compare nccl --json "${out}/${algo}-inplace-${n}gpu.json"
+        done
     done
     ;;
 autoreg)
@@ -585,6 +593,9 @@ sanitizer)
             [[ ${algo} == reduce_copy ]] && sizes=(-b 1000 -e 3000000 -f 7) \
                 envs+=(OXCCL_STAGING_MB=1 OXCCL_REDUCE_COPY_TAIL_KB=64)
             san "${tool}" "${sn}gpu ${algo}" "${envs[@]}" -- -c "${c}" "${sizes[@]}" -d bf16 "${reg[@]}"
+            # In place at the root, reduce_relay's owners store into the root's input instead.
+            [[ ${algo} == reduce_relay ]] && san "${tool}" "${sn}gpu ${algo} in-place" "${envs[@]}" -- \
+                -c "${c}" "${sizes[@]}" -d bf16 --in-place
         done
         [[ ${tool} == memcheck ]] || continue
         for dtype in f32 f16 fp8_e4m3 fp8_e4m3b15 i8 i32 u64 f64; do

@@ -143,7 +143,7 @@ impl Call {
     }
 
     /// The sync word at `offset` of `rank`'s scratch.
-    fn word(&self, rank: usize, offset: u64) -> &AtomicU64 {
+    pub(crate) fn word(&self, rank: usize, offset: u64) -> &AtomicU64 {
         // SAFETY: the launch contract makes every `scratch[r]` (r < world) a live mapping of
         // a scratch allocation laid out as abi_allreduce.h says: the sync area's words are
         // 8-byte aligned and only accessed atomically by every rank.
@@ -632,6 +632,12 @@ impl RelayRounds {
             rounds,
             per_round: chunk.div_ceil(rounds),
         })
+    }
+
+    /// Units of chunk `i`, all its rounds.
+    pub(crate) fn chunk(&self, i: usize) -> std::ops::Range<usize> {
+        let c_lo = (i * self.chunk).min(self.units);
+        c_lo..(c_lo + self.chunk).min(self.units)
     }
 
     /// Units of chunk `i`'s round `r`.

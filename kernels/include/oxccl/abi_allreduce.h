@@ -44,6 +44,9 @@
  *              one-shots instead finish a call only once every peer has started it, which
  *              a call that does not wait would break for the calls after it; hence a
  *              counter and a region of its own.
+ *   ROOT_IN_PLACE  reduce_relay: 1 when this rank, the root of the running call, has its
+ *              output in place of its input (stored by each of its blocks before the
+ *              start barrier, read by the other ranks' blocks after it), else 0.
  *   INBOUND    [MAX_BLOCKS][MAX_RANKS]: block b of rank p adds 1 to INBOUND[b][p] of this
  *              rank (release) at each two-shot barrier (both two-shot kernels).
  *   EXPECTED   [MAX_BLOCKS][MAX_RANKS]: signals consumed so far (local only).
@@ -61,6 +64,7 @@
 #define OXCCL_ALLREDUCE_SYNC_DONE 8
 #define OXCCL_ALLREDUCE_SYNC_ERROR 16
 #define OXCCL_ALLREDUCE_SYNC_MAILBOX_SEQ 24
+#define OXCCL_ALLREDUCE_SYNC_ROOT_IN_PLACE 32
 #define OXCCL_ALLREDUCE_SYNC_MAILBOX_SEEN 64
 #define OXCCL_ALLREDUCE_SYNC_INBOUND 4096
 #define OXCCL_ALLREDUCE_SYNC_EXPECTED 20480

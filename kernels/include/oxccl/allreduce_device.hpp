@@ -246,15 +246,17 @@ OXCCL_DEVICE_INLINE uint32_t flag_of(uint64_t epoch) {
 /// both are relaxed (`start_barrier`). On 2 H100s (ci/gpu/probe, one block) a barrier took
 /// 3.9 us with a sequentially consistent system fence before the release add, 2.3 us with
 /// the release add alone (its own fence covers what bar.sync ordered before it), 0.7 us
-/// relaxed.
+/// relaxed. `ordered_from` (a rank; none by default): without `kOrders`, that rank's signal
+/// alone publishes what its block wrote, and only the waits on it acquire.
 template <bool kOrders>
-OXCCL_DEVICE_INLINE bool barrier_of_block(const OxcclAllreduceArgs& a, const Deadline& d, int* failed) {
+OXCCL_DEVICE_INLINE bool barrier_of_block(const OxcclAllreduceArgs& a, const Deadline& d, int* failed,
+                                          uint32_t ordered_from = OXCCL_ALLREDUCE_MAX_RANKS) {
   __syncthreads();
   const uint32_t p = threadIdx.x;
   const uint64_t slot = static_cast<uint64_t>(blockIdx.x) * OXCCL_ALLREDUCE_MAX_RANKS;
   if (p < a.world_size && p != a.rank) {
     uint64_t* signal = sync_word(a.scratch[p], OXCCL_ALLREDUCE_SYNC_INBOUND) + slot + a.rank;
-    if constexpr (kOrders) {
+    if (kOrders || a.rank == ordered_from) {
       // Everything the block wrote is ordered before the signal: bar.sync above, then
       // this thread's release add (cumulative over what bar.sync ordered before it).
       atomic_add_release(signal, 1);
@@ -265,9 +267,10 @@ OXCCL_DEVICE_INLINE bool barrier_of_block(const OxcclAllreduceArgs& a, const Dea
     const uint64_t* inbound = sync_word(own, OXCCL_ALLREDUCE_SYNC_INBOUND) + slot + p;
     uint64_t* expected = sync_word(own, OXCCL_ALLREDUCE_SYNC_EXPECTED) + slot + p;
     const uint64_t want = *expected + 1;
+    const bool acquire = kOrders || p == ordered_from;
     bool ok = true;
     uint64_t since = 0;
-    for (uint64_t polls = 0; (kOrders ? atomic_load_acquire(inbound) : atomic_load_relaxed(inbound)) < want;
+    for (uint64_t polls = 0; (acquire ? atomic_load_acquire(inbound) : atomic_load_relaxed(inbound)) < want;
          ++polls) {
       if (d.expired(polls, since)) {
         ok = false;
@@ -298,6 +301,14 @@ OXCCL_DEVICE_INLINE bool block_barrier(const OxcclAllreduceArgs& a, const Deadli
 /// H100s); the block's first access to peer memory comes after the wait in program order.
 OXCCL_DEVICE_INLINE bool start_barrier(const OxcclAllreduceArgs& a, const Deadline& d, int* failed) {
   return barrier_of_block<false>(a, d, failed);
+}
+
+/// `start_barrier`, except that what the block of rank `from` wrote before it is visible to
+/// the blocks of the others after it (`from` signals with release, the waits on it acquire;
+/// the rest stays relaxed): for a word that rank publishes about the call (its mode).
+OXCCL_DEVICE_INLINE bool start_barrier_from(const OxcclAllreduceArgs& a, const Deadline& d, int* failed,
+                                            uint32_t from) {
+  return barrier_of_block<false>(a, d, failed, from);
 }
 
 /// What a kernel body knows about its call besides the argument block: its own scratch,

@@ -32,7 +32,10 @@
 //   rounds of half the staging per parity (the halves alternate), a per-block barrier
 //   between rounds: barrier; rounds 0..=R (round r: the owners write round r, the root
 //   copies round r - 1); each block copies out exactly the staging positions the same block
-//   of the owners wrote, so the per-block barriers order every reuse.
+//   of the owners wrote, so the per-block barriers order every reuse. In place at the root
+//   (its output is its registered input, which the owners map), which the root publishes
+//   with the start barrier (SYNC_ROOT_IN_PLACE), and when a chunk takes one round, the
+//   owners store their chunks straight into it instead: barrier, one pass, barrier.
 //
 // - reduce_local: one GPU's half of reduce_copy (collectives/src/algorithms/reduce/copy.rs).
 //   No peer, no barrier, no epoch: a.peer_input[0..world) are buffers of this GPU in rank
@@ -214,21 +217,35 @@ OXCCL_DEVICE_INLINE void relay_body(const Reducer reduce, const OxcclAllreduceAr
   const uint32_t me = a.rank;
   const uint32_t root = a.root;
   const uint32_t chunks = w > 1 ? w - 1 : 1;  // one rank: the root owns chunk 0 itself
-  const RelayRounds g((total + 15) / 16, chunks, relay_cap(a));
   const bool owner = me != root || w == 1;
   const uint32_t mine = relay_chunk(me, root, w);
+
+  // Whether the root's output is its input, published with the start barrier: the other
+  // ranks pass their input as output whatever the root does, so only the root knows.
+  uint64_t* root_in_place = sync_word(a.scratch[root], OXCCL_ALLREDUCE_SYNC_ROOT_IN_PLACE);
+  if (me == root && threadIdx.x == 0) atomic_store_relaxed(root_in_place, a.input == a.output ? 1 : 0);
+  // Every peer's call has started: its input is ready and the root's staging is free.
+  if (!start_barrier_from(a, call.deadline, call.failed, root)) return;
+  // In place at the root, when a chunk takes one round, each owner stores its reduced
+  // chunk straight into the root's output, which is the root's registered input (only its
+  // owner reads or writes chunk `mine` of it, each unit read before the same thread writes
+  // it): no staging, no copy-out, and the round's barrier publishes the stores. 4 H200s:
+  // 1-64 MB 8-16% faster than through the staging. Larger calls keep the staging rounds:
+  // one pass over a whole chunk (341 MB per owner for 1 GiB) took 3623-3628 us against
+  // 3506-3508 in rounds.
+  const RelayRounds g((total + 15) / 16, chunks, relay_cap(a));
+  const bool in_place = atomic_load_relaxed(root_in_place) != 0 && g.rounds == 1;
   // Unit j of chunk i's round r in the root's staging: half r & 1, chunk i's round at units
   // [i * per_round, (i + 1) * per_round) of it (per_round <= relay_cap: the half holds all).
   const uint64_t half_bytes = a.data_bytes / 2;
   const auto at = [&](uint64_t r, uint32_t i, uint64_t j) {
     return a.data_offset + (r & 1) * half_bytes + (i * g.per_round + (j - g.round_start(i, r))) * 16;
   };
-
-  // Every peer's call has started: its input is ready and the root's staging is free.
-  if (!start_barrier(a, call.deadline, call.failed)) return;
-  for (uint64_t r = 0; r <= g.rounds; ++r) {
+  char* root_output = static_cast<char*>(const_cast<void*>(a.peer_input[root]));  // in place
+  for (uint64_t r = 0; r < g.rounds + (in_place ? 0 : 1); ++r) {
     if (owner && r < g.rounds) {
-      // Round r of this rank's chunk, reduced from every rank's input into the root's staging.
+      // Round r of this rank's chunk, reduced from every rank's input into the root's
+      // staging (in place: into its output).
       char* staging = static_cast<char*>(a.scratch[root]);
       uint64_t lo, hi;
       g.part(mine, r, lo, hi);
@@ -238,10 +255,15 @@ OXCCL_DEVICE_INLINE void relay_body(const Reducer reduce, const OxcclAllreduceAr
         for (uint32_t q = 0; q < OXCCL_ALLREDUCE_MAX_RANKS; ++q) {
           if (q < w) in[q] = peer_unit(static_cast<const char*>(a.peer_input[q]), j, total);
         }
-        store16(staging + at(r, mine, j), reduce_ranks(reduce, in, w));
+        const Vec16 v = reduce_ranks(reduce, in, w);
+        if (in_place) {
+          store_unit(root_output, j * 16, v, total);
+        } else {
+          store16(staging + at(r, mine, j), v);
+        }
       }
     }
-    if (me == root && r > 0) {
+    if (me == root && r > 0 && !in_place) {
       // Round r - 1 of every chunk, which its owner's same block stored here, into the output.
       const char* staging = static_cast<const char*>(a.scratch[me]);
       for (uint32_t i = 0; i < chunks; ++i) {

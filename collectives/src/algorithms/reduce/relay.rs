@@ -11,15 +11,28 @@
 //! a barrier before (every input is ready, the root's staging free) and one per round (the
 //! owners' round r has landed, the root's copy of round r - 1 is done, so round r + 1 may
 //! reuse its half). Each block of the root copies out exactly the staging positions the
-//! same block of the owners wrote, so the per-block barriers order every reuse. In place
-//! the root's copy of round r - 1 overwrites input units no owner reads any more.
+//! same block of the owners wrote, so the per-block barriers order every reuse.
+//!
+//! In place at the root (PyTorch's `reduce` is), the root's output is its registered input,
+//! which every owner maps: when a chunk takes one round, the owners store their chunks
+//! straight into it between the two barriers, with no staging and no copy-out (4 H200s:
+//! 1-64 MB 8-16% faster). Larger calls keep the rounds: one pass over whole chunks was 3%
+//! slower at 1 GiB. Only the root knows it is in place (the others pass their input as
+//! output either way), so it publishes that with the first barrier: a word of its sync area
+//! (`SYNC_ROOT_IN_PLACE`) stored before its signal, which is a release on that barrier alone
+//! (`start_barrier_from`), read by the owners after it.
+
+use std::sync::atomic::Ordering;
 
 use oxccl_hal::{HostKernelTable, LaunchConfig, Result};
+use oxccl_kernels::abi::OXCCL_ALLREDUCE_SYNC_ROOT_IN_PLACE;
 
 use super::direct::reduce_unit_of;
 use crate::algorithms::scratch_kernel::ScratchKernel;
 use crate::algorithms::{direct_plan, Algorithm, Buffers, CallShape, Collective, Descriptor, Plan};
-use crate::host_kernels::{barrier, barrier_blocks, copy16, relay_chunk, Call, RelayRounds};
+use crate::host_kernels::{
+    barrier, barrier_blocks, copy16, relay_chunk, write_unit, Call, RelayRounds,
+};
 use crate::scratch::FlagRegion;
 
 /// Kernel symbol (device image and host stand-in).
@@ -67,7 +80,30 @@ fn host_kernel(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
         c.a.data_offset as usize + (r & 1) * half + (i * g.per_round + j - g.round(i, r).start) * 16
     };
     let mut inputs = vec![[0u8; 16]; c.world];
+    // Whether the root's output is its input, published with the first barrier.
+    let root_in_place = c.word(root, u64::from(OXCCL_ALLREDUCE_SYNC_ROOT_IN_PLACE));
+    if c.me == root {
+        let in_place = c.a.input == c.a.output.cast_const();
+        root_in_place.store(u64::from(in_place), Ordering::Release);
+    }
     barrier(&c, blocks)?;
+    if root_in_place.load(Ordering::Acquire) != 0 && g.rounds == 1 {
+        // In place at the root, a chunk in one round: every owner stores its chunk straight
+        // into the root's output, its registered input.
+        if owner {
+            for j in g.chunk(mine) {
+                // SAFETY: as below; unit j of the root's input is read before it is written,
+                // and only this rank touches chunk `mine` of it.
+                let v = unsafe { reduce_unit_of(&c, &ins[..c.world], j, &mut inputs)? };
+                // SAFETY: the root's registered input (its output, in place) holds `total`
+                // bytes; only this rank writes chunk `mine` of it during the call.
+                unsafe { write_unit(ins[root].cast_mut(), c.total, j * 16, &v) };
+            }
+        }
+        barrier(&c, blocks)?;
+        c.finish();
+        return Ok(());
+    }
     for r in 0..=g.rounds {
         if owner && r < g.rounds {
             for j in g.round(mine, r) {
