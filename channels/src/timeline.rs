@@ -68,11 +68,6 @@ fn timeline() -> Option<&'static Timeline> {
         .as_ref()
 }
 
-/// Whether events are recorded.
-pub fn enabled() -> bool {
-    timeline().is_some()
-}
-
 fn now_ns() -> u64 {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
         .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)

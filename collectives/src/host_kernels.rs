@@ -634,12 +634,6 @@ impl RelayRounds {
         })
     }
 
-    /// Units of chunk `i`, all its rounds.
-    pub(crate) fn chunk(&self, i: usize) -> std::ops::Range<usize> {
-        let c_lo = (i * self.chunk).min(self.units);
-        c_lo..(c_lo + self.chunk).min(self.units)
-    }
-
     /// Units of chunk `i`'s round `r`.
     pub(crate) fn round(&self, i: usize, r: usize) -> std::ops::Range<usize> {
         let c_lo = (i * self.chunk).min(self.units);

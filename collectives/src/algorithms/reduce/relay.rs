@@ -87,36 +87,30 @@ fn host_kernel(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
         root_in_place.store(u64::from(in_place), Ordering::Release);
     }
     barrier(&c, blocks)?;
-    if root_in_place.load(Ordering::Acquire) != 0 && g.rounds == 1 {
-        // In place at the root, a chunk in one round: every owner stores its chunk straight
-        // into the root's output, its registered input.
-        if owner {
-            for j in g.chunk(mine) {
-                // SAFETY: as below; unit j of the root's input is read before it is written,
-                // and only this rank touches chunk `mine` of it.
-                let v = unsafe { reduce_unit_of(&c, &ins[..c.world], j, &mut inputs)? };
-                // SAFETY: the root's registered input (its output, in place) holds `total`
-                // bytes; only this rank writes chunk `mine` of it during the call.
-                unsafe { write_unit(ins[root].cast_mut(), c.total, j * 16, &v) };
-            }
-        }
-        barrier(&c, blocks)?;
-        c.finish();
-        return Ok(());
-    }
-    for r in 0..=g.rounds {
+    // In place at the root, a chunk in one round: every owner stores its chunk straight into
+    // the root's output (its registered input), and the round's barrier ends the call.
+    let in_place = root_in_place.load(Ordering::Acquire) != 0 && g.rounds == 1;
+    for r in 0..g.rounds + usize::from(!in_place) {
         if owner && r < g.rounds {
             for j in g.round(mine, r) {
                 // The reduction of unit j of every rank's input, stored as a whole unit.
                 // SAFETY: every rank's registered input holds `total` bytes at ins[q], not
-                // written during the call (its owner passed the first barrier).
+                // written during the call (its owner passed the first barrier; in place,
+                // unit j of the root's input is read here before it is written below, and
+                // only this rank touches chunk `mine` of it).
                 let v = unsafe { reduce_unit_of(&c, &ins[..c.world], j, &mut inputs)? };
-                // SAFETY: the root's staging holds both halves (relay_cap: a round of every
-                // chunk fits half of it); only this rank writes chunk `mine` there.
-                unsafe { copy16(v.as_ptr(), c.scratch(root).add(at(r, mine, j))) };
+                if in_place {
+                    // SAFETY: the root's registered input (its output, in place) holds
+                    // `total` bytes; only this rank writes chunk `mine` of it during the call.
+                    unsafe { write_unit(ins[root].cast_mut(), c.total, j * 16, &v) };
+                } else {
+                    // SAFETY: the root's staging holds both halves (relay_cap: a round of
+                    // every chunk fits half of it); only this rank writes chunk `mine` there.
+                    unsafe { copy16(v.as_ptr(), c.scratch(root).add(at(r, mine, j))) };
+                }
             }
         }
-        if c.me == root && r > 0 {
+        if c.me == root && r > 0 && !in_place {
             for i in 0..g.chunks {
                 for j in g.round(i, r - 1) {
                     let mut v = [0u8; 16];
