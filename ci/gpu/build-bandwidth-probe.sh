@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Compiles the bandwidth probes (ci/gpu/probe/bandwidth_probe.cu, ce_overlap_probe.cu) for
+# Compiles the bandwidth probes (ci/gpu/probe/bandwidth_probe.cu, ce_overlap_probe.cu,
+# reduce_probe.cu) for
 # sm_90 into <repo>/.gpu/probe/*.o, and the timeline shim gpu_trace.c (LD_PRELOAD, CUPTI); `ci/gpu/session.sh bwprobe` and `ceoverlap` link and run
 # them on a machine with 2 GPUs. The probes are self-contained (no oxccl kernels), so this is
 # quick, but it happens here all the same, off the GPU machine's clock.
@@ -14,7 +15,7 @@ fi
 # shellcheck disable=SC1091
 . .toolchains/cuda/env.sh
 mkdir -p .gpu/probe
-for probe in bandwidth_probe ce_overlap_probe; do
+for probe in bandwidth_probe ce_overlap_probe reduce_probe; do
     nvcc -c -std=c++20 -O3 -arch=sm_90 "ci/gpu/probe/${probe}.cu" -o ".gpu/probe/${probe}.o"
 done
 # The timeline shim (ci/gpu/probe/gpu_trace.c) needs CUPTI's headers and library, from

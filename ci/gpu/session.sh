@@ -13,9 +13,13 @@
 #     ci/gpu/session.sh collsweep  # each of their algorithms forced over 1K..4M (thresholds)
 #     ci/gpu/session.sh latency    # 1K..4M vs NCCL: early launch on/off, and an earlier
 #                                  # build in .gpu/base/ when there is one
+#     ci/gpu/session.sh ab         # one oxccl-perf command, this build against .gpu/base,
+#                                  # interleaved twice, each vs NCCL (OXCCL_AB_ARGS, OXCCL_AB_ALGO)
 #     ci/gpu/session.sh probe      # where a small call's time goes (ci/gpu/probe/), 2 GPUs
 #     ci/gpu/session.sh bwprobe    # how fast large data moves between 2 GPUs: SM stores / loads,
 #                                  # copy engines, both (ci/gpu/probe/bandwidth_probe.cu)
+#     ci/gpu/session.sh reduceprobe # the 2-rank reduce's root loop in several shapes (block or
+#                                  # grid stride, units per thread, pipelined) vs a peer-load copy
 #     ci/gpu/session.sh ceoverlap  # does a copy-engine pull overlap SM work, per memory setup:
 #                                  # cudaMalloc / VMM / VMM+RDMA, one process / two with IPC
 #                                  # (ci/gpu/probe/ce_overlap_probe.cu)
@@ -303,6 +307,30 @@ latency)
         done
     done
     ;;
+ab)
+    # One oxccl-perf command from this build and from .gpu/base/oxccl-perf (a build of an
+    # earlier commit), each against NCCL in the same run, twice, interleaved, so drift shows
+    # as the spread of each: OXCCL_AB_ARGS (default: reduce, 1M..1G), OXCCL_AB_ALGO (forced
+    # algorithm, default the selector's), on the first OXCCL_SESSION_GPUS GPUs (default 2).
+    # shellcheck disable=SC2206 # the arguments are words on purpose
+    ab_args=(${OXCCL_AB_ARGS:--c reduce -b 1M -e 1G -f 2 -d bf16 -w 5 --iters 20 --graph})
+    ab_env=()
+    [[ -n ${OXCCL_AB_ALGO:-} ]] && ab_env=(OXCCL_ALGO="${OXCCL_AB_ALGO}")
+    n=${OXCCL_SESSION_GPUS:-2}
+    n=${n%% *}
+    export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
+    for round in 1 2; do
+        for variant in new base; do
+            bin="${BIN}/oxccl-perf"
+            if [[ ${variant} == base ]]; then
+                bin=.gpu/base/oxccl-perf
+                [[ -x ${bin} ]] || continue
+            fi
+            step "ab ${n}gpu ${OXCCL_AB_ALGO:-auto} ${variant} round ${round}" 150 env "${ab_env[@]}" "${bin}" \
+                -N "${n}" "${ab_args[@]}" --compare nccl --json "${out}/ab-${OXCCL_AB_ALGO:-auto}-${variant}-${round}-${n}gpu.json"
+        done
+    done
+    ;;
 probe)
     # The probe's object is compiled here by ci/gpu/build-probe.sh (nvcc takes minutes on
     # the kernels it includes); the device links it with its own CUDA runtime.
@@ -312,6 +340,17 @@ probe)
         step "latency probe 2gpu" 120 "${logs}/latency_probe" 2000 7
     else
         summary+=("SKIP  latency probe (needs 2 GPUs and .gpu/probe/latency_probe.o)")
+    fi
+    ;;
+reduceprobe)
+    # ci/gpu/probe/reduce_probe.cu (compiled here by ci/gpu/build-bandwidth-probe.sh): the
+    # 2-rank reduce's root loop in several shapes against a peer-load copy, one process.
+    export CUDA_VISIBLE_DEVICES="$(devices 2)"
+    if ((ngpus >= 2)) && [[ -f .gpu/probe/reduce_probe.o ]]; then
+        step "link reduce probe" 60 nvcc -arch=sm_90 .gpu/probe/reduce_probe.o -o "${logs}/reduce_probe"
+        step "reduce probe 2gpu" 150 "${logs}/reduce_probe" "${OXCCL_REDUCE_PROBE_MIB:-64,128,1024}" 20
+    else
+        summary+=("SKIP  reduce probe (needs 2 GPUs and .gpu/probe/reduce_probe.o)")
     fi
     ;;
 bwprobe)
