@@ -167,38 +167,44 @@ OXCCL_DEVICE_INLINE Vec16 peer_unit(const char* base, uint64_t j, uint64_t total
 /// Rounds of the staged kernels that give every rank one slot of the staging (every
 /// collective's staged kernel; the host stand-ins' `equal_rounds`): `cap` units of each
 /// slot per round, `world` slots of `cap` units filling at most the staging, in equal rounds
-/// over `units`; block b always owns units [lo, hi) of every slot, so the per-block
-/// barriers order every reuse of a staging position.
+/// over `units`. Each thread always owns the same units of every slot (so does its block,
+/// and the per-block barriers order every reuse of a staging position): a grid stride,
+/// unit `first`, then every `step` (thread_count()) after it.
+///
+/// Why a grid stride and not a contiguous share per block: at any moment the whole grid
+/// then works in one window of memory. Per-block shares cost 5% of the NVLink bandwidth
+/// both ways (2 H200s, ci/gpu/probe/reduce_probe.cu, one block of 512 threads per SM: peer
+/// loads 355 GB/s against 374 at 1 GiB and 349 against 368 at 128 MiB; peer stores 348
+/// against 370 at 1 GiB), whatever the units per thread or software pipelining. Every
+/// kernel that moves data over NVLink walks its units this way.
 struct SlotRounds {
   uint64_t cap;
-  uint64_t lo, hi;
+  uint64_t first, step;
   OXCCL_DEVICE_INLINE SlotRounds(const OxcclAllreduceArgs& a, uint64_t units) {
     const uint64_t cap_max = a.data_bytes / (16 * a.world_size);
     const uint64_t rounds = (units + cap_max - 1) / cap_max;
     cap = rounds == 0 ? 0 : (units + rounds - 1) / rounds;
-    const uint64_t share = (cap + gridDim.x - 1) / gridDim.x;
-    lo = blockIdx.x * share;
-    hi = lo + share < cap ? lo + share : cap;
+    first = thread_index();
+    step = thread_count();
   }
 };
 
 /// Rounds of the relay kernels (broadcast_relay): the data in one chunk per
 /// rank other than the root (`chunks` = world - 1, or 1 on one rank), every chunk in equal rounds of at most
-/// `cap` units, so that the next round's first hop overlaps this round's second. Block b
-/// owns the same share of every chunk's round on every rank, so the per-block barriers
-/// between rounds order each hop after the one it depends on. `cap` comes from the staging
+/// `cap` units, so that the next round's first hop overlaps this round's second. Each
+/// thread (so each block) owns the same units of every chunk's round on every rank (a grid
+/// stride from the round's start, see `SlotRounds`), so the per-block barriers between
+/// rounds order each hop after the one it depends on. `cap` comes from the staging
 /// (`relay_cap`), so `OXCCL_STAGING_MB` sizes the rounds.
 struct RelayRounds {
   uint64_t units;      // of the whole message
   uint64_t chunk;      // units per chunk (the last one may be shorter)
   uint64_t rounds;     // >= 1
   uint64_t per_round;  // units of a chunk per round
-  uint64_t share;      // units of a chunk's round per block
   OXCCL_DEVICE_INLINE RelayRounds(uint64_t units_, uint32_t chunks, uint64_t cap) : units(units_) {
     chunk = (units + chunks - 1) / chunks;
     rounds = chunk > cap ? (chunk + cap - 1) / cap : 1;
     per_round = (chunk + rounds - 1) / rounds;
-    share = (per_round + gridDim.x - 1) / gridDim.x;
   }
   /// First unit of chunk `i`'s round `r` (clamped to the message).
   OXCCL_DEVICE_INLINE uint64_t round_start(uint32_t i, uint64_t r) const {
@@ -206,14 +212,13 @@ struct RelayRounds {
     const uint64_t c_hi = c_lo + chunk < units ? c_lo + chunk : units;
     return c_lo + r * per_round < c_hi ? c_lo + r * per_round : c_hi;
   }
-  /// This block's units [lo, hi) of chunk `i`'s round `r`.
+  /// The units [lo, hi) of chunk `i`'s round `r`; thread_index() takes lo + thread_index(),
+  /// then every thread_count() after it.
   OXCCL_DEVICE_INLINE void part(uint32_t i, uint64_t r, uint64_t& lo, uint64_t& hi) const {
     const uint64_t c_lo = i * chunk < units ? i * chunk : units;
     const uint64_t c_hi = c_lo + chunk < units ? c_lo + chunk : units;
-    const uint64_t r_lo = round_start(i, r);
-    const uint64_t r_hi = r_lo + per_round < c_hi ? r_lo + per_round : c_hi;
-    lo = r_lo + blockIdx.x * share < r_hi ? r_lo + blockIdx.x * share : r_hi;
-    hi = lo + share < r_hi ? lo + share : r_hi;
+    lo = round_start(i, r);
+    hi = lo + per_round < c_hi ? lo + per_round : c_hi;
   }
 };
 

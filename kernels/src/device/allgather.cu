@@ -91,7 +91,7 @@ OXCCL_DEVICE_INLINE void staged_body(const OxcclAllreduceArgs& a, const CallStat
   for (uint64_t base = 0; base < units; base += g.cap) {
     const uint64_t n = units - base < g.cap ? units - base : g.cap;  // units this round
     // 1. Push my units into slot `me` of every peer's staging (and my own output slot).
-    for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < n; j += blockDim.x) {
+    for (uint64_t j = g.first; j < g.cap && j < n; j += g.step) {
       const uint64_t off = (base + j) * 16;
       const Vec16 v = load_unit(a.input, off, total);
       for (uint32_t k = 1; k < w; ++k) {
@@ -106,7 +106,7 @@ OXCCL_DEVICE_INLINE void staged_body(const OxcclAllreduceArgs& a, const CallStat
     for (uint32_t k = 1; k < w; ++k) {
       const uint32_t c = me + k < w ? me + k : me + k - w;
       char* dst = slot(a, c, total);
-      for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < n; j += blockDim.x) {
+      for (uint64_t j = g.first; j < g.cap && j < n; j += g.step) {
         store_unit(dst, (base + j) * 16, load16_peer(own + a.data_offset + (c * g.cap + j) * 16), total);
       }
     }
@@ -120,15 +120,12 @@ OXCCL_DEVICE_INLINE void direct_body(const OxcclAllreduceArgs& a, const CallStat
   const uint64_t units = (total + 15) / 16;
   const uint32_t w = a.world_size;
   const uint32_t me = a.rank;
-  const uint64_t share = (units + gridDim.x - 1) / gridDim.x;
-  const uint64_t lo = blockIdx.x * share;
-  const uint64_t hi = lo + share < units ? lo + share : units;
   char* own_slot = slot(a, me, total);
   const bool in_place = a.input == own_slot;
 
   // Every peer's call has started: its output is free to write.
   if (!start_barrier(a, call.deadline, call.failed)) return;
-  for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+  for (uint64_t j = thread_index(); j < units; j += thread_count()) {
     const Vec16 v = load_unit(a.input, j * 16, total);
     // Peers first (remote stores take longest), my own slot last.
     for (uint32_t k = 1; k < w; ++k) {

@@ -167,14 +167,15 @@ OXCCL_DEVICE_INLINE void oneshot_ll128_body(const Reducer reduce, const OxcclAll
 /// Rounds of the staging kernels. A message that fits the staging takes one round whose
 /// slots are exactly its chunks (every block gets a share). A larger one is cut into equal
 /// rounds, and every round, also the shorter last one, uses the same geometry: `world`
-/// slots of `cap` units, block b always owning units [lo, hi) of every slot. So a block
-/// only touches the staging positions that the same block of every peer touches, and the
-/// per-block barriers order all reuse of staging across rounds (a peer's other blocks may
-/// still be a phase behind; they never touch these positions).
+/// slots of `cap` units, each thread always owning the same units of every slot (a grid
+/// stride, see `SlotRounds`).
+/// So a block only touches the staging positions that the same block of every peer
+/// touches, and the per-block barriers order all reuse of staging across rounds (a peer's
+/// other blocks may still be a phase behind; they never touch these positions).
 struct Rounds {
   uint64_t cap;         // units per slot (per rank's chunk) of a full round
   uint64_t round_bytes; // message bytes per full round = w * cap * 16
-  uint64_t lo, hi;      // this block's units of a slot
+  uint64_t first, step;  // this thread's units of a slot: first, first + step, ...
   OXCCL_DEVICE_INLINE Rounds(const OxcclAllreduceArgs& a, uint64_t total) {
     const uint64_t w = a.world_size;
     const uint64_t units = (total + 15) / 16;
@@ -182,9 +183,8 @@ struct Rounds {
     const uint64_t rounds = (units + w * cap_max - 1) / (w * cap_max);
     cap = (units + rounds * w - 1) / (rounds * w);
     round_bytes = cap * 16 * w;
-    const uint64_t share = (cap + gridDim.x - 1) / gridDim.x;
-    lo = blockIdx.x * share;
-    hi = lo + share < cap ? lo + share : cap;
+    first = thread_index();
+    step = thread_count();
   }
 };
 
@@ -206,7 +206,7 @@ OXCCL_DEVICE_INLINE void twoshot_body(const Reducer reduce, const OxcclAllreduce
     // 1. Stage the chunks the peers will reduce (my own chunk is read from the input).
     for (uint32_t c = 0; c < w; ++c) {
       if (c == me) continue;
-      for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < chunk; j += blockDim.x) {
+      for (uint64_t j = g.first; j < g.cap && j < chunk; j += g.step) {
         const uint64_t u = c * chunk + j;
         if (u >= units) break;
         store16(own + in_off + (c * g.cap + j) * 16, load_unit(a.input, base + u * 16, total));
@@ -215,7 +215,7 @@ OXCCL_DEVICE_INLINE void twoshot_body(const Reducer reduce, const OxcclAllreduce
     if (!block_barrier(a, call.deadline, call.failed)) return;
 
     // 2. Reduce my chunk from every rank's staging, in rank order.
-    for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < chunk; j += blockDim.x) {
+    for (uint64_t j = g.first; j < g.cap && j < chunk; j += g.step) {
       const uint64_t u = me * chunk + j;
       if (u >= units) break;
       const uint64_t pos = (me * g.cap + j) * 16;
@@ -237,7 +237,7 @@ OXCCL_DEVICE_INLINE void twoshot_body(const Reducer reduce, const OxcclAllreduce
     for (uint32_t k = 1; k < w; ++k) {
       const uint32_t c = (me + k) % w;
       const char* peer = static_cast<const char*>(a.scratch[c]) + out_off;
-      for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < chunk; j += blockDim.x) {
+      for (uint64_t j = g.first; j < g.cap && j < chunk; j += g.step) {
         const uint64_t u = c * chunk + j;
         if (u >= units) break;
         store_unit(a.output, base + u * 16, load16_peer(peer + (c * g.cap + j) * 16), total);
@@ -274,7 +274,7 @@ OXCCL_DEVICE_INLINE void twoshot_push_body(const Reducer reduce, const OxcclAllr
     for (uint32_t k = 1; k < w; ++k) {
       const uint32_t c = me + k < w ? me + k : me + k - w;
       char* dst = static_cast<char*>(a.scratch[c]) + in_off + me * g.cap * 16;
-      for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < chunk; j += blockDim.x) {
+      for (uint64_t j = g.first; j < g.cap && j < chunk; j += g.step) {
         const uint64_t u = c * chunk + j;
         if (u >= units) break;
         store16(dst + j * 16, load_unit(a.input, base + u * 16, total));
@@ -283,7 +283,7 @@ OXCCL_DEVICE_INLINE void twoshot_push_body(const Reducer reduce, const OxcclAllr
     if (!block_barrier(a, call.deadline, call.failed)) return;
 
     // 2. Reduce my chunk (rank order) from my input and my staging; store it everywhere.
-    for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < chunk; j += blockDim.x) {
+    for (uint64_t j = g.first; j < g.cap && j < chunk; j += g.step) {
       const uint64_t u = me * chunk + j;
       if (u >= units) break;
       Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
@@ -311,7 +311,7 @@ OXCCL_DEVICE_INLINE void twoshot_push_body(const Reducer reduce, const OxcclAllr
     if (!direct) {
       for (uint32_t k = 1; k < w; ++k) {
         const uint32_t c = me + k < w ? me + k : me + k - w;
-        for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < chunk; j += blockDim.x) {
+        for (uint64_t j = g.first; j < g.cap && j < chunk; j += g.step) {
           const uint64_t u = c * chunk + j;
           if (u >= units) break;
           store_unit(a.output, base + u * 16, load16_peer(own + out_off + (c * g.cap + j) * 16), total);
@@ -348,25 +348,23 @@ OXCCL_DEVICE_INLINE void twoshot_zc_body(const Reducer reduce, const OxcclAllred
   const uint32_t w = a.world_size;
   const uint32_t me = a.rank;
   const uint64_t chunk = (units + w - 1) / w;
-  const uint64_t share = (chunk + gridDim.x - 1) / gridDim.x;
   const uint64_t start = me * chunk;
   const uint64_t end = start + chunk < units ? start + chunk : units;
-  const uint64_t lo = start + blockIdx.x * share;
-  const uint64_t hi = lo + share < end ? lo + share : end;
+  const uint64_t spread = thread_count();  // a grid stride (see `SlotRounds`)
 
   // Every peer's call has started: its input is ready and its output free to write.
   if (!start_barrier(a, call.deadline, call.failed)) return;
 
-  const uint64_t step = static_cast<uint64_t>(blockDim.x) * kZcUnits;
-  for (uint64_t j0 = lo + threadIdx.x; j0 < hi; j0 += step) {
+  const uint64_t step = spread * kZcUnits;
+  for (uint64_t j0 = start + thread_index(); j0 < end; j0 += step) {
     Vec16 v[kZcUnits][OXCCL_ALLREDUCE_MAX_RANKS];
 #pragma unroll
     for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
       if (r < w) {
 #pragma unroll
         for (int k = 0; k < kZcUnits; ++k) {
-          const uint64_t j = j0 + static_cast<uint64_t>(k) * blockDim.x;
-          v[k][r] = j < hi ? zc_load(a.peer_input[r], j, total) : Vec16{{0, 0, 0, 0}};
+          const uint64_t j = j0 + static_cast<uint64_t>(k) * spread;
+          v[k][r] = j < end ? zc_load(a.peer_input[r], j, total) : Vec16{{0, 0, 0, 0}};
         }
       }
     }
@@ -374,8 +372,8 @@ OXCCL_DEVICE_INLINE void twoshot_zc_body(const Reducer reduce, const OxcclAllred
     // leaves early, and v then went to scratch on gfx942.
 #pragma unroll
     for (int k = 0; k < kZcUnits; ++k) {
-      const uint64_t j = j0 + static_cast<uint64_t>(k) * blockDim.x;
-      if (j < hi) {
+      const uint64_t j = j0 + static_cast<uint64_t>(k) * spread;
+      if (j < end) {
         const Vec16 out = reduce_ranks(reduce, v[k], w);
         // Peers first (remote stores take longest), my own output last.
         for (uint32_t q = 1; q < w; ++q) {

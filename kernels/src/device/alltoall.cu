@@ -91,7 +91,7 @@ OXCCL_DEVICE_INLINE void staged_body(const OxcclAllreduceArgs& a, const CallStat
     const uint64_t n = units - base < g.cap ? units - base : g.cap;  // units this round
     // 1. Push chunk c of my input into slot `me` of rank c's staging; my own chunk into my
     //    own output slot.
-    for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < n; j += blockDim.x) {
+    for (uint64_t j = g.first; j < g.cap && j < n; j += g.step) {
       const uint64_t off = (base + j) * 16;
       for (uint32_t k = 1; k < w; ++k) {
         const uint32_t c = me + k < w ? me + k : me + k - w;
@@ -105,7 +105,7 @@ OXCCL_DEVICE_INLINE void staged_body(const OxcclAllreduceArgs& a, const CallStat
     // 2. Every peer's slot from my staging into my output.
     for (uint32_t k = 1; k < w; ++k) {
       const uint32_t c = me + k < w ? me + k : me + k - w;
-      for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < n; j += blockDim.x) {
+      for (uint64_t j = g.first; j < g.cap && j < n; j += g.step) {
         store_unit(slot(a.output, c, total), (base + j) * 16, load16_peer(own + (c * g.cap + j) * 16), total);
       }
     }
@@ -119,13 +119,10 @@ OXCCL_DEVICE_INLINE void direct_body(const OxcclAllreduceArgs& a, const CallStat
   const uint64_t units = (total + 15) / 16;
   const uint32_t w = a.world_size;
   const uint32_t me = a.rank;
-  const uint64_t share = (units + gridDim.x - 1) / gridDim.x;
-  const uint64_t lo = blockIdx.x * share;
-  const uint64_t hi = lo + share < units ? lo + share : units;
 
   // Every peer's call has started: its output is free to write.
   if (!start_barrier(a, call.deadline, call.failed)) return;
-  for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+  for (uint64_t j = thread_index(); j < units; j += thread_count()) {
     // Peers first (remote stores take longest), my own slot last.
     for (uint32_t k = 1; k < w; ++k) {
       const uint32_t p = me + k < w ? me + k : me + k - w;
@@ -231,9 +228,8 @@ OXCCL_DEVICE_INLINE void v_direct_body(const OxcclAlltoallvArgs& v, const CallSt
   const uint32_t me = a.rank;
   const char* input = static_cast<const char*>(a.input);
 
-  // This block's share of every chunk, in sending order (index k: peer me + 1 + k, my own
-  // chunk last): the source and destination from the share's first unit, its bytes from
-  // there to the chunk's end, and its units. Indexed by k, constant after unrolling.
+  // Every chunk in sending order (index k: peer me + 1 + k, my own chunk last): its source,
+  // destination, bytes and units. Indexed by k, constant after unrolling.
   const char* src[OXCCL_ALLREDUCE_MAX_RANKS];
   char* dst[OXCCL_ALLREDUCE_MAX_RANKS];
   uint64_t rest[OXCCL_ALLREDUCE_MAX_RANKS];
@@ -244,15 +240,12 @@ OXCCL_DEVICE_INLINE void v_direct_body(const OxcclAlltoallvArgs& v, const CallSt
     const uint32_t p = k < w ? (me + 1 + k) % w : me;
     const uint64_t bytes = k < w ? v.send_bytes[p] : 0;
     const uint64_t units = (bytes + 15) / 16;
-    const uint64_t share = (units + gridDim.x - 1) / gridDim.x;
-    const uint64_t lo = blockIdx.x * share < units ? blockIdx.x * share : units;
-    const uint64_t hi = lo + share < units ? lo + share : units;
     char* out = p == me ? static_cast<char*>(a.output) + v.recv_offset[me]
                         : static_cast<char*>(a.peer_output[p]) + v.remote_offset[p];
-    src[k] = input + v.send_offset[p] + lo * 16;
-    dst[k] = out + lo * 16;
-    rest[k] = lo * 16 < bytes ? bytes - lo * 16 : 0;
-    mine[k] = hi - lo;
+    src[k] = input + v.send_offset[p];
+    dst[k] = out;
+    rest[k] = bytes;
+    mine[k] = units;
     most = mine[k] > most ? mine[k] : most;
   }
 
@@ -261,7 +254,7 @@ OXCCL_DEVICE_INLINE void v_direct_body(const OxcclAlltoallvArgs& v, const CallSt
   // Every thread moves its unit of every chunk in one pass: the remote stores of all the
   // peers are in flight together and my own chunk's local copy fills their gaps (chunk
   // after chunk left the local copy for the end, after the slowest peer's stores).
-  for (uint64_t i = threadIdx.x; i < most; i += blockDim.x) {
+  for (uint64_t i = thread_index(); i < most; i += thread_count()) {
 #pragma unroll
     for (uint32_t k = 0; k < OXCCL_ALLREDUCE_MAX_RANKS; ++k) {
       if (i < mine[k]) store_unit(dst[k], i * 16, load_unit(src[k], i * 16, rest[k]), rest[k]);

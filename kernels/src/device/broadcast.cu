@@ -105,7 +105,7 @@ OXCCL_DEVICE_INLINE void staged_body(const OxcclAllreduceArgs& a, const CallStat
     const uint64_t n = units - base < g.cap ? units - base : g.cap;  // units this round
     // 1. The root pushes this round into every peer's staging (and its own output).
     if (root) {
-      for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < n; j += blockDim.x) {
+      for (uint64_t j = g.first; j < g.cap && j < n; j += g.step) {
         const uint64_t off = (base + j) * 16;
         const Vec16 v = load_unit(a.input, off, total);
         for (uint32_t k = 1; k < w; ++k) {
@@ -118,7 +118,7 @@ OXCCL_DEVICE_INLINE void staged_body(const OxcclAllreduceArgs& a, const CallStat
     if (!block_barrier(a, call.deadline, call.failed)) return;
     // 2. Every peer copies its staging into its output.
     if (!root) {
-      for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < n; j += blockDim.x) {
+      for (uint64_t j = g.first; j < g.cap && j < n; j += g.step) {
         store_unit(a.output, (base + j) * 16, load16_peer(own + j * 16), total);
       }
     }
@@ -132,15 +132,12 @@ OXCCL_DEVICE_INLINE void direct_body(const OxcclAllreduceArgs& a, const CallStat
   const uint64_t units = (total + 15) / 16;
   const uint32_t w = a.world_size;
   const uint32_t me = a.rank;
-  const uint64_t share = (units + gridDim.x - 1) / gridDim.x;
-  const uint64_t lo = blockIdx.x * share;
-  const uint64_t hi = lo + share < units ? lo + share : units;
 
   // Every peer's call has started: its output is free to write.
   if (!start_barrier(a, call.deadline, call.failed)) return;
   if (me == a.root) {
     const bool in_place = a.input == a.output;
-    for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+    for (uint64_t j = thread_index(); j < units; j += thread_count()) {
       const Vec16 v = load_unit(a.input, j * 16, total);
       for (uint32_t k = 1; k < w; ++k) {
         const uint32_t p = me + k < w ? me + k : me + k - w;
@@ -168,7 +165,7 @@ OXCCL_DEVICE_INLINE void relay_body(const OxcclAllreduceArgs& a, const CallState
     if (me == root && r < g.rounds) {
       // First hop of round r: chunk i to the rank that relays it (every chunk at once,
       // so every link is busy).
-      for (uint64_t t = threadIdx.x; t < g.share; t += blockDim.x) {
+      for (uint64_t t = thread_index(); t < g.per_round; t += thread_count()) {
         for (uint32_t i = 0; i < chunks; ++i) {
           uint64_t lo, hi;
           g.part(i, r, lo, hi);
@@ -184,7 +181,7 @@ OXCCL_DEVICE_INLINE void relay_body(const OxcclAllreduceArgs& a, const CallState
       // rank but the root.
       uint64_t lo, hi;
       g.part(relay_chunk(me, root, w), r - 1, lo, hi);
-      for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+      for (uint64_t j = lo + thread_index(); j < hi; j += thread_count()) {
         const Vec16 v = peer_unit(static_cast<const char*>(a.output), j, total);  // written by the root
         for (uint32_t k = 1; k < w; ++k) {
           const uint32_t q = me + k < w ? me + k : me + k - w;

@@ -137,7 +137,7 @@ OXCCL_DEVICE_INLINE void staged_body(const Reducer reduce, const OxcclAllreduceA
     // 1. Every other rank pushes this round of its input into slot `me` of the root's staging.
     if (me != root) {
       char* dst = static_cast<char*>(a.scratch[root]) + a.data_offset + me * g.cap * 16;
-      for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < n; j += blockDim.x) {
+      for (uint64_t j = g.first; j < g.cap && j < n; j += g.step) {
         store16(dst + j * 16, load_unit(a.input, (base + j) * 16, total));
       }
     }
@@ -145,7 +145,7 @@ OXCCL_DEVICE_INLINE void staged_body(const Reducer reduce, const OxcclAllreduceA
 
     // 2. The root reduces (rank order) its input and every peer's slot of its staging.
     if (me == root) {
-      for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < n; j += blockDim.x) {
+      for (uint64_t j = g.first; j < g.cap && j < n; j += g.step) {
         Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
 #pragma unroll
         for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
@@ -178,31 +178,29 @@ OXCCL_DEVICE_INLINE void direct_body(const Reducer reduce, const OxcclAllreduceA
   const uint64_t total = a.count * sizeof(typename Fmt::Storage);
   const uint64_t units = (total + 15) / 16;
   const uint32_t w = a.world_size;
-  const uint64_t share = (units + gridDim.x - 1) / gridDim.x;
-  const uint64_t lo = blockIdx.x * share;
-  const uint64_t hi = lo + share < units ? lo + share : units;
+  const uint64_t spread = thread_count();  // a grid stride (see `SlotRounds`)
 
   // Every peer's call has started: its input is ready.
   if (!start_barrier(a, call.deadline, call.failed)) return;
   if (a.rank == a.root) {
-    const uint64_t step = static_cast<uint64_t>(blockDim.x) * kDirectUnits;
-    for (uint64_t j0 = lo + threadIdx.x; j0 < hi; j0 += step) {
+    const uint64_t step = spread * kDirectUnits;
+    for (uint64_t j0 = thread_index(); j0 < units; j0 += step) {
       Vec16 in[kDirectUnits][OXCCL_ALLREDUCE_MAX_RANKS];
 #pragma unroll
       for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
         if (r < w) {
 #pragma unroll
           for (int k = 0; k < kDirectUnits; ++k) {
-            const uint64_t j = j0 + static_cast<uint64_t>(k) * blockDim.x;
-            in[k][r] = j < hi ? peer_unit(static_cast<const char*>(a.peer_input[r]), j, total) : Vec16{{0, 0, 0, 0}};
+            const uint64_t j = j0 + static_cast<uint64_t>(k) * spread;
+            in[k][r] = j < units ? peer_unit(static_cast<const char*>(a.peer_input[r]), j, total) : Vec16{{0, 0, 0, 0}};
           }
         }
       }
       // No `break` (see twoshot_zc_body): the loop must unroll for `in` to stay in registers.
 #pragma unroll
       for (int k = 0; k < kDirectUnits; ++k) {
-        const uint64_t j = j0 + static_cast<uint64_t>(k) * blockDim.x;
-        if (j < hi) store_unit(a.output, j * 16, reduce_ranks(reduce, in[k], w), total);
+        const uint64_t j = j0 + static_cast<uint64_t>(k) * spread;
+        if (j < units) store_unit(a.output, j * 16, reduce_ranks(reduce, in[k], w), total);
       }
     }
   }
@@ -249,7 +247,7 @@ OXCCL_DEVICE_INLINE void relay_body(const Reducer reduce, const OxcclAllreduceAr
       char* staging = static_cast<char*>(a.scratch[root]);
       uint64_t lo, hi;
       g.part(mine, r, lo, hi);
-      for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+      for (uint64_t j = lo + thread_index(); j < hi; j += thread_count()) {
         Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
 #pragma unroll
         for (uint32_t q = 0; q < OXCCL_ALLREDUCE_MAX_RANKS; ++q) {
@@ -269,7 +267,7 @@ OXCCL_DEVICE_INLINE void relay_body(const Reducer reduce, const OxcclAllreduceAr
       for (uint32_t i = 0; i < chunks; ++i) {
         uint64_t lo, hi;
         g.part(i, r - 1, lo, hi);
-        for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+        for (uint64_t j = lo + thread_index(); j < hi; j += thread_count()) {
           store_unit(a.output, j * 16, load16_peer(staging + at(r - 1, i, j)), total);
         }
       }

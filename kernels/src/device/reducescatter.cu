@@ -90,14 +90,14 @@ OXCCL_DEVICE_INLINE void staged_body(const Reducer reduce, const OxcclAllreduceA
     for (uint32_t k = 1; k < w; ++k) {
       const uint32_t c = me + k < w ? me + k : me + k - w;
       char* dst = static_cast<char*>(a.scratch[c]) + a.data_offset + me * g.cap * 16;
-      for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < n; j += blockDim.x) {
+      for (uint64_t j = g.first; j < g.cap && j < n; j += g.step) {
         store16(dst + j * 16, load_unit(chunk(a, c, total), (base + j) * 16, total));
       }
     }
     if (!block_barrier(a, call.deadline, call.failed)) return;
 
     // 2. Reduce my chunk (rank order) from my input and my staging.
-    for (uint64_t j = g.lo + threadIdx.x; j < g.hi && j < n; j += blockDim.x) {
+    for (uint64_t j = g.first; j < g.cap && j < n; j += g.step) {
       Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
 #pragma unroll
       for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
@@ -119,13 +119,10 @@ OXCCL_DEVICE_INLINE void direct_body(const Reducer reduce, const OxcclAllreduceA
   const uint64_t units = (total + 15) / 16;
   const uint32_t w = a.world_size;
   const uint32_t me = a.rank;
-  const uint64_t share = (units + gridDim.x - 1) / gridDim.x;
-  const uint64_t lo = blockIdx.x * share;
-  const uint64_t hi = lo + share < units ? lo + share : units;
 
   // Every peer's call has started: its input is ready.
   if (!start_barrier(a, call.deadline, call.failed)) return;
-  for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+  for (uint64_t j = thread_index(); j < units; j += thread_count()) {
     Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
 #pragma unroll
     for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
