@@ -19,7 +19,7 @@ use oxccl_kernels::abi::{
     self, OxcclAllreduceArgs, OXCCL_ALLREDUCE_ERR_ABORTED, OXCCL_ALLREDUCE_ERR_TIMEOUT,
     OXCCL_ALLREDUCE_MAX_BLOCKS, OXCCL_ALLREDUCE_MAX_RANKS, OXCCL_ALLREDUCE_SYNC_EPOCH,
     OXCCL_ALLREDUCE_SYNC_ERROR, OXCCL_ALLREDUCE_SYNC_EXPECTED, OXCCL_ALLREDUCE_SYNC_INBOUND,
-    OXCCL_ALLREDUCE_SYNC_MAILBOX_SEEN, OXCCL_ALLREDUCE_SYNC_MAILBOX_SEQ,
+    OXCCL_ALLREDUCE_SYNC_MAILBOX_SEEN, OXCCL_ALLREDUCE_SYNC_MAILBOX_SEQ, OXCCL_HOST_WORD_FAILURE,
 };
 use oxccl_kernels::{formats, reduce};
 
@@ -184,6 +184,7 @@ impl Call {
         };
         let code = u64::from(kind) | ((peer as u64) << 32);
         let _ = err.compare_exchange(0, code, Ordering::Relaxed, Ordering::Relaxed);
+        mirror_failure(self.a.abort_flag, code);
         if aborted {
             return Error::Aborted(format!(
                 "{}: the communicator of rank {} was aborted while it waited for rank {peer} \
@@ -345,6 +346,21 @@ impl Call {
 
 /// Whether the abort word at `flag` (an argument block's `abort_flag`; null: none) is set.
 /// Every host stand-in with bounded waits reads it through here.
+/// Mirrors a failure word into the communicator's host failure word, unless one is there
+/// already (the device kernels' `mirror_failure`): `host_words` is an argument block's
+/// `abort_flag` (null: none).
+pub(crate) fn mirror_failure(host_words: *const u64, word: u64) {
+    if host_words.is_null() {
+        return;
+    }
+    // SAFETY: launch contract of every block that carries `abort_flag`: non-null, it is
+    // the communicator's OXCCL_HOST_WORDS host words (8-byte aligned, a page of their own)
+    // that outlive the kernel and are only accessed atomically.
+    let failure =
+        unsafe { AtomicU64::from_ptr(host_words.add(OXCCL_HOST_WORD_FAILURE as usize).cast_mut()) };
+    let _ = failure.compare_exchange(0, word, Ordering::Release, Ordering::Relaxed);
+}
+
 pub(crate) fn aborted(flag: *const u64) -> bool {
     if flag.is_null() {
         return false;

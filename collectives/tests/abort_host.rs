@@ -6,6 +6,9 @@
 //! communicator refuses calls, reports the abort, and is destroyed without waiting for its
 //! peer.
 //!
+//! `Communicator::async_error` (NCCL's `ncclCommGetAsyncError`) reports the abort, and,
+//! without any synchronization, a call that timed out.
+//!
 //! Each case runs rank 0 on a thread of its own and waits for it with a bound of its own,
 //! so a build in which abort does nothing fails in seconds instead of waiting out the
 //! timeout.
@@ -40,11 +43,11 @@ const CASE_BOUND: Duration = Duration::from_secs(20);
 /// backend: one block of 32 threads for each algorithm here).
 const COUNT: usize = 4;
 
-fn make(rank: u32, id: UniqueId, algorithm: Algorithm) -> Communicator {
+fn make(rank: u32, id: UniqueId, algorithm: Algorithm, timeout: Duration) -> Communicator {
     let bs = Bootstrap::new(&id, rank, 2, &BootstrapConfig::default()).unwrap();
     let dev = AnyDevice::open_with(BackendKind::Host, DeviceId(rank)).unwrap();
     let config = CommConfig {
-        timeout: TIMEOUT,
+        timeout,
         forced: Some(algorithm).into(),
         ..CommConfig::default()
     };
@@ -107,6 +110,11 @@ fn rank0(comm: &Communicator) -> Result<(), String> {
     if !matches!(e.root(), Error::Aborted(_)) {
         return Err(format!("check_error: {e}"));
     }
+    // The kernel mirrored what it recorded into the host failure word.
+    match comm.async_error() {
+        Err(e) if matches!(e.root(), Error::Aborted(_)) && e.to_string().contains("rank 1") => {}
+        other => return Err(format!("async_error after the abort: {other:?}")),
+    }
     // Later calls are refused before anything is launched.
     let t = Instant::now();
     match call(comm, &m, &stream) {
@@ -131,11 +139,21 @@ fn two_ranks(
     peer_checks_signature: bool,
     rank0: fn(&Communicator) -> Result<(), String>,
 ) {
+    two_ranks_bounded(algorithm, peer_checks_signature, TIMEOUT, rank0);
+}
+
+/// [`two_ranks`] with the kernels' wait bound `timeout`.
+fn two_ranks_bounded(
+    algorithm: Algorithm,
+    peer_checks_signature: bool,
+    timeout: Duration,
+    rank0: fn(&Communicator) -> Result<(), String>,
+) {
     let id =
         UniqueId::create_on(IpAddr::V4(Ipv4Addr::LOCALHOST), &BootstrapConfig::default()).unwrap();
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let peer = std::thread::spawn(move || {
-        let comm = make(1, id, algorithm);
+        let comm = make(1, id, algorithm, timeout);
         if peer_checks_signature {
             // Take part in the signature check of the first call, then never launch.
             comm.bootstrap()
@@ -154,7 +172,7 @@ fn two_ranks(
     });
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        let comm = make(0, id, algorithm);
+        let comm = make(0, id, algorithm, timeout);
         let seen = rank0(&comm);
         // Destroy works after the abort (and does not wait for the peer).
         let destroyed = comm.destroy().map_err(|e| format!("destroy: {e}"));
@@ -244,4 +262,72 @@ fn abort_ends_a_host_side_wait_in_the_bootstrap() {
             }
         })
     });
+}
+
+/// The kernels' wait bound of the async-error cases: long enough that the check right after
+/// the launch comes well before it.
+const SHORT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Rank 0 calls while rank 1 never does, and watches `async_error` without synchronizing
+/// the stream (ncclCommGetAsyncError's contract): no failure right after the launch, then,
+/// once the kernel's wait passed its bound, the timeout naming rank 1, while the stream
+/// has still not been synchronized; its synchronization then reports the same.
+fn async_error_of_a_timed_out_call(comm: &Communicator) -> Result<(), String> {
+    let stream = comm.device().create_stream().unwrap();
+    let m = comm.device().alloc(64, MemoryKind::Plain).unwrap();
+    call(comm, &m, &stream).map_err(|e| format!("the call failed before it waited: {e}"))?;
+    let t = Instant::now();
+    if let Err(e) = comm.async_error() {
+        return Err(format!("a failure right after the launch: {e}"));
+    }
+    let seen = loop {
+        match comm.async_error() {
+            Err(e) => break e,
+            Ok(()) if t.elapsed() < SHORT_TIMEOUT + PROMPT => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            Ok(()) => {
+                return Err(format!(
+                    "async_error saw nothing {:?} after the launch",
+                    t.elapsed()
+                ))
+            }
+        }
+    };
+    if !matches!(seen.root(), Error::Timeout { .. }) || !seen.to_string().contains("rank 1") {
+        return Err(format!(
+            "async_error: not the timeout of the wait for rank 1: {seen}"
+        ));
+    }
+    match stream.synchronize() {
+        Err(e) if matches!(e.root(), Error::Timeout { .. }) => {}
+        other => return Err(format!("the stream after the timeout: {other:?}")),
+    }
+    // The word keeps the first failure: the next check still reports it.
+    if comm.async_error().is_ok() {
+        return Err("async_error forgot the failure".into());
+    }
+    // Nothing waits on the peer any more; destroy needs no barrier once aborted.
+    comm.abort();
+    Ok(())
+}
+
+#[test]
+fn async_error_reports_a_one_shot_that_timed_out_without_a_synchronization() {
+    two_ranks_bounded(
+        ONESHOT_LL,
+        true,
+        SHORT_TIMEOUT,
+        async_error_of_a_timed_out_call,
+    );
+}
+
+#[test]
+fn async_error_reports_a_port_channel_kernel_that_timed_out_without_a_synchronization() {
+    two_ranks_bounded(
+        PORT_CHANNEL,
+        true,
+        SHORT_TIMEOUT,
+        async_error_of_a_timed_out_call,
+    );
 }

@@ -18,7 +18,7 @@ use oxccl_collectives::Communicator;
 
 use crate::comm::{
     self, backend, check_real, is_nonblocking, moved_as, new_unique_id, real_comm_of, real_nccl,
-    resolve, served_dtype, served_op, Comm, InitSpec, OwnedConfig, Ready, State, Target,
+    resolve, served_dtype, served_op, Comm, InitSpec, OwnedConfig, Oxccl, Ready, State, Target,
 };
 use crate::error::{
     error_string, guard, guard_code, guard_value, last_error_ptr, log_enabled, log_info,
@@ -501,7 +501,20 @@ export! {
                 };
                 let e = c.async_error.load(std::sync::atomic::Ordering::Relaxed);
                 *slot = e;
-                if e != NCCL_SUCCESS || c.real.is_none() {
+                if e != NCCL_SUCCESS {
+                    return Ok(());
+                }
+                // What oxccl's kernels recorded (a wait that timed out or was aborted), read
+                // from host memory: no synchronization, so a capture in progress goes on.
+                if let Oxccl::Serving(comm) = &c.oxccl {
+                    if let Err(e) = comm.async_error() {
+                        let e = ApiError::from(e);
+                        *slot = e.code;
+                        set_last_error(&format!("ncclCommGetAsyncError: {}", e.message));
+                        return Ok(());
+                    }
+                }
+                if c.real.is_none() {
                     return Ok(());
                 }
             }

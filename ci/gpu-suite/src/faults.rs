@@ -8,7 +8,8 @@
 //!
 //! Cases:
 //! - `kill`: the victim SIGKILLs itself in the middle of the loop (work queued behind it);
-//! - `skip`: the victim skips the last call, then exits normally;
+//! - `skip`: the victim skips the last call, then exits normally; a survivor sees the
+//!   timeout through [`Communicator::async_error`] before it synchronizes anything;
 //! - `count`, `dtype`, `op`: the victim's last call differs in count, type or op (one-shot
 //!   size with `small-` in front, e.g. `small-count`);
 //! - `exit`: the victim returns without destroying its communicator after a call;
@@ -186,11 +187,43 @@ pub fn run(case: &str) -> Result<bool> {
         Fault::Kill => (0..8)
             .try_for_each(|_| call(&comm, &stream, buf.ptr(), normal, false))
             .and_then(|()| comm.check_error(&stream)),
+        // Seen first from the host failure word, with nothing synchronized (what
+        // ncclCommGetAsyncError reads); the stream's own outcome must agree.
+        Fault::Skip => call(&comm, &stream, buf.ptr(), normal, false).and_then(|()| {
+            let seen = watch_async_error(&comm, timeout + Duration::from_secs(2));
+            match (seen, comm.check_error(&stream)) {
+                (Some(e), Err(_)) => Err(e),
+                (Some(e), Ok(())) => {
+                    println!("FAULT-WRONG {case} rank {rank}: async_error said {e}, the stream completed");
+                    Ok(())
+                }
+                (None, settled) => {
+                    println!("async_error saw nothing; the stream: {settled:?}");
+                    Ok(())
+                }
+            }
+        }),
         _ => call(&comm, &stream, buf.ptr(), normal, true),
     };
     let ok = report(case, rank, t, outcome, timeout + Duration::from_secs(2));
     drain(&stream);
     Ok(ok)
+}
+
+/// Polls [`Communicator::async_error`] (host memory, no synchronization) every
+/// millisecond until it reports a failure, or `bound` passes.
+fn watch_async_error(comm: &Communicator, bound: Duration) -> Option<Error> {
+    let t = Instant::now();
+    loop {
+        if let Err(e) = comm.async_error() {
+            println!("async_error after {} ms: {e}", t.elapsed().as_millis());
+            return Some(e);
+        }
+        if t.elapsed() > bound {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// Lets the work still queued finish (it fails fast once the failure word is set) before

@@ -1,67 +1,93 @@
 //! Aborting a communicator (NCCL's `ncclCommAbort`): a call waiting on a dead peer ends
-//! promptly instead of at its timeout, and the communicator serves no more calls.
+//! promptly instead of at its timeout, and the communicator serves no more calls; and
+//! seeing a kernel's failure without a synchronization (NCCL's `ncclCommGetAsyncError`).
 //!
-//! Every communicator owns one abort word: 8 bytes of host memory mapped for the device
+//! Every communicator owns two host words: 16 bytes of host memory mapped for the device
 //! ([`oxccl_hal::Device::alloc_host`]: `cuMemHostAlloc` with `DEVICEMAP`, `hipHostMalloc`
-//! mapped, plain shared memory on the host backend). Its device address is in the argument
-//! block of every kernel with bounded waits (`abort_flag` in `abi_allreduce.h`); a wait
-//! that has lasted 1 ms reads it at each of its clock reads (every 256 polls; a call whose
-//! waits end sooner never reads it: thousands of threads reading host memory slowed the
-//! one-shots 50-100x) and ends with `OXCCL_ALLREDUCE_ERR_ABORTED` once it is non-zero. [`Communicator::abort`] sets it, from any thread, while kernels run: a
-//! release store to host memory, which the device's system-scope loads see without a
-//! kernel boundary. The word is never cleared: an aborted communicator stays aborted, and
-//! its kernels' counters no longer agree with the peers', so it must be dropped.
+//! mapped, plain shared memory on the host backend). Their device address is in the
+//! argument block of every kernel with bounded waits (`abort_flag` in `abi_allreduce.h`).
+//!
+//! - The abort word: a wait that has lasted 1 ms reads it at each of its clock reads
+//!   (every 256 polls; a call whose waits end sooner never reads it: thousands of threads
+//!   reading host memory slowed the one-shots 50-100x) and ends with
+//!   `OXCCL_ALLREDUCE_ERR_ABORTED` once it is non-zero. [`Communicator::abort`] sets it,
+//!   from any thread, while kernels run: a release store to host memory, which the
+//!   device's system-scope loads see without a kernel boundary. The word is never cleared:
+//!   an aborted communicator stays aborted, and its kernels' counters no longer agree with
+//!   the peers', so it must be dropped.
+//! - The failure word: a kernel that records a failure in its scratch (a wait that timed
+//!   out or was aborted, a bad argument block) also stores it here, so
+//!   [`Communicator::async_error`] reads it from the host while the stream still runs or
+//!   a graph is being captured. Only failing calls write it: the calls that succeed do
+//!   nothing more than before.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use oxccl_backend::{AnyDevice, AnyHostMemory};
 use oxccl_hal::{Device, DevicePtr, Error, HostVisible, Memory, Result};
+use oxccl_kernels::abi::{OXCCL_HOST_WORDS, OXCCL_HOST_WORD_ABORT, OXCCL_HOST_WORD_FAILURE};
 
 use super::Communicator;
 
-/// The communicator's abort word (see the module docs). Freed on drop.
+/// The communicator's host words (see the module docs and `OXCCL_HOST_WORDS` in
+/// `abi_allreduce.h`): the abort word, which the host sets and the kernels' waits read, and
+/// the failure word, where the kernels mirror the first failure they record. Freed on drop.
 #[derive(Debug)]
-pub(crate) struct AbortWord {
+pub(crate) struct HostWords {
     memory: AnyHostMemory,
 }
 
-impl AbortWord {
-    /// Allocates the word on `device`, cleared.
-    pub(crate) fn new(device: &AnyDevice) -> Result<AbortWord> {
-        let memory = device.alloc_host(8)?;
+impl HostWords {
+    /// Allocates the words on `device`, cleared.
+    pub(crate) fn new(device: &AnyDevice) -> Result<HostWords> {
+        let bytes = 8 * OXCCL_HOST_WORDS as usize;
+        let memory = device.alloc_host(bytes)?;
         let host = memory.host_ptr();
-        if host.is_null() || (host as usize) % 8 != 0 || memory.len() < 8 {
+        if host.is_null() || (host as usize) % 8 != 0 || memory.len() < bytes {
             return Err(Error::InvalidArgument(format!(
-                "the abort word's host memory at {host:?} ({} bytes) is not 8 aligned bytes",
+                "the communicator's host words at {host:?} ({} bytes) are not {bytes} \
+                 8-aligned bytes",
                 memory.len()
             )));
         }
-        let word = AbortWord { memory };
+        let words = HostWords { memory };
         // Not every backend's pinned memory starts zeroed (hipHostMalloc).
-        word.cell().store(0, Ordering::Release);
-        Ok(word)
+        words
+            .cell(OXCCL_HOST_WORD_ABORT)
+            .store(0, Ordering::Release);
+        words
+            .cell(OXCCL_HOST_WORD_FAILURE)
+            .store(0, Ordering::Release);
+        Ok(words)
     }
 
-    fn cell(&self) -> &AtomicU64 {
-        // SAFETY: 8 bytes of host memory, 8-byte aligned (both checked in `new`), mapped as
-        // long as `self.memory` lives (borrowed with `self`); the host touches them only
-        // through this atomic and the device only through system-scope atomic loads.
-        unsafe { AtomicU64::from_ptr(self.memory.host_ptr().cast::<u64>()) }
+    fn cell(&self, index: u32) -> &AtomicU64 {
+        debug_assert!(index < OXCCL_HOST_WORDS);
+        // SAFETY: OXCCL_HOST_WORDS words of host memory, 8-byte aligned (both checked in
+        // `new`), mapped as long as `self.memory` lives (borrowed with `self`); the host
+        // touches them only through this atomic and the device only through system-scope
+        // loads and stores.
+        unsafe { AtomicU64::from_ptr(self.memory.host_ptr().cast::<u64>().add(index as usize)) }
     }
 
-    /// The word as the device sees it (what the argument blocks carry).
+    /// The words as the device sees them (what the argument blocks carry as `abort_flag`).
     pub(crate) fn device_ptr(&self) -> DevicePtr {
         self.memory.ptr()
     }
 
-    /// Sets the word; true when it was set already.
+    /// Sets the abort word; true when it was set already.
     fn set(&self) -> bool {
-        self.cell().swap(1, Ordering::AcqRel) != 0
+        self.cell(OXCCL_HOST_WORD_ABORT).swap(1, Ordering::AcqRel) != 0
     }
 
-    /// Whether the word is set.
+    /// Whether the abort word is set.
     pub(crate) fn is_set(&self) -> bool {
-        self.cell().load(Ordering::Acquire) != 0
+        self.cell(OXCCL_HOST_WORD_ABORT).load(Ordering::Acquire) != 0
+    }
+
+    /// The failure word: 0, or the first failure a kernel recorded (`device_error::decode`).
+    pub(crate) fn failure(&self) -> u64 {
+        self.cell(OXCCL_HOST_WORD_FAILURE).load(Ordering::Acquire)
     }
 }
 
@@ -112,6 +138,20 @@ impl Communicator {
             "the communicator was aborted (Communicator::abort, ncclCommAbort); it serves no \
              more calls",
         );
+    }
+
+    /// The first failure this rank's kernels recorded, read from host memory without
+    /// synchronizing anything (NCCL's `ncclCommGetAsyncError`): a wait that timed out
+    /// ([`Error::Timeout`], naming the peer), one that ended because the communicator was
+    /// aborted ([`Error::Aborted`]), or a rejected argument block. `Ok` while none failed,
+    /// also while kernels are still running or a graph is being captured. The kernels
+    /// store the word before they return, so a failure shows here no later than the
+    /// stream's synchronization would show it; [`Communicator::check_error`] remains the
+    /// way to wait for the outcome. Calls refused on the host (bad arguments, a call after
+    /// an abort) return their error directly and do not show here.
+    pub fn async_error(&self) -> Result<()> {
+        crate::device_error::decode(self.abort.failure(), "the kernels", self.config.timeout)
+            .map_err(|e| e.at_rank(self.rank))
     }
 
     /// Whether [`Communicator::abort`] was called.

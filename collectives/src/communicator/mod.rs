@@ -112,9 +112,9 @@ pub struct Communicator {
     tuned: Mutex<HashMap<DataType, Arc<TuneTable>>>,
     /// Every rank's shared scratch as mapped here, when an algorithm set up here uses it.
     scratch: Option<Arc<SharedScratch>>,
-    /// The abort word every kernel's waits read ([`abort`]; after the instances: their
-    /// argument blocks point at it).
-    abort: abort::AbortWord,
+    /// The abort word every kernel's waits read and the failure word they write ([`abort`];
+    /// after the instances: their argument blocks point at it).
+    abort: abort::HostWords,
     /// PreMulSum's scale kernel and the buffers it writes into ([`premul`]).
     premul: PreMulState,
     /// What the most recent call did ([`Communicator::last_call`]).

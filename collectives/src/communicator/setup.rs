@@ -13,7 +13,7 @@ use oxccl_channels::local_exchange::LocalExchange;
 use oxccl_hal::{BackendKind, Device, DeviceId, Error, Module, Result};
 use oxccl_kernels::abi::OXCCL_ALLREDUCE_MAX_RANKS;
 
-use super::abort::AbortWord;
+use super::abort::HostWords;
 use super::auto_register::AutoRegistry;
 use super::check::Signatures;
 use super::config::{CommConfig, MIN_ONESHOT_CAPACITY};
@@ -95,7 +95,7 @@ impl Communicator {
         let hosts = Hosts::gather(&bootstrap).map_err(at)?;
         let multi_node = !hosts.single_node();
         // The word Communicator::abort sets and every kernel's waits read.
-        let abort = AbortWord::new(&device).map_err(at)?;
+        let abort = HostWords::new(&device).map_err(at)?;
         // Each algorithm's setup takes what it needs: the scratch-protocol ones the shared
         // scratch (made on the first request), the PortChannel one its own channels.
         let ctx = SetupContext::new(

@@ -77,6 +77,15 @@ enum {
   OXCCL_ALLREDUCE_ERR_ABORTED = 3
 };
 
+/* The communicator's host words, 16 bytes of host memory mapped for the device, at
+ * `abort_flag` of every argument block: word 0 is the abort word (the host sets it); word
+ * OXCCL_HOST_WORD_FAILURE is where a kernel that records a failure in its scratch's ERROR
+ * word also writes it (system scope), so the host reads it without synchronizing a stream
+ * or ending a graph capture (ncclCommGetAsyncError). The first failure written stays. */
+#define OXCCL_HOST_WORD_ABORT 0
+#define OXCCL_HOST_WORD_FAILURE 1
+#define OXCCL_HOST_WORDS 2
+
 /* allreduce_oneshot_ll: every rank writes its input as LL16 packets (8 data bytes and the
  * call's flag twice per 16-byte store) into slot `rank` of every peer's packet half, then
  * reads the peers' packets from its own scratch and reduces in rank order. One kernel, no
@@ -112,9 +121,10 @@ typedef struct OxcclAllreduceArgs {
   uint64_t data_offset;       /* byte offset of the staging region */
   uint64_t data_bytes;        /* bytes of each staging buffer, a multiple of 16 */
   uint64_t timeout_ns;        /* bound of every wait; 0 = wait forever */
-  /* The communicator's abort word as the device sees it (8 bytes of host memory mapped
-   * for the device); non-zero ends every wait with OXCCL_ALLREDUCE_ERR_ABORTED. Read only
-   * by a wait that has lasted 1 ms (Deadline::kAbortCheckNs). Null: no abort word. */
+  /* The communicator's host words as the device sees them (OXCCL_HOST_WORDS above): a
+   * non-zero abort word ends every wait with OXCCL_ALLREDUCE_ERR_ABORTED, read only by a
+   * wait that has lasted 1 ms (Deadline::kAbortCheckNs); failures are mirrored into the
+   * failure word. Null: neither. */
   const uint64_t* abort_flag;
   uint32_t rank;
   uint32_t world_size;

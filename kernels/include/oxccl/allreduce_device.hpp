@@ -79,12 +79,24 @@ struct Deadline {
   }
 };
 
-/// Records the first failure of this rank (code | peer << 32).
-OXCCL_DEVICE_INLINE void report(void* own_scratch, uint32_t code, uint32_t peer) {
+/// Mirrors a failure word into the communicator's host failure word (`host_words`: the
+/// argument block's `abort_flag`; null: none), unless one is there already: the host reads
+/// it without synchronizing (ncclCommGetAsyncError). A system-scope relaxed load and store,
+/// no atomic read-modify-write (not every host bus has them); racing blocks each write a
+/// failure of this call, and which one stays does not matter. Only failing calls get here.
+OXCCL_DEVICE_INLINE void mirror_failure(const uint64_t* host_words, uint64_t word) {
+  if (host_words == nullptr) return;
+  uint64_t* failure = const_cast<uint64_t*>(host_words) + OXCCL_HOST_WORD_FAILURE;
+  if (atomic_load_relaxed(failure) == 0) atomic_store_relaxed(failure, word);
+}
+
+/// Records the first failure of this rank (code | peer << 32) in its scratch, and mirrors
+/// it for the host (`mirror_failure`).
+OXCCL_DEVICE_INLINE void report(void* own_scratch, const uint64_t* host_words, uint32_t code, uint32_t peer) {
   uint64_t* err = sync_word(own_scratch, OXCCL_ALLREDUCE_SYNC_ERROR);
-  if (atomic_load_relaxed(err) == 0) {
-    atomic_store_relaxed(err, static_cast<uint64_t>(code) | (static_cast<uint64_t>(peer) << 32));
-  }
+  const uint64_t word = static_cast<uint64_t>(code) | (static_cast<uint64_t>(peer) << 32);
+  if (atomic_load_relaxed(err) == 0) atomic_store_relaxed(err, word);
+  mirror_failure(host_words, word);
 }
 
 /// Bytes [off, off + 16) of a buffer of `total` bytes; bytes past the end read as zero.
@@ -286,7 +298,7 @@ OXCCL_DEVICE_INLINE bool barrier_of_block(const OxcclAllreduceArgs& a, const Dea
       *expected = want;
     } else {
       *failed = 1;
-      report(own, d.failure(), p);
+      report(own, d.abort, d.failure(), p);
     }
   }
   __syncthreads();
@@ -431,7 +443,8 @@ OXCCL_DEVICE_INLINE bool ll16_read_peers(const char* mine, uint64_t u, uint64_t 
         }
       }
       if (pending != 0 && call.deadline.expired(polls, since)) {
-        report(call.own, call.deadline.failure(), g + static_cast<uint32_t>(__ffs(pending) - 1) / 2);
+        report(call.own, call.deadline.abort, call.deadline.failure(),
+               g + static_cast<uint32_t>(__ffs(pending) - 1) / 2);
         return false;
       }
     }
@@ -487,7 +500,7 @@ __device__ __forceinline__ void run_call(const OxcclAllreduceArgs& a, bool kerne
   launch_dependents();
   void* own = own_scratch(a);
   if (!args_ok(a) || !kernel_ok) {
-    if (thread_index() == 0) report(own, OXCCL_ALLREDUCE_ERR_ARGS, a.rank);
+    if (thread_index() == 0) report(own, a.abort_flag, OXCCL_ALLREDUCE_ERR_ARGS, a.rank);
     return;
   }
   // An earlier call of this communicator failed (its peers are out of step): end instead

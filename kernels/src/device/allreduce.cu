@@ -153,7 +153,9 @@ OXCCL_DEVICE_INLINE void oneshot_ll128_body(const Reducer reduce, const OxcclAll
       pending &= ~ok;
       if (__all_sync(0xffffffffu, pending == 0)) break;
       if (__any_sync(0xffffffffu, pending != 0 && call.deadline.expired(polls, since))) {
-        if (pending != 0) report(a.scratch[me], call.deadline.failure(), static_cast<uint32_t>(__ffs(pending) - 1));
+        if (pending != 0) {
+          report(a.scratch[me], a.abort_flag, call.deadline.failure(), static_cast<uint32_t>(__ffs(pending) - 1));
+        }
         return;
       }
     }
@@ -410,7 +412,7 @@ OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void allreduce_oneshot_ll128(const OXCCL_G
 #else
   // The 128-byte line atomicity LL128 needs is an NVLink property; on this architecture
   // the host refuses the algorithm before launching, and a launch anyway is an error.
-  if (oxccl::thread_index() == 0) report(own_scratch(args), OXCCL_ALLREDUCE_ERR_ARGS, args.rank);
+  if (oxccl::thread_index() == 0) report(own_scratch(args), args.abort_flag, OXCCL_ALLREDUCE_ERR_ARGS, args.rank);
 #endif
 }
 

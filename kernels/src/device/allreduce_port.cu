@@ -32,12 +32,13 @@ OXCCL_DEVICE_INLINE uint64_t* port_word(void* scratch, uint64_t offset) {
   return reinterpret_cast<uint64_t*>(static_cast<char*>(scratch) + offset);
 }
 
-/// Records the first failure of this rank (code | peer << 32) in the port scratch.
-OXCCL_DEVICE_INLINE void port_report(void* scratch, uint32_t code, uint32_t peer) {
-  uint64_t* err = port_word(scratch, OXCCL_PORT_ALLREDUCE_SYNC_ERROR);
-  if (atomic_load_relaxed(err) == 0) {
-    atomic_store_relaxed(err, static_cast<uint64_t>(code) | (static_cast<uint64_t>(peer) << 32));
-  }
+/// Records the first failure of this rank (code | peer << 32) in the port scratch, and
+/// mirrors it for the host (`allreduce::mirror_failure`).
+OXCCL_DEVICE_INLINE void port_report(const OxcclPortAllreduceArgs& a, uint32_t code, uint32_t peer) {
+  uint64_t* err = port_word(a.scratch, OXCCL_PORT_ALLREDUCE_SYNC_ERROR);
+  const uint64_t word = static_cast<uint64_t>(code) | (static_cast<uint64_t>(peer) << 32);
+  if (atomic_load_relaxed(err) == 0) atomic_store_relaxed(err, word);
+  allreduce::mirror_failure(a.abort_flag, word);
 }
 
 /// Waits for the peer's next signal on a PortChannel's host-to-device semaphore, bounded by
@@ -129,7 +130,7 @@ OXCCL_DEVICE_INLINE bool port_push(const OxcclPortAllreduceArgs& a, const PortRo
   // A full FIFO ends at the FIFO's own spin limit (it does not read the abort word);
   // either failure is reported as an abort once the communicator was aborted.
   if (ch.put_with_signal(dst, src, round.units * 16) == ~uint64_t{0}) {
-    port_report(a.scratch, d.failure(), p);
+    port_report(a, d.failure(), p);
     return false;
   }
   return true;
@@ -159,7 +160,7 @@ OXCCL_DEVICE_OUTLINED bool port_exchange(const OxcclPortAllreduceArgs& a, uint64
   __syncthreads();
   if (peer && *failed == 0) {
     if (!wait_signal(a.channels[p].semaphore, d)) {
-      port_report(a.scratch, d.failure(), p);
+      port_report(a, d.failure(), p);
       *failed = 1;
     } else if (more && !port_push(a, next, scatter, d, p)) {
       *failed = 1;
@@ -251,7 +252,7 @@ template <typename Body>
 OXCCL_DEVICE_INLINE void port_entry(const OxcclPortAllreduceArgs& args, Body body) {
   if (!port_args_ok(args)) {
     if (thread_index() == 0 && args.scratch != nullptr) {
-      port_report(args.scratch, OXCCL_ALLREDUCE_ERR_ARGS, args.rank);
+      port_report(args, OXCCL_ALLREDUCE_ERR_ARGS, args.rank);
     }
     return;
   }

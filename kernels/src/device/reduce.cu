@@ -61,7 +61,7 @@ OXCCL_DEVICE_INLINE bool wait_seen(const uint64_t* seen, uint32_t peer, uint64_t
   uint64_t since = 0;
   for (uint64_t polls = 0; atomic_load_acquire(seen + peer) < want; ++polls) {
     if (call.deadline.expired(polls, since)) {
-      report(call.own, call.deadline.failure(), peer);
+      report(call.own, call.deadline.abort, call.deadline.failure(), peer);
       return false;
     }
   }
@@ -340,7 +340,7 @@ OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void reduce_local(const OXCCL_GRID_CONSTAN
   using namespace oxccl::allreduce;
   // Not run_call: that advances the epoch (see the file's head).
   if (!args_ok(args)) {
-    if (oxccl::thread_index() == 0) report(own_scratch(args), OXCCL_ALLREDUCE_ERR_ARGS, args.rank);
+    if (oxccl::thread_index() == 0) report(own_scratch(args), args.abort_flag, OXCCL_ALLREDUCE_ERR_ARGS, args.rank);
     return;
   }
   dispatch_all(args, [&]<typename Fmt>(auto reducer) OXCCL_INLINE_LAMBDA {

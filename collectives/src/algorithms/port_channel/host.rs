@@ -14,7 +14,7 @@ use oxccl_kernels::abi::{
     OXCCL_PORT_ALLREDUCE_SYNC_ERROR, OXCCL_PORT_ROUND_SLOTS,
 };
 
-use crate::host_kernels::{aborted, read_unit, reduce_unit, write_unit};
+use crate::host_kernels::{aborted, mirror_failure, read_unit, reduce_unit, write_unit};
 
 /// What a PortChannel kernel does with the chunks it exchanges.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +53,7 @@ impl Call {
         let call = |r: Result<Call>| {
             if r.is_err() {
                 // SAFETY: scratch non-null: the caller's live scratch (launch contract).
-                unsafe { report(a.scratch.cast(), OXCCL_ALLREDUCE_ERR_ARGS, a.rank) };
+                unsafe { report(&a, OXCCL_ALLREDUCE_ERR_ARGS, a.rank) };
             }
             r
         };
@@ -125,7 +125,7 @@ impl Call {
     fn fail(&self, peer: usize, what: &str) -> Error {
         if aborted(self.a.abort_flag) {
             // SAFETY: the live scratch (launch contract).
-            unsafe { report(self.scratch(), OXCCL_ALLREDUCE_ERR_ABORTED, peer as u32) };
+            unsafe { report(&self.a, OXCCL_ALLREDUCE_ERR_ABORTED, peer as u32) };
             return Error::Aborted(format!(
                 "{}: the communicator of rank {} was aborted while it waited for rank {peer} \
                  ({what})",
@@ -133,7 +133,7 @@ impl Call {
             ));
         }
         // SAFETY: the live scratch (launch contract).
-        unsafe { report(self.scratch(), OXCCL_ALLREDUCE_ERR_TIMEOUT, peer as u32) };
+        unsafe { report(&self.a, OXCCL_ALLREDUCE_ERR_TIMEOUT, peer as u32) };
         Error::Timeout {
             what: format!(
                 "{}: rank {} waiting for rank {peer} ({what}); the peer is dead, \
@@ -216,21 +216,25 @@ impl Call {
     }
 }
 
-/// Records the first failure (code | peer << 32) in the scratch's error word.
+/// Records the first failure (code | peer << 32) in the scratch's error word of `a`, and
+/// mirrors it into the communicator's host failure word.
 ///
 /// # Safety
-/// `scratch` must be a live port-allreduce scratch.
-unsafe fn report(scratch: *mut u8, code: u32, peer: u32) {
+/// `a.scratch` must be a live port-allreduce scratch, and `a.abort_flag` null or the
+/// communicator's live host words.
+unsafe fn report(a: &OxcclPortAllreduceArgs, code: u32, peer: u32) {
+    let word = u64::from(code) | (u64::from(peer) << 32);
     // SAFETY: the caller's obligation; the word is 8-byte aligned.
     let w = unsafe {
-        AtomicU64::from_ptr(scratch.add(OXCCL_PORT_ALLREDUCE_SYNC_ERROR as usize).cast())
+        AtomicU64::from_ptr(
+            a.scratch
+                .cast::<u8>()
+                .add(OXCCL_PORT_ALLREDUCE_SYNC_ERROR as usize)
+                .cast(),
+        )
     };
-    let _ = w.compare_exchange(
-        0,
-        u64::from(code) | (u64::from(peer) << 32),
-        Ordering::Relaxed,
-        Ordering::Relaxed,
-    );
+    let _ = w.compare_exchange(0, word, Ordering::Relaxed, Ordering::Relaxed);
+    mirror_failure(a.abort_flag, word);
 }
 
 /// A PortChannel kernel on the host backend: the device kernel's steps on one thread.
