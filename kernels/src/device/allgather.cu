@@ -125,7 +125,7 @@ OXCCL_DEVICE_INLINE void direct_body(const OxcclAllreduceArgs& a, const CallStat
 
   // Every peer's call has started: its output is free to write.
   if (!start_barrier(a, call.deadline, call.failed)) return;
-  for (uint64_t j = thread_index(); j < units; j += thread_count()) {
+  for (uint64_t j = spread_index(); j < units; j += thread_count()) {
     const Vec16 v = load_unit(a.input, j * 16, total);
     // Peers first (remote stores take longest), my own slot last.
     for (uint32_t k = 1; k < w; ++k) {

@@ -185,7 +185,7 @@ struct Rounds {
     const uint64_t rounds = (units + w * cap_max - 1) / (w * cap_max);
     cap = (units + rounds * w - 1) / (rounds * w);
     round_bytes = cap * 16 * w;
-    first = thread_index();
+    first = spread_index();
     step = thread_count();
   }
 };
@@ -358,7 +358,7 @@ OXCCL_DEVICE_INLINE void twoshot_zc_body(const Reducer reduce, const OxcclAllred
   if (!start_barrier(a, call.deadline, call.failed)) return;
 
   const uint64_t step = spread * kZcUnits;
-  for (uint64_t j0 = start + thread_index(); j0 < end; j0 += step) {
+  for (uint64_t j0 = start + spread_index(); j0 < end; j0 += step) {
     Vec16 v[kZcUnits][OXCCL_ALLREDUCE_MAX_RANKS];
 #pragma unroll
     for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {

@@ -122,7 +122,7 @@ OXCCL_DEVICE_INLINE void direct_body(const OxcclAllreduceArgs& a, const CallStat
 
   // Every peer's call has started: its output is free to write.
   if (!start_barrier(a, call.deadline, call.failed)) return;
-  for (uint64_t j = thread_index(); j < units; j += thread_count()) {
+  for (uint64_t j = spread_index(); j < units; j += thread_count()) {
     // Peers first (remote stores take longest), my own slot last.
     for (uint32_t k = 1; k < w; ++k) {
       const uint32_t p = me + k < w ? me + k : me + k - w;
@@ -254,7 +254,7 @@ OXCCL_DEVICE_INLINE void v_direct_body(const OxcclAlltoallvArgs& v, const CallSt
   // Every thread moves its unit of every chunk in one pass: the remote stores of all the
   // peers are in flight together and my own chunk's local copy fills their gaps (chunk
   // after chunk left the local copy for the end, after the slowest peer's stores).
-  for (uint64_t i = thread_index(); i < most; i += thread_count()) {
+  for (uint64_t i = spread_index(); i < most; i += thread_count()) {
 #pragma unroll
     for (uint32_t k = 0; k < OXCCL_ALLREDUCE_MAX_RANKS; ++k) {
       if (i < mine[k]) store_unit(dst[k], i * 16, load_unit(src[k], i * 16, rest[k]), rest[k]);

@@ -137,7 +137,7 @@ OXCCL_DEVICE_INLINE void direct_body(const OxcclAllreduceArgs& a, const CallStat
   if (!start_barrier(a, call.deadline, call.failed)) return;
   if (me == a.root) {
     const bool in_place = a.input == a.output;
-    for (uint64_t j = thread_index(); j < units; j += thread_count()) {
+    for (uint64_t j = spread_index(); j < units; j += thread_count()) {
       const Vec16 v = load_unit(a.input, j * 16, total);
       for (uint32_t k = 1; k < w; ++k) {
         const uint32_t p = me + k < w ? me + k : me + k - w;
@@ -165,7 +165,7 @@ OXCCL_DEVICE_INLINE void relay_body(const OxcclAllreduceArgs& a, const CallState
     if (me == root && r < g.rounds) {
       // First hop of round r: chunk i to the rank that relays it (every chunk at once,
       // so every link is busy).
-      for (uint64_t t = thread_index(); t < g.per_round; t += thread_count()) {
+      for (uint64_t t = threadIdx.x; t < g.share; t += blockDim.x) {
         for (uint32_t i = 0; i < chunks; ++i) {
           uint64_t lo, hi;
           g.part(i, r, lo, hi);
@@ -181,7 +181,7 @@ OXCCL_DEVICE_INLINE void relay_body(const OxcclAllreduceArgs& a, const CallState
       // rank but the root.
       uint64_t lo, hi;
       g.part(relay_chunk(me, root, w), r - 1, lo, hi);
-      for (uint64_t j = lo + thread_index(); j < hi; j += thread_count()) {
+      for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
         const Vec16 v = peer_unit(static_cast<const char*>(a.output), j, total);  // written by the root
         for (uint32_t k = 1; k < w; ++k) {
           const uint32_t q = me + k < w ? me + k : me + k - w;

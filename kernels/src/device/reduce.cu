@@ -184,7 +184,7 @@ OXCCL_DEVICE_INLINE void direct_body(const Reducer reduce, const OxcclAllreduceA
   if (!start_barrier(a, call.deadline, call.failed)) return;
   if (a.rank == a.root) {
     const uint64_t step = spread * kDirectUnits;
-    for (uint64_t j0 = thread_index(); j0 < units; j0 += step) {
+    for (uint64_t j0 = spread_index(); j0 < units; j0 += step) {
       Vec16 in[kDirectUnits][OXCCL_ALLREDUCE_MAX_RANKS];
 #pragma unroll
       for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
@@ -247,7 +247,7 @@ OXCCL_DEVICE_INLINE void relay_body(const Reducer reduce, const OxcclAllreduceAr
       char* staging = static_cast<char*>(a.scratch[root]);
       uint64_t lo, hi;
       g.part(mine, r, lo, hi);
-      for (uint64_t j = lo + thread_index(); j < hi; j += thread_count()) {
+      for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
         Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
 #pragma unroll
         for (uint32_t q = 0; q < OXCCL_ALLREDUCE_MAX_RANKS; ++q) {
@@ -267,7 +267,7 @@ OXCCL_DEVICE_INLINE void relay_body(const Reducer reduce, const OxcclAllreduceAr
       for (uint32_t i = 0; i < chunks; ++i) {
         uint64_t lo, hi;
         g.part(i, r - 1, lo, hi);
-        for (uint64_t j = lo + thread_index(); j < hi; j += thread_count()) {
+        for (uint64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
           store_unit(a.output, j * 16, load16_peer(staging + at(r - 1, i, j)), total);
         }
       }

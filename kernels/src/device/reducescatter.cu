@@ -122,7 +122,7 @@ OXCCL_DEVICE_INLINE void direct_body(const Reducer reduce, const OxcclAllreduceA
 
   // Every peer's call has started: its input is ready.
   if (!start_barrier(a, call.deadline, call.failed)) return;
-  for (uint64_t j = thread_index(); j < units; j += thread_count()) {
+  for (uint64_t j = spread_index(); j < units; j += thread_count()) {
     Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
 #pragma unroll
     for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
