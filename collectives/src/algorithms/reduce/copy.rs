@@ -75,6 +75,11 @@ pub const DEFAULT_TAIL: usize = 8 << 20;
 /// (several times faster than its copy) is done before the copies after it are. Every
 /// chunk starts 16-byte aligned and holds at most `cap` bytes (`tail` is kept at most half
 /// of it); the bytes past the last 16-byte unit go to the last one.
+///
+/// Chunks up to three times all that follow them (fewer boundaries: 512, 384, 96, 24, 8 MiB
+/// for 1 GiB) were tried on 2 H200s and lost: 2984 us against 2764-2766 at 1 GiB, 432
+/// against 388-389 at 128 MiB, 1626-1629 against 1410-1412 at 512 MiB. The local reduce of a
+/// large chunk beside the copy engine's writes does not end within the copies after it.
 pub(crate) fn tail_schedule(bytes: usize, tail: usize, cap: usize) -> Vec<(usize, usize)> {
     let cap = cap.max(32) / 16 * 16;
     let tail = tail.clamp(16, cap / 2) / 16 * 16;
