@@ -52,22 +52,29 @@ __device__ __forceinline__ uint4 add_units(const uint4& a, const uint4& b) {
 
 enum class Shape { Block, Grid };
 
+// A thread's walk over `units`: unit `first`, then every `spread`, below `end`.
+struct Walk {
+  uint64_t first, end, spread;
+};
+
+template <Shape kShape>
+__device__ __forceinline__ Walk walk_of(uint64_t units) {
+  if constexpr (kShape == Shape::Block) {
+    const uint64_t share = (units + gridDim.x - 1) / gridDim.x;
+    const uint64_t lo = blockIdx.x * share;
+    return Walk{lo + threadIdx.x, lo + share < units ? lo + share : units, blockDim.x};
+  } else {
+    return Walk{blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x, units,
+                static_cast<uint64_t>(gridDim.x) * blockDim.x};
+  }
+}
+
 // out[u] = own[u] + peer[u] (bf16 pairs) for every 16-byte unit; `kAdd` false: out = peer.
 template <Shape kShape, int kUnits, bool kPipelined, bool kAdd>
 __global__ void __launch_bounds__(512) reduce_kernel(const uint4* __restrict__ own, const uint4* __restrict__ peer,
                                                      uint4* __restrict__ out, uint64_t units) {
-  uint64_t first, end, step, spread;
-  if constexpr (kShape == Shape::Block) {
-    const uint64_t share = (units + gridDim.x - 1) / gridDim.x;
-    first = blockIdx.x * share + threadIdx.x;
-    end = blockIdx.x * share + share < units ? blockIdx.x * share + share : units;
-    spread = blockDim.x;
-  } else {
-    first = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;
-    end = units;
-    spread = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  }
-  step = spread * kUnits;
+  const auto [first, end, spread] = walk_of<kShape>(units);
+  const uint64_t step = spread * kUnits;
   uint4 a[kUnits], b[kUnits];
   const auto load = [&](uint64_t u0) {
 #pragma unroll
@@ -112,17 +119,7 @@ template <Shape kShape, int kUnits>
 __global__ void __launch_bounds__(512) push_kernel(const uint4* __restrict__ own, const uint4* __restrict__ unused,
                                                    uint4* __restrict__ peer_out, uint64_t units) {
   (void)unused;
-  uint64_t first, end, spread;
-  if constexpr (kShape == Shape::Block) {
-    const uint64_t share = (units + gridDim.x - 1) / gridDim.x;
-    first = blockIdx.x * share + threadIdx.x;
-    end = blockIdx.x * share + share < units ? blockIdx.x * share + share : units;
-    spread = blockDim.x;
-  } else {
-    first = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;
-    end = units;
-    spread = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  }
+  const auto [first, end, spread] = walk_of<kShape>(units);
   for (uint64_t u0 = first; u0 < end; u0 += spread * kUnits) {
     uint4 v[kUnits];
 #pragma unroll
