@@ -170,10 +170,10 @@ OXCCL_DEVICE_INLINE void oneshot_ll128_body(const Reducer reduce, const OxcclAll
 /// slots are exactly its chunks (every block gets a share). A larger one is cut into equal
 /// rounds, and every round, also the shorter last one, uses the same geometry: `world`
 /// slots of `cap` units, each thread always owning the same units of every slot (a grid
-/// stride, see `SlotRounds`).
-/// So a block only touches the staging positions that the same block of every peer
-/// touches, and the per-block barriers order all reuse of staging across rounds (a peer's
-/// other blocks may still be a phase behind; they never touch these positions).
+/// stride, see `SlotRounds`), so a block only touches the staging positions that the same
+/// block of every peer touches, and the per-block barriers order all reuse of staging
+/// across rounds (a peer's other blocks may still be a phase behind; they never touch
+/// these positions).
 struct Rounds {
   uint64_t cap;         // units per slot (per rank's chunk) of a full round
   uint64_t round_bytes; // message bytes per full round = w * cap * 16
