@@ -183,8 +183,7 @@ impl Call {
             OXCCL_ALLREDUCE_ERR_TIMEOUT
         };
         let code = u64::from(kind) | ((peer as u64) << 32);
-        let _ = err.compare_exchange(0, code, Ordering::Relaxed, Ordering::Relaxed);
-        mirror_failure(self.a.abort_flag, code);
+        record_failure(err, self.a.abort_flag, code);
         if aborted {
             return Error::Aborted(format!(
                 "{}: the communicator of rank {} was aborted while it waited for rank {peer} \
@@ -344,12 +343,12 @@ impl Call {
     }
 }
 
-/// Whether the abort word at `flag` (an argument block's `abort_flag`; null: none) is set.
-/// Every host stand-in with bounded waits reads it through here.
-/// Mirrors a failure word into the communicator's host failure word, unless one is there
-/// already (the device kernels' `mirror_failure`): `host_words` is an argument block's
-/// `abort_flag` (null: none).
-pub(crate) fn mirror_failure(host_words: *const u64, word: u64) {
+/// Records a failure word (code | peer << 32) in `err`, a scratch's error word, unless one
+/// is there already, and mirrors it into the communicator's host failure word, unless one
+/// is there already (the device kernels' `report`): `host_words` is an argument block's
+/// `abort_flag` (null: none). Every host stand-in records its failures through here.
+pub(crate) fn record_failure(err: &AtomicU64, host_words: *const u64, word: u64) {
+    let _ = err.compare_exchange(0, word, Ordering::Relaxed, Ordering::Relaxed);
     if host_words.is_null() {
         return;
     }
@@ -361,6 +360,8 @@ pub(crate) fn mirror_failure(host_words: *const u64, word: u64) {
     let _ = failure.compare_exchange(0, word, Ordering::Release, Ordering::Relaxed);
 }
 
+/// Whether the abort word at `flag` (an argument block's `abort_flag`; null: none) is set.
+/// Every host stand-in with bounded waits reads it through here.
 pub(crate) fn aborted(flag: *const u64) -> bool {
     if flag.is_null() {
         return false;

@@ -52,12 +52,9 @@ impl HostWords {
         }
         let words = HostWords { memory };
         // Not every backend's pinned memory starts zeroed (hipHostMalloc).
-        words
-            .cell(OXCCL_HOST_WORD_ABORT)
-            .store(0, Ordering::Release);
-        words
-            .cell(OXCCL_HOST_WORD_FAILURE)
-            .store(0, Ordering::Release);
+        for index in 0..OXCCL_HOST_WORDS {
+            words.cell(index).store(0, Ordering::Release);
+        }
         Ok(words)
     }
 

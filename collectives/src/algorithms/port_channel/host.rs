@@ -14,7 +14,7 @@ use oxccl_kernels::abi::{
     OXCCL_PORT_ALLREDUCE_SYNC_ERROR, OXCCL_PORT_ROUND_SLOTS,
 };
 
-use crate::host_kernels::{aborted, mirror_failure, read_unit, reduce_unit, write_unit};
+use crate::host_kernels::{aborted, read_unit, record_failure, reduce_unit, write_unit};
 
 /// What a PortChannel kernel does with the chunks it exchanges.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -233,8 +233,7 @@ unsafe fn report(a: &OxcclPortAllreduceArgs, code: u32, peer: u32) {
                 .cast(),
         )
     };
-    let _ = w.compare_exchange(0, word, Ordering::Relaxed, Ordering::Relaxed);
-    mirror_failure(a.abort_flag, word);
+    record_failure(w, a.abort_flag, word);
 }
 
 /// A PortChannel kernel on the host backend: the device kernel's steps on one thread.
