@@ -13,8 +13,9 @@
 #     ci/gpu/session.sh collsweep  # each of their algorithms forced over 1K..4M (thresholds)
 #     ci/gpu/session.sh latency    # 1K..4M vs NCCL: early launch on/off, and an earlier
 #                                  # build in .gpu/base/ when there is one
-#     ci/gpu/session.sh ab         # one oxccl-perf command, this build against .gpu/base,
-#                                  # interleaved twice, each vs NCCL (OXCCL_AB_ARGS, OXCCL_AB_ALGO)
+#     ci/gpu/session.sh ab         # one oxccl-perf command, this build against .gpu/base (or
+#                                  # against itself under OXCCL_AB_BASE_ENV), interleaved twice,
+#                                  # each vs NCCL (OXCCL_AB_ARGS, OXCCL_AB_ALGO, OXCCL_AB_NEW_ENV)
 #     ci/gpu/session.sh probe      # where a small call's time goes (ci/gpu/probe/), 2 GPUs
 #     ci/gpu/session.sh bwprobe    # how fast large data moves between 2 GPUs: SM stores / loads,
 #                                  # copy engines, both (ci/gpu/probe/bandwidth_probe.cu)
@@ -314,19 +315,24 @@ ab)
     # algorithm, default the selector's), on the first OXCCL_SESSION_GPUS GPUs (default 2).
     # shellcheck disable=SC2206 # the arguments are words on purpose
     ab_args=(${OXCCL_AB_ARGS:--c reduce -b 1M -e 1G -f 2 -d bf16 -w 5 --iters 20 --graph})
+    # An A/B of a knob instead: OXCCL_AB_NEW_ENV and OXCCL_AB_BASE_ENV (VAR=value words);
+    # with OXCCL_AB_BASE_ENV set, the base is this build under those settings.
     ab_env=()
     [[ -n ${OXCCL_AB_ALGO:-} ]] && ab_env=(OXCCL_ALGO="${OXCCL_AB_ALGO}")
+    # shellcheck disable=SC2206 # VAR=value words
+    new_env=(${OXCCL_AB_NEW_ENV:-}) base_env=(${OXCCL_AB_BASE_ENV:-})
     n=${OXCCL_SESSION_GPUS:-2}
     n=${n%% *}
     export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
     for round in 1 2; do
         for variant in new base; do
-            bin="${BIN}/oxccl-perf"
+            bin="${BIN}/oxccl-perf" envs=("${ab_env[@]}" "${new_env[@]}")
             if [[ ${variant} == base ]]; then
-                bin=.gpu/base/oxccl-perf
+                envs=("${ab_env[@]}" "${base_env[@]}")
+                ((${#base_env[@]})) || bin=.gpu/base/oxccl-perf
                 [[ -x ${bin} ]] || continue
             fi
-            step "ab ${n}gpu ${OXCCL_AB_ALGO:-auto} ${variant} round ${round}" 150 env "${ab_env[@]}" "${bin}" \
+            step "ab ${n}gpu ${OXCCL_AB_ALGO:-auto} ${variant} round ${round}" 150 env "${envs[@]}" "${bin}" \
                 -N "${n}" "${ab_args[@]}" --compare nccl --json "${out}/ab-${OXCCL_AB_ALGO:-auto}-${variant}-${round}-${n}gpu.json"
         done
     done

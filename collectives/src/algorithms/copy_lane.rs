@@ -76,7 +76,7 @@ pub(crate) fn setup(
     if !ctx.wanted(me) {
         return Ok(None);
     }
-    Ok(Some(make(Barriered::load(ctx, me, Streams::One)?)))
+    Ok(Some(make(Barriered::load(ctx, me)?)))
 }
 
 /// A copy-lane algorithm's state: its one-block barrier kernel, its lane, and what moves
@@ -90,15 +90,11 @@ pub(crate) struct Barriered {
 
 impl Barriered {
     /// The barrier kernel of `me` (never launched early: the second barrier follows
-    /// copies) and a lane with `streams` copy streams.
-    pub(crate) fn load(
-        ctx: &SetupContext<'_>,
-        me: Algorithm,
-        streams: Streams,
-    ) -> Result<Barriered> {
+    /// copies) and a lane.
+    pub(crate) fn load(ctx: &SetupContext<'_>, me: Algorithm) -> Result<Barriered> {
         Ok(Barriered {
             barriers: ScratchKernel::load(ctx, me, FlagRegion::Packets)?.without_early_launch(),
-            lane: CopyLane::new(ctx, streams)?,
+            lane: CopyLane::new(ctx)?,
             peers_by: peers_by_from_env()?,
         })
     }
@@ -200,19 +196,6 @@ pub(crate) enum Landing {
     Slots,
     /// Every span its own destination: no copy waits for a consumer.
     Distinct,
-    /// As [`Landing::Distinct`], the even spans copied on the lane's stream and the odd ones
-    /// on a second copy stream at the same time. One engine alone fills the link (one or
-    /// two streams moved the same 396 GB/s at 1 GiB, ci/gpu/probe/bandwidth_probe.cu), but
-    /// it idles a few microseconds between two copies of one stream; with two streams the
-    /// other's copy fills that gap.
-    DistinctPaired,
-}
-
-/// How many copy streams a lane has: [`Landing::DistinctPaired`] needs two.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Streams {
-    One,
-    Two,
 }
 
 /// The lane's stream, its fork and join events, and a pipeline's per-slot events.
@@ -225,9 +208,6 @@ struct Lane {
     copied: [AnyEvent; PIPELINE_DEPTH],
     /// Recorded on the caller's stream when a slot's consumer has been queued.
     consumed: [AnyEvent; PIPELINE_DEPTH],
-    /// The second copy stream of [`Landing::DistinctPaired`] (a lane made
-    /// [`CopyLane::paired`]).
-    second: Option<AnyStream>,
 }
 
 /// A stream beside the caller's and the local copy kernel (see the module docs). One call
@@ -242,11 +222,11 @@ pub(crate) struct CopyLane {
 
 impl CopyLane {
     /// A lane on the device being set up.
-    pub(crate) fn new(ctx: &SetupContext<'_>, streams: Streams) -> Result<Self> {
-        Self::with_kernel(ctx.device, ctx.own_kernel(COPY_KERNEL)?, streams)
+    pub(crate) fn new(ctx: &SetupContext<'_>) -> Result<Self> {
+        Self::with_kernel(ctx.device, ctx.own_kernel(COPY_KERNEL)?)
     }
 
-    fn with_kernel(device: &AnyDevice, copy: AnyKernel, streams: Streams) -> Result<Self> {
+    fn with_kernel(device: &AnyDevice, copy: AnyKernel) -> Result<Self> {
         let copy_config = grid_of(device, max_blocks(device.capabilities()));
         Ok(Self {
             lane: Mutex::new(Lane {
@@ -255,10 +235,6 @@ impl CopyLane {
                 joined: device.create_sync_event()?,
                 copied: [device.create_sync_event()?, device.create_sync_event()?],
                 consumed: [device.create_sync_event()?, device.create_sync_event()?],
-                second: match streams {
-                    Streams::One => None,
-                    Streams::Two => Some(device.create_stream()?),
-                },
             }),
             copy,
             copy_config,
@@ -279,7 +255,7 @@ impl CopyLane {
         side: impl FnOnce(&AnyStream) -> Result<()>,
         main: impl FnOnce(&AnyStream) -> Result<()>,
     ) -> Result<()> {
-        self.forked(stream, false, |lane| {
+        self.forked(stream, |lane| {
             let sided = side(&lane.stream);
             sided.and(main(stream))
         })
@@ -289,10 +265,9 @@ impl CopyLane {
     /// then `consume(i, stream)` on `stream` once it has landed, while the lane copies span
     /// i + 1. With [`Landing::Slots`], span i + [`PIPELINE_DEPTH`]'s copy waits for the
     /// work `consume(i)` queued, so spans that many apart may share a destination; with
-    /// [`Landing::Distinct`] the copies never wait for a consumer; with
-    /// [`Landing::DistinctPaired`] neither, and the odd spans are copied on the second
-    /// stream (a lane made with [`Streams::Two`]). Work queued on `stream` afterwards waits
-    /// for all of it; the first error is returned, after the join is queued.
+    /// [`Landing::Distinct`] the copies never wait for a consumer. Work queued on `stream`
+    /// afterwards waits for all of it; the first error is returned, after the join is
+    /// queued.
     ///
     /// # Safety
     /// As [`CopyLane::copy`] for every span, with destinations reused only
@@ -304,31 +279,16 @@ impl CopyLane {
         landing: Landing,
         mut consume: impl FnMut(usize, &AnyStream) -> Result<()>,
     ) -> Result<()> {
-        self.forked(stream, landing == Landing::DistinctPaired, |lane| {
-            let second = match (landing, &lane.second) {
-                (Landing::DistinctPaired, Some(second)) => Some(second),
-                (Landing::DistinctPaired, None) => {
-                    return Err(Error::InvalidArgument(
-                        "a paired pipeline on a lane made with one copy stream".into(),
-                    ))
-                }
-                _ => None,
-            };
+        self.forked(stream, |lane| {
             for (i, span) in spans.iter().enumerate() {
                 let slot = i % PIPELINE_DEPTH;
                 if landing == Landing::Slots && i >= PIPELINE_DEPTH {
                     lane.stream.wait_event(&lane.consumed[slot])?;
                 }
-                let copier = match second {
-                    Some(second) if i % 2 == 1 => second,
-                    _ => &lane.stream,
-                };
                 // SAFETY: the caller's obligations cover the span; its destination's last
                 // consumer (PIPELINE_DEPTH spans back) is done (the wait above).
-                unsafe { self.queue(copier, span, Engine::CopyEngine)? };
-                // One event serves both copy streams: the wait below is queued before the
-                // event is recorded again.
-                copier.record(&lane.copied[slot])?;
+                unsafe { self.queue(&lane.stream, span, Engine::CopyEngine)? };
+                lane.stream.record(&lane.copied[slot])?;
                 stream.wait_event(&lane.copied[slot])?;
                 consume(i, stream)?;
                 stream.record(&lane.consumed[slot])?;
@@ -337,34 +297,18 @@ impl CopyLane {
         })
     }
 
-    /// Forks the lane (and its second copy stream when `both`) from `stream`, runs `body`
-    /// (which queues on them and on `stream`), and joins them back whatever `body`
-    /// returned: the fork already put them in a capture, which cannot end with a branch
-    /// unjoined.
-    fn forked(
-        &self,
-        stream: &AnyStream,
-        both: bool,
-        body: impl FnOnce(&Lane) -> Result<()>,
-    ) -> Result<()> {
+    /// Forks the lane from `stream`, runs `body` (which queues on both), and joins the lane
+    /// back whatever `body` returned: the fork already put the lane in a capture, which
+    /// cannot end with a branch unjoined.
+    fn forked(&self, stream: &AnyStream, body: impl FnOnce(&Lane) -> Result<()>) -> Result<()> {
         let lane = self.lock();
-        let second = lane.second.as_ref().filter(|_| both);
-        let copiers = || std::iter::once(&lane.stream).chain(second);
         stream.record(&lane.forked)?;
-        let mut forked = Ok(());
-        for copier in copiers() {
-            forked = forked.and_then(|()| copier.wait_event(&lane.forked));
-        }
-        let done = forked.and_then(|()| body(&lane));
-        // Every copy stream is joined, whatever failed before (one event serves all: each
-        // wait is queued before the next record).
-        let mut joined = Ok(());
-        for copier in copiers() {
-            let join = copier
-                .record(&lane.joined)
-                .and_then(|()| stream.wait_event(&lane.joined));
-            joined = joined.and(join);
-        }
+        lane.stream.wait_event(&lane.forked)?;
+        let done = body(&lane);
+        let joined = lane
+            .stream
+            .record(&lane.joined)
+            .and_then(|()| stream.wait_event(&lane.joined));
         done.and(joined)
     }
 
@@ -442,7 +386,7 @@ mod tests {
     fn host_lane(device: &AnyDevice) -> Result<CopyLane> {
         // The host module's table is static: its kernels outlive the module handle.
         let module = device.load_module(&oxccl_kernels::module_image(BackendKind::Host)?)?;
-        CopyLane::with_kernel(device, module.kernel(COPY_KERNEL)?, Streams::Two)
+        CopyLane::with_kernel(device, module.kernel(COPY_KERNEL)?)
     }
 
     /// Both branches run after the work before the fork, and the work after the join sees

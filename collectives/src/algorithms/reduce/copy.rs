@@ -42,7 +42,7 @@ use super::direct::reduce_into_output;
 use crate::algorithms::broadcast::copy_engine::{
     barrier_plan, host_kernel as barrier_kernel, BARRIER_KERNEL,
 };
-use crate::algorithms::copy_lane::{Barriered, CopyLane, Landing, Span, Streams, PIPELINE_DEPTH};
+use crate::algorithms::copy_lane::{Barriered, CopyLane, Landing, Span, PIPELINE_DEPTH};
 use crate::algorithms::scratch_kernel::ScratchKernel;
 use crate::algorithms::{
     grid_of, max_blocks, Algorithm, Buffers, Call, CallShape, Collective, Descriptor, Instance,
@@ -58,14 +58,6 @@ const LOCAL_KERNEL: &str = "reduce_local";
 /// Blocks of the local reduce kernel when set (a measurement knob; default one block per
 /// multiprocessor).
 pub const BLOCKS_VAR: &str = "OXCCL_REDUCE_COPY_BLOCKS";
-
-/// Environment variable: copy streams of an out-of-place pull, 1 or 2 (a measurement knob;
-/// default [`DEFAULT_STREAMS`]). With 2 each pulls half of the peer's input, both at once
-/// ([`Landing::DistinctPaired`]), each half in chunks shrinking to half the tail.
-pub const STREAMS_VAR: &str = "OXCCL_REDUCE_COPY_STREAMS";
-
-/// Default of [`STREAMS_VAR`].
-pub const DEFAULT_STREAMS: u64 = 1;
 
 /// Environment variable: the last chunk of an out-of-place pull, in KiB (a measurement
 /// knob; default [`DEFAULT_TAIL`]; `CommConfig::reduce_copy_tail_bytes`).
@@ -88,6 +80,10 @@ pub const DEFAULT_TAIL: usize = 8 << 20;
 /// for 1 GiB) were tried on 2 H200s and lost: 2984 us against 2764-2766 at 1 GiB, 432
 /// against 388-389 at 128 MiB, 1626-1629 against 1410-1412 at 512 MiB. The local reduce of a
 /// large chunk beside the copy engine's writes does not end within the copies after it.
+///
+/// Two copy streams at once, each pulling half of the input in these chunks down to half the
+/// tail (to hide one stream's gap between copies behind the other's), lost more: 3194-3223
+/// us against 2769-2770 at 1 GiB, 482-487 against 389 at 128 MiB (2 H200s, 2026-11-28).
 pub(crate) fn tail_schedule(bytes: usize, tail: usize, cap: usize) -> Vec<(usize, usize)> {
     let cap = cap.max(32) / 16 * 16;
     let tail = tail.clamp(16, cap / 2) / 16 * 16;
@@ -116,28 +112,6 @@ pub(crate) fn tail_schedule(bytes: usize, tail: usize, cap: usize) -> Vec<(usize
         Some(last) => last.1 += bytes - whole,
         None if bytes > 0 => chunks.push((0, bytes)),
         None => {}
-    }
-    chunks
-}
-
-/// The chunks of a pull of `bytes` on two copy streams at once: each half (the first a
-/// whole number of 16-byte units) in [`tail_schedule`]'s chunks down to half of `tail`,
-/// interleaved (first half's chunk i, then the second half's), so the even chunks are one
-/// stream's and the odd ones the other's, in the order they land. Where the halves have
-/// different numbers of chunks, the longer one's last chunks follow in turn with empty
-/// chunks of the other between them, so the parity still names the stream.
-pub(crate) fn paired_schedule(bytes: usize, tail: usize) -> Vec<(usize, usize)> {
-    let first = bytes / 32 * 16;
-    let tail = (tail / 2).max(16);
-    let a = tail_schedule(first, tail, usize::MAX);
-    let b: Vec<(usize, usize)> = tail_schedule(bytes - first, tail, usize::MAX)
-        .into_iter()
-        .map(|(at, len)| (first + at, len))
-        .collect();
-    let mut chunks = Vec::with_capacity(2 * a.len().max(b.len()));
-    for i in 0..a.len().max(b.len()) {
-        chunks.push(a.get(i).copied().unwrap_or((first, 0)));
-        chunks.push(b.get(i).copied().unwrap_or((bytes, 0)));
     }
     chunks
 }
@@ -177,19 +151,9 @@ pub const REDUCE_COPY: Algorithm = Algorithm::new(&Descriptor {
                     Error::InvalidArgument(format!("{BLOCKS_VAR}={b} is not in 1..={max}"))
                 })?,
         };
-        let streams = match env_number(STREAMS_VAR)?.unwrap_or(DEFAULT_STREAMS) {
-            1 => Streams::One,
-            2 => Streams::Two,
-            other => {
-                return Err(Error::InvalidArgument(format!(
-                    "{STREAMS_VAR}={other} is not 1 or 2"
-                )))
-            }
-        };
         Ok(Some(Box::new(CopyReduce {
             tail_bytes: ctx.reduce_copy_tail,
-            streams,
-            lane: Barriered::load(ctx, me, streams)?,
+            lane: Barriered::load(ctx, me)?,
             local: ScratchKernel::load_named(ctx, me, LOCAL_KERNEL, FlagRegion::Packets)?
                 .without_early_launch(),
             local_config: grid_of(ctx.device, blocks),
@@ -217,8 +181,6 @@ pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
 struct CopyReduce {
     /// The last chunk of an out-of-place pull (`CommConfig::reduce_copy_tail_bytes`).
     tail_bytes: usize,
-    /// Copy streams of an out-of-place pull ([`STREAMS_VAR`]).
-    streams: Streams,
     lane: Barriered,
     local: ScratchKernel,
     local_config: LaunchConfig,
@@ -247,10 +209,7 @@ impl Instance for CopyReduce {
             // Out of place chunk i lands at its own offset of the output; in place, in slot
             // i % PIPELINE_DEPTH of this rank's staging (`Some(slot bytes)`).
             let (landing, slot) = if out_of_place {
-                chunks = match self.streams {
-                    Streams::One => tail_schedule(bytes, self.tail_bytes, usize::MAX),
-                    Streams::Two => paired_schedule(bytes, self.tail_bytes),
-                };
+                chunks = tail_schedule(bytes, self.tail_bytes, usize::MAX);
                 (call.output, None)
             } else {
                 let staging = self.lane.staging();
@@ -315,15 +274,9 @@ impl Instance for CopyReduce {
             }
             let reduce_span = |i: usize, on: &AnyStream| {
                 let s: &Span = &spans[i];
-                if s.bytes == 0 {
-                    // A paired schedule's filler: nothing landed.
-                    return Ok(());
-                }
                 reduce_chunk(chunks[i].0, s.bytes, s.dst, on)
             };
-            let landing = if out_of_place && self.streams == Streams::Two {
-                Landing::DistinctPaired
-            } else if out_of_place {
+            let landing = if out_of_place {
                 Landing::Distinct
             } else {
                 Landing::Slots
@@ -427,52 +380,5 @@ mod tests {
         // Odd bytes past the last unit ride on the last chunk.
         let c = check(256 * MIB + 6, 8 * MIB, free);
         assert_eq!(c.last().map(|&(_, l)| l), Some(8 * MIB + 6));
-    }
-
-    /// The paired chunks tile the message, the even ones the first half and the odd ones
-    /// the second, each half shrinking to half the tail; fillers are empty.
-    #[test]
-    fn paired_schedule_splits_the_message_between_two_streams() {
-        const MIB: usize = 1 << 20;
-        for bytes in [
-            0,
-            5,
-            16,
-            17,
-            1000,
-            12_345,
-            (1 << 20) + 7,
-            300_000_002,
-            1 << 30,
-        ] {
-            for tail in [16, 1000, MIB, 8 * MIB] {
-                let chunks = paired_schedule(bytes, tail);
-                assert_eq!(chunks.len() % 2, 0, "{bytes}/{tail}: {chunks:?}");
-                let first = bytes / 32 * 16;
-                let mut tiles: Vec<_> = chunks.iter().filter(|c| c.1 > 0).copied().collect();
-                tiles.sort();
-                let mut at = 0;
-                for (offset, len) in tiles {
-                    assert_eq!(offset, at, "{bytes}/{tail}: a gap or an overlap");
-                    assert_eq!(offset % 16, 0, "{bytes}/{tail}: unaligned");
-                    at += len;
-                }
-                assert_eq!(at, bytes, "{bytes}/{tail}: not the whole message");
-                for (i, &(offset, len)) in chunks.iter().enumerate() {
-                    if len > 0 {
-                        let in_first = offset + len <= first;
-                        assert_eq!(in_first, i % 2 == 0, "{bytes}/{tail}: chunk {i} {chunks:?}");
-                    }
-                }
-            }
-        }
-        let sizes: Vec<usize> = paired_schedule(1 << 30, 8 * MIB)
-            .iter()
-            .map(|&(_, l)| l / MIB)
-            .collect();
-        assert_eq!(
-            sizes,
-            [256, 256, 128, 128, 64, 64, 32, 32, 16, 16, 8, 8, 4, 4, 4, 4]
-        );
     }
 }
