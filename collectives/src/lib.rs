@@ -31,7 +31,7 @@ pub mod timing;
 pub mod tuner;
 
 pub use algorithms::{Algorithm, Collective, ALGORITHMS};
-pub use communicator::call_record::{BufferPath, CallRecord};
+pub use communicator::call_record::{BufferPath, CallRecord, Staged};
 pub use communicator::{premul::PreMul, CommConfig, Communicator};
 pub use oxccl_backend as backend;
 pub use oxccl_channels as channels;

@@ -26,7 +26,7 @@ use oxccl_collectives::hal::{
     Stream,
 };
 use oxccl_collectives::tuner::{TuneSource, TuneTable};
-use oxccl_collectives::{Algorithm, BufferPath, Collective, CommConfig, Communicator};
+use oxccl_collectives::{Algorithm, BufferPath, Collective, CommConfig, Communicator, Staged};
 
 mod common;
 use common::{accums, check_buffers, expected, same_bits, stage, threads_with, Rank};
@@ -286,12 +286,18 @@ fn small_calls_on_unregistered_buffers_stage_without_an_exchange() {
                 .unwrap();
             let last = r.comm.last_call().unwrap();
             assert_eq!(last.path, BufferPath::Scratch, "{last}");
+            assert_eq!(
+                last.staged,
+                Some(Staged::BelowFloor { floor: 64 << 10 }),
+                "{last}"
+            );
             assert_eq!(r.comm.auto_registered(), 0, "{last}");
         }
         r.check_at(pool.ptr(), pool.ptr(), dtype, op, accum, 16_384, 3)
             .unwrap();
         let last = r.comm.last_call().unwrap();
         assert_eq!(last.path, BufferPath::Mapped, "{last}");
+        assert_eq!(last.staged, None, "{last}");
         assert!(r.comm.auto_registered() > 0);
     });
 }
@@ -328,6 +334,10 @@ fn by_default_calls_from_8_mib_on_one_node_are_zero_copy() {
                 .unwrap();
             let last = r.comm.last_call().unwrap();
             assert_eq!(last.path, path, "{count} elements: {last}");
+            // Below the floor the exchange is not tried, whatever the algorithm.
+            let why =
+                (path == BufferPath::Scratch).then_some(Staged::BelowFloor { floor: 8 << 20 });
+            assert_eq!(last.staged, why, "{count} elements: {last}");
         }
     });
 }
@@ -379,6 +389,10 @@ fn zero_copy_on_unregistered_buffers() {
                         assert!(last.algorithm.uses_registered(), "{last}");
                     } else {
                         assert_eq!(last.path, BufferPath::Scratch, "{last}");
+                        assert!(
+                            matches!(&last.staged, Some(Staged::Unshareable(w)) if w.contains("16-byte aligned")),
+                            "{last}"
+                        );
                     }
                 }
             }
@@ -394,7 +408,13 @@ fn zero_copy_on_unregistered_buffers() {
                 salt,
             )
             .unwrap();
-            assert_eq!(r.comm.last_call().unwrap().path, BufferPath::Scratch);
+            let last = r.comm.last_call().unwrap();
+            assert_eq!(last.path, BufferPath::Scratch, "{last}");
+            assert_eq!(
+                last.staged,
+                Some(Staged::BelowFloor { floor: 4096 }),
+                "{last}"
+            );
             assert_eq!(r.comm.registered_buffers(), 0);
             assert_eq!(
                 r.comm.auto_registered(),
@@ -459,6 +479,14 @@ fn zero_copy_on_unregistered_buffers() {
             )
             .unwrap();
             assert!(r.comm.auto_registered() <= before);
+            // Rank 1 says why its buffer cannot be shared; the others name rank 1.
+            let last = r.comm.last_call().unwrap();
+            assert_eq!(last.path, BufferPath::Scratch, "{last}");
+            match (rank, &last.staged) {
+                (1, Some(Staged::Unshareable(why))) => assert!(!why.is_empty(), "{last}"),
+                (r, Some(Staged::PeerUnshareable(1))) if r != 1 => {}
+                _ => panic!("rank {rank}: {last}"),
+            }
             // Pinning: a range across the end of its allocation and a host pointer are refused.
             let e = r
                 .comm
@@ -596,8 +624,10 @@ fn auto_registration_can_be_turned_off() {
         assert_eq!(r.comm.auto_registered(), 0);
         let last = r.comm.last_call().unwrap();
         assert_eq!(last.path, BufferPath::Scratch, "{last}");
+        assert_eq!(last.staged, Some(Staged::AutoRegisterOff), "{last}");
         assert!(
-            last.to_string().contains("through oxccl's scratch"),
+            last.to_string()
+                .contains("through oxccl's scratch: zero-copy on unregistered buffers is off"),
             "{last}"
         );
     });

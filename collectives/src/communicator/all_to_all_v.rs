@@ -8,7 +8,7 @@
 use oxccl_hal::{AccumType, DataType, DevicePtr, Error, ReduceOp, Result};
 
 use super::auto_register::AutoCall;
-use super::call_record::BufferPath;
+use super::call_record::{BufferPath, Staged};
 use super::Communicator;
 use crate::algorithms::all_to_all_v::{as_v, VLayout};
 use crate::algorithms::{Call, Collective, PeerBuffers};
@@ -349,25 +349,33 @@ impl Communicator {
         let all_registered = records.iter().all(|r| {
             r.registered_offset != UNREGISTERED && r.registered_offset == mine.registered_offset
         });
-        let (peers, path): (Option<PeerBuffers>, BufferPath) = if all_registered {
-            (registered, BufferPath::Registered)
-        } else if self.auto_register_applies(total) {
-            let call = AutoCall {
-                collective: COLLECTIVE,
-                count: elements as u64,
-                dtype: dtype.code(),
-                op: 0,
-                accum: 0,
-                root: 0,
+        let refusal = self.auto_register_refusal(total);
+        let (peers, path, refused): (Option<PeerBuffers>, BufferPath, Option<Staged>) =
+            if all_registered {
+                (registered, BufferPath::Registered, None)
+            } else if refusal.is_none() {
+                let call = AutoCall {
+                    collective: COLLECTIVE,
+                    count: elements as u64,
+                    dtype: dtype.code(),
+                    op: 0,
+                    accum: 0,
+                    root: 0,
+                };
+                let capturing = stream.is_capturing().map_err(at)?;
+                match self.auto.peer_buffers(
+                    &ctx,
+                    call,
+                    None,
+                    Some((output, recv.extent)),
+                    capturing,
+                )? {
+                    Ok(views) => (Some(views), BufferPath::Mapped, None),
+                    Err(why) => (None, BufferPath::Scratch, Some(why)),
+                }
+            } else {
+                (None, BufferPath::Scratch, refusal)
             };
-            let capturing = stream.is_capturing().map_err(at)?;
-            let views =
-                self.auto
-                    .peer_buffers(&ctx, call, None, Some((output, recv.extent)), capturing)?;
-            (views, BufferPath::Mapped)
-        } else {
-            (None, BufferPath::Scratch)
-        };
         // The choice and the plan follow the largest chunk, which every rank knows alike
         // (the extents differ per rank).
         let largest = layout.largest;
@@ -406,7 +414,7 @@ impl Communicator {
         // checked against every rank's, which chose the same algorithm (same forced one,
         // same registration outcome).
         unsafe { instance.launch_v(&call, &choice.plan, &layout, stream) }.map_err(at)?;
-        self.note_call(COLLECTIVE, choice.algorithm, path, peers.is_some());
+        self.note_call(COLLECTIVE, choice.algorithm, path, peers.is_some(), refused);
         Ok(())
     }
 }

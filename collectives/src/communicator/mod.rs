@@ -342,6 +342,8 @@ impl Communicator {
         } else {
             BufferPath::Mapped
         };
+        // Why the peers' buffers are out of reach, when they are.
+        let mut refused = None;
         let peers = match registered {
             Some(p) => Some(p),
             None => {
@@ -354,6 +356,8 @@ impl Communicator {
                     root,
                 };
                 self.auto_view(call, (count, dtype), input, output, bytes, stream)?
+                    .map_err(|why| refused = Some(why))
+                    .ok()
             }
         };
         let choice = self
@@ -408,7 +412,7 @@ impl Communicator {
         // SAFETY: the caller's obligations (this function's contract); the plan came from
         // the selector for this call, which every rank made alike (signature checked).
         unsafe { self.launch(choice.algorithm, &choice.plan, &call, stream) }?;
-        self.note_call(collective, choice.algorithm, path, peers.is_some());
+        self.note_call(collective, choice.algorithm, path, peers.is_some(), refused);
         Ok(())
     }
 

@@ -41,6 +41,7 @@ mod record;
 pub(crate) use record::AutoCall;
 use record::{BufferRecord, Record};
 
+use super::call_record::Staged;
 use super::Communicator;
 use crate::algorithms::PeerBuffers;
 use oxccl_backend::AnyStream;
@@ -184,51 +185,50 @@ impl AutoRegistry {
         lock(&self.table).entries.len()
     }
 
-    /// What this rank sends about one buffer.
+    /// What this rank sends about one buffer, or why the peers cannot reach it (sent as
+    /// [`BufferRecord::Unshareable`]).
     fn describe(
         &self,
         ctx: &Ctx<'_>,
         table: &Table,
         buffer: Option<(DevicePtr, usize)>,
-    ) -> BufferRecord {
+    ) -> std::result::Result<BufferRecord, String> {
         let Some((ptr, bytes)) = buffer else {
-            return BufferRecord::NotNeeded;
+            return Ok(BufferRecord::NotNeeded);
         };
         if !ptr.is_aligned(16) {
-            return BufferRecord::Unshareable;
+            return Err(format!("{ptr} is not 16-byte aligned"));
         }
-        let allocation = match ctx.device.find_allocation(ptr, bytes) {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::debug!(rank = ctx.rank, %ptr, bytes, error = %e, "buffer not shareable");
-                return BufferRecord::Unshareable;
-            }
-        };
+        let allocation = ctx.device.find_allocation(ptr, bytes).map_err(|e| {
+            tracing::debug!(rank = ctx.rank, %ptr, bytes, error = %e, "buffer not shareable");
+            e.to_string()
+        })?;
         let key = (ctx.rank, allocation.id);
         if table.unmappable.contains(&key) {
-            return BufferRecord::Unshareable;
+            return Err(format!(
+                "a peer failed to map its allocation ({} bytes at {}) before",
+                allocation.len, allocation.base
+            ));
         }
         let handle = if table.entries.contains_key(&key) {
             None
         } else {
-            match ctx.device.export_allocation(&allocation) {
-                Ok(h) => Some(h.to_bytes()),
-                Err(e) => {
-                    tracing::debug!(rank = ctx.rank, %ptr, error = %e, "allocation not exportable");
-                    return BufferRecord::Unshareable;
-                }
-            }
+            let h = ctx.device.export_allocation(&allocation).map_err(|e| {
+                tracing::debug!(rank = ctx.rank, %ptr, error = %e, "allocation not exportable");
+                e.to_string()
+            })?;
+            Some(h.to_bytes())
         };
-        BufferRecord::Found {
+        Ok(BufferRecord::Found {
             allocation,
             offset: allocation.offset_of(ptr),
             pinned: lock(&self.pinned).contains_key(&allocation.id),
             handle,
-        }
+        })
     }
 
     /// Every rank's view of this call's buffers (`input`/`output`: this rank's, each when
-    /// the call reaches it on the peers), or `None` when some rank's cannot be shared.
+    /// the call reaches it on the peers), or why not when some rank's cannot be shared.
     /// Collective: every rank calls it for the same call.
     pub(crate) fn peer_buffers(
         &self,
@@ -237,16 +237,18 @@ impl AutoRegistry {
         input: Option<(DevicePtr, usize)>,
         output: Option<(DevicePtr, usize)>,
         capturing: bool,
-    ) -> Result<Option<PeerBuffers>> {
+    ) -> Result<std::result::Result<PeerBuffers, Staged>> {
         let at = |e: Error| e.at_rank(ctx.rank);
         let mut table = lock(&self.table);
+        let described = [
+            self.describe(ctx, &table, input),
+            self.describe(ctx, &table, output),
+        ];
+        let why_not = described.iter().find_map(|d| d.as_ref().err().cloned());
         let mine = Record {
             call: call.words(),
             capturing,
-            buffers: [
-                self.describe(ctx, &table, input),
-                self.describe(ctx, &table, output),
-            ],
+            buffers: described.map(|d| d.unwrap_or(BufferRecord::Unshareable)),
         };
         let all = ctx.all_gather(&mine.to_bytes()).map_err(at)?;
         let records = all
@@ -282,12 +284,12 @@ impl AutoRegistry {
             ))));
         }
         let any_capturing = records.iter().any(|r| r.capturing);
-        let usable = records.iter().all(|r| {
+        let unusable = records.iter().position(|r| {
             r.buffers
                 .iter()
-                .all(|b| !matches!(b, BufferRecord::Unshareable))
+                .any(|b| matches!(b, BufferRecord::Unshareable))
         });
-        if !usable {
+        if let Some(first) = unusable {
             // Exports made for this call only are not kept.
             for b in &mine.buffers {
                 if let BufferRecord::Found {
@@ -300,7 +302,10 @@ impl AutoRegistry {
                 }
             }
             self.drop_retired(ctx, &mut table, any_capturing)?;
-            return Ok(None);
+            return Ok(Err(match why_not {
+                Some(why) => Staged::Unshareable(why),
+                None => Staged::PeerUnshareable(first as u32),
+            }));
         }
         // An allocation that overlaps one its owner reported earlier means the earlier
         // one was freed: its entry goes.
@@ -383,7 +388,7 @@ impl AutoRegistry {
             let ok = [u8::from(failure.is_none())];
             let oks = ctx.all_gather(&ok).map_err(at)?;
             if oks.iter().any(|o| o.first() != Some(&1)) {
-                if let Some(e) = failure {
+                if let Some(e) = &failure {
                     tracing::warn!(rank = ctx.rank, error = %e, "mapping a peer's buffer failed; copying through scratch instead");
                 }
                 for k in added {
@@ -393,7 +398,7 @@ impl AutoRegistry {
                     table.unmappable.insert(k);
                 }
                 self.drop_retired(ctx, &mut table, any_capturing)?;
-                return Ok(None);
+                return Ok(Err(Staged::MappingFailed(failure.map(|e| e.to_string()))));
             }
         }
         table.clock += 1;
@@ -438,7 +443,7 @@ impl AutoRegistry {
         }
         self.evict(&mut table, clock);
         self.drop_retired(ctx, &mut table, any_capturing)?;
-        Ok(Some(views))
+        Ok(Ok(views))
     }
 
     /// Takes least-recently-used entries out beyond the bound (the same on every rank:
@@ -504,17 +509,20 @@ impl Communicator {
         }
     }
 
-    /// Whether calls of `bytes` (the same on every rank) on unregistered buffers may be
-    /// served zero-copy through this module.
-    pub(crate) fn auto_register_applies(&self, bytes: usize) -> bool {
-        self.config.auto_register
-            && bytes >= self.auto_register_min_bytes()
-            && Device::backend(&self.device) != BackendKind::Rocm
+    /// Why calls of `bytes` (the same on every rank) on unregistered buffers are not
+    /// served zero-copy through this module, or `None` when they may be.
+    pub(crate) fn auto_register_refusal(&self, bytes: usize) -> Option<Staged> {
+        if !self.config.auto_register || Device::backend(&self.device) == BackendKind::Rocm {
+            return Some(Staged::AutoRegisterOff);
+        }
+        let floor = self.auto_register_min_bytes();
+        (bytes < floor).then_some(Staged::BelowFloor { floor })
     }
 
     /// Every rank's view of this call's buffers through this module, when the call
     /// would take a zero-copy algorithm on them, auto-registration is on and the call is
-    /// large enough to repay it (collective: one all-gather, every rank decides alike).
+    /// large enough to repay it (collective: one all-gather, every rank decides alike);
+    /// else why not.
     pub(super) fn auto_view(
         &self,
         call: AutoCall,
@@ -523,17 +531,17 @@ impl Communicator {
         output: DevicePtr,
         bytes: usize,
         stream: &AnyStream,
-    ) -> Result<Option<PeerBuffers>> {
+    ) -> Result<std::result::Result<PeerBuffers, Staged>> {
         let at = |e: Error| e.at_rank(self.rank);
         let collective = call.collective;
-        if !self.auto_register_applies(bytes) {
-            return Ok(None);
+        if let Some(why) = self.auto_register_refusal(bytes) {
+            return Ok(Err(why));
         }
         let zc = self
             .select(&self.shape(collective, count, dtype, bytes, true))
             .map_err(at)?;
         if !zc.algorithm.uses_registered() {
-            return Ok(None);
+            return Ok(Err(Staged::Algorithm));
         }
         let (in_bytes, out_bytes) = collective.buffer_bytes(bytes, self.world).map_err(at)?;
         let (inputs, outputs) = collective.peer_views();
