@@ -19,7 +19,7 @@ BIN=${BIN:-.gpu/bin}
 OUT=${OUT:-$PWD/faults-out}
 WORLD=${FAULT_WORLD:-2}
 GPUS=${FAULT_GPUS:-$WORLD}
-CASES=${FAULT_CASES:-"kill skip exit count small-count dtype small-dtype op small-op abort small-abort"}
+CASES=${FAULT_CASES:-"kill skip small-skip exit count small-count dtype small-dtype op small-op abort small-abort"}
 export NCCL_NVLS_ENABLE=0 OXCCL_NVLS=0 OXCCL_TIMEOUT_MS=${OXCCL_TIMEOUT_MS:-5000}
 mkdir -p "$OUT"
 bound=$((OXCCL_TIMEOUT_MS / 1000 + 60))

@@ -9,7 +9,9 @@
 //! Cases:
 //! - `kill`: the victim SIGKILLs itself in the middle of the loop (work queued behind it);
 //! - `skip`: the victim skips the last call, then exits normally; a survivor sees the
-//!   timeout through [`Communicator::async_error`] before it synchronizes anything;
+//!   timeout through [`Communicator::async_error`] before it synchronizes anything (with
+//!   `small-` in front the call is a one-shot, so the wait is in the survivor's kernel; the
+//!   large call's wait is in the host exchange of unregistered buffers on GPUs);
 //! - `count`, `dtype`, `op`: the victim's last call differs in count, type or op (one-shot
 //!   size with `small-` in front, e.g. `small-count`);
 //! - `exit`: the victim returns without destroying its communicator after a call;
