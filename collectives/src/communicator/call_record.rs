@@ -50,7 +50,8 @@ impl fmt::Display for Staged {
             Staged::AutoRegisterOff => {
                 write!(
                     f,
-                    "zero-copy on unregistered buffers is off for this backend"
+                    "zero-copy on unregistered buffers is off (OXCCL_AUTO_REGISTER=0, or the \
+                     ROCm backend, where it is not built)"
                 )
             }
             Staged::BelowFloor { floor } => {
