@@ -342,10 +342,9 @@ impl Communicator {
         } else {
             BufferPath::Mapped
         };
-        // Why the peers' buffers are out of reach, when they are.
-        let mut refused = None;
-        let peers = match registered {
-            Some(p) => Some(p),
+        // The peers' buffers, or why they are out of reach.
+        let (peers, refused) = match registered {
+            Some(p) => (Some(p), None),
             None => {
                 let call = AutoCall {
                     collective,
@@ -355,9 +354,10 @@ impl Communicator {
                     accum: accum.code(),
                     root,
                 };
-                self.auto_view(call, (count, dtype), input, output, bytes, stream)?
-                    .map_err(|why| refused = Some(why))
-                    .ok()
+                match self.auto_view(call, (count, dtype), input, output, bytes, stream)? {
+                    Ok(p) => (Some(p), None),
+                    Err(why) => (None, Some(why)),
+                }
             }
         };
         let choice = self

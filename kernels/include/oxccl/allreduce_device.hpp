@@ -224,9 +224,11 @@ struct SlotRounds {
 /// Contiguous shares per block, not the grid stride of `SlotRounds`: a rank works on one
 /// chunk of a round (a third of the message on 4 ranks) with a grid sized for the whole
 /// message, and in a grid stride only the first third of the blocks got units. 4 H200s,
-/// reduce_relay at 1 MB: 23.6 us against 15.0 with shares (a run of 2026-11-27); from
-/// 64 MB the two were level (reduce 1 GB 3498 against 3507 us, broadcast 3101 against
-/// 3085). `spread_index` would give every block units again; not measured on 4 GPUs yet.
+/// reduce_relay at 1 MB: 23.6 us in thread order against 15.0 with shares, but the 15.0 was
+/// an earlier build's (2026-11-27); with the shares back it took 25.0 (2026-11-28), so the
+/// order is not what slowed it there. From 64 MB the two orders were level (reduce 1 GB
+/// 3498 against 3507 us, broadcast 3101 against 3085). `spread_index` would give every
+/// block units again; not measured on 4 GPUs yet.
 struct RelayRounds {
   uint64_t units;      // of the whole message
   uint64_t chunk;      // units per chunk (the last one may be shorter)
