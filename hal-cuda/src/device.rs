@@ -12,7 +12,7 @@ use oxccl_hal::{
     MulticastSupport, Result,
 };
 
-use crate::foreign::{self, ForeignExports};
+use crate::foreign::ForeignExports;
 use crate::ipc::{CudaImported, CudaOpener};
 use crate::memory::{CudaHostMemory, CudaMemory};
 use crate::module::CudaModule;
@@ -446,7 +446,7 @@ impl Device<CudaBackend> for CudaDevice {
     }
 
     fn find_allocation(&self, ptr: DevicePtr, bytes: usize) -> Result<ForeignAllocation> {
-        foreign::find(&self.ctx, ptr, bytes)
+        self.foreign.find(&self.ctx, ptr, bytes)
     }
 
     fn export_allocation(&self, allocation: &ForeignAllocation) -> Result<IpcHandle> {

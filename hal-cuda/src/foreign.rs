@@ -8,7 +8,8 @@
 //! clear error (the caller then copies through its own memory instead).
 
 use std::collections::HashMap;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use cudarc::driver::sys;
@@ -17,20 +18,43 @@ use oxccl_hal::{
 };
 
 use crate::device::{lock_mutex, Context};
-use crate::memory::{Export, VMM_PAYLOAD_LEN};
+use crate::memory::{Export, VmmPayload, MAX_VMM_PIECES};
 use crate::result;
 
 use sys::CUpointer_attribute as Attr;
 
-/// Exports of callers' allocations made through one device, by allocation identity.
+/// Exports of callers' allocations made through one device, by allocation identity, and
+/// the identities given to ranges across several VMM allocations.
 #[derive(Debug, Default)]
 pub(crate) struct ForeignExports {
     exports: Mutex<HashMap<u64, Export>>,
+    spans: Mutex<HashMap<Vec<u64>, u64>>,
 }
 
-/// The allocation on `ctx`'s device that holds `[ptr, ptr + bytes)`.
-pub(crate) fn find(ctx: &Context, ptr: DevicePtr, bytes: usize) -> Result<ForeignAllocation> {
-    ctx.bind()?;
+/// Most ranges across several allocations remembered per device: past it the table starts
+/// again (a range found again then gets a new identity, and is exported again once).
+const MAX_SPANS: usize = 4096;
+
+/// Identities of ranges across several allocations: the top bit set, so they never equal
+/// a driver buffer id (a counter from 1), and never reused within the process.
+static NEXT_SPAN_ID: AtomicU64 = AtomicU64::new(1 << 63);
+
+/// One allocation of the driver (a `cuMemAlloc` block or one VMM mapping).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Piece {
+    base: u64,
+    len: usize,
+    id: u64,
+}
+
+impl Piece {
+    fn end(&self) -> u64 {
+        self.base + self.len as u64
+    }
+}
+
+/// The allocation on `ctx`'s device that holds `ptr`.
+fn piece_at(ctx: &Context, ptr: DevicePtr) -> Result<Piece> {
     let not_device = |why: String| Error::InvalidArgument(format!("{ptr}: {why}"));
     let memory_type: u32 = result::pointer_attribute(Attr::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr.0)
         .map_err(|e| not_device(format!("not memory the CUDA driver knows ({e})")))?;
@@ -53,21 +77,109 @@ pub(crate) fn find(ctx: &Context, ptr: DevicePtr, bytes: usize) -> Result<Foreig
         )));
     }
     let (base, len) = result::mem_get_address_range(ptr.0)?;
-    let end = ptr.0.checked_add(bytes as u64);
-    if end.is_none_or(|end| end > base + len as u64) {
-        return Err(not_device(format!(
-            "{bytes} bytes run past the end of their allocation ({len} bytes at {base:#x})"
-        )));
-    }
     let id: u64 = result::pointer_attribute(Attr::CU_POINTER_ATTRIBUTE_BUFFER_ID, ptr.0)?;
-    Ok(ForeignAllocation {
-        base: DevicePtr(base),
-        len,
-        id,
-    })
+    Ok(Piece { base, len, id })
+}
+
+/// Whether `piece` is VMM memory (mapped by the caller with `cuMemMap`), which may lie
+/// beside other VMM mappings as one range; a `cuMemAlloc` block may not.
+fn is_vmm(piece: &Piece) -> Result<bool> {
+    let legacy: i32 = result::pointer_attribute(
+        Attr::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+        piece.base,
+    )?;
+    Ok(legacy == 0)
 }
 
 impl ForeignExports {
+    /// The allocation on `ctx`'s device that holds `[ptr, ptr + bytes)`: one driver
+    /// allocation, or VMM allocations mapped side by side (PyTorch's expandable segments
+    /// map a segment chunk by chunk, and a tensor may cross chunks), given one identity
+    /// per sequence of driver allocations.
+    pub(crate) fn find(
+        &self,
+        ctx: &Context,
+        ptr: DevicePtr,
+        bytes: usize,
+    ) -> Result<ForeignAllocation> {
+        Ok(self.find_pieces(ctx, ptr, bytes)?.0)
+    }
+
+    /// [`ForeignExports::find`], with the driver allocations it covers.
+    fn find_pieces(
+        &self,
+        ctx: &Context,
+        ptr: DevicePtr,
+        bytes: usize,
+    ) -> Result<(ForeignAllocation, Vec<Piece>)> {
+        ctx.bind()?;
+        let first = piece_at(ctx, ptr)?;
+        let end = ptr.0.checked_add(bytes as u64).ok_or_else(|| {
+            Error::InvalidArgument(format!("{bytes} bytes at {ptr} overflow the address space"))
+        })?;
+        let past_the_end = |why: &str| {
+            Error::InvalidArgument(format!(
+                "{ptr}: {bytes} bytes run past the end of their allocation ({} bytes at \
+                 {:#x}){why}",
+                first.len, first.base
+            ))
+        };
+        if end <= first.end() {
+            let whole = ForeignAllocation {
+                base: DevicePtr(first.base),
+                len: first.len,
+                id: first.id,
+            };
+            return Ok((whole, vec![first]));
+        }
+        if !is_vmm(&first)? {
+            return Err(past_the_end(""));
+        }
+        let mut pieces = vec![first];
+        let mut at = first.end();
+        while at < end {
+            if pieces.len() == MAX_VMM_PIECES {
+                return Err(past_the_end(&format!(
+                    " and over more than {MAX_VMM_PIECES} VMM mappings"
+                )));
+            }
+            let next = piece_at(ctx, DevicePtr(at)).map_err(|e| {
+                past_the_end(&format!(", and what follows it is not shareable: {e}"))
+            })?;
+            if next.base != at || !is_vmm(&next)? {
+                return Err(past_the_end(&format!(
+                    ", and what follows it at {at:#x} is not a VMM mapping of its own"
+                )));
+            }
+            at = next.end();
+            pieces.push(next);
+        }
+        let len = (at - first.base) as usize;
+        let id = self.span_id(&pieces);
+        let span = ForeignAllocation {
+            base: DevicePtr(first.base),
+            len,
+            id,
+        };
+        Ok((span, pieces))
+    }
+
+    /// The identity of a range across `pieces`: the same while the same driver
+    /// allocations lie there, a new one when any was freed and mapped again.
+    fn span_id(&self, pieces: &[Piece]) -> u64 {
+        let ids: Vec<u64> = pieces.iter().map(|p| p.id).collect();
+        let mut spans = lock_mutex(&self.spans);
+        if let Some(&id) = spans.get(&ids) {
+            return id;
+        }
+        if spans.len() >= MAX_SPANS {
+            spans.clear();
+        }
+        let id = NEXT_SPAN_ID.fetch_add(1, Ordering::Relaxed);
+        spans.insert(ids, id);
+        id
+    }
+
     /// Exports `allocation` (once; later calls return the same handle until released).
     pub(crate) fn export(
         &self,
@@ -79,7 +191,7 @@ impl ForeignExports {
             return Ok(e.handle.clone());
         }
         // The allocation may have been freed (and its address reused) since it was found.
-        let now = find(ctx, allocation.base, allocation.len)?;
+        let (now, pieces) = self.find_pieces(ctx, allocation.base, allocation.len)?;
         if now != *allocation {
             return Err(Error::InvalidArgument(format!(
                 "allocation {} at {} was freed",
@@ -92,37 +204,30 @@ impl ForeignExports {
         let (kind, payload, published) = if legacy != 0 {
             // SAFETY: `base` is the start of a live cuMemAlloc allocation (checked above).
             let h = unsafe { result::ipc_get_mem_handle(base) }?;
-            (IpcHandleKind::CudaLegacy, h.to_vec(), None)
+            (IpcHandleKind::CudaLegacy, h.to_vec(), Vec::new())
         } else {
-            // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR's bit in the allowed-types mask.
-            let posix_fd = 0x1_u64;
-            let allowed: u64 =
-                result::pointer_attribute(Attr::CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, base)?;
-            if allowed & posix_fd == 0 {
-                return Err(Error::Unsupported(format!(
-                    "the VMM allocation at {} was not created shareable as a POSIX file \
-                     descriptor (allowed handle types {allowed:#x}), so no other process can \
-                     map it",
-                    allocation.base
-                )));
-            }
-            let handle = result::mem_retain_allocation_handle(base)?;
-            // SAFETY: `handle` is live (retained above) and allows the POSIX-FD type.
-            let fd = unsafe { result::export_fd(handle) };
-            // SAFETY: the retain above is ours; the mapping keeps the allocation alive.
-            let released = unsafe { result::mem_release(handle) };
-            let fd = fd?;
-            released?;
-            let id = fd_share::next_export_id();
-            fd_share::publish(id, fd.as_fd())?;
-            let mut payload = Vec::with_capacity(VMM_PAYLOAD_LEN);
-            payload.extend_from_slice(&(allocation.len as u64).to_le_bytes());
-            payload.extend_from_slice(&ctx.ordinal().to_le_bytes());
-            (IpcHandleKind::CudaPosixFd, payload, Some((id, fd)))
+            let published = publish_vmm_pieces(&pieces)?;
+            let payload = VmmPayload {
+                size: allocation.len,
+                owner: ctx.ordinal(),
+                // One allocation travels in the plain form, under its one export number.
+                pieces: if pieces.len() > 1 {
+                    pieces
+                        .iter()
+                        .zip(&published)
+                        .map(|(p, (id, _))| (p.len, *id))
+                        .collect()
+                } else {
+                    Vec::new()
+                },
+            };
+            (IpcHandleKind::CudaPosixFd, payload.to_bytes(), published)
         };
-        let id = match &published {
-            Some((id, _)) => *id,
-            None => fd_share::next_export_id(),
+        // Several pieces: the handle's own number names the whole range (in the importers'
+        // caches) and serves no descriptor.
+        let id = match published.as_slice() {
+            [(id, _)] => *id,
+            _ => fd_share::next_export_id(),
         };
         let handle = IpcHandle {
             backend: BackendKind::Cuda,
@@ -157,4 +262,50 @@ impl Drop for ForeignExports {
             e.withdraw();
         }
     }
+}
+
+/// Descriptors for the VMM `pieces` of a caller's range, each served under its own export
+/// number; on failure none stays served.
+fn publish_vmm_pieces(pieces: &[Piece]) -> Result<Vec<(u64, OwnedFd)>> {
+    let mut published = Vec::with_capacity(pieces.len());
+    for piece in pieces {
+        let served = export_vmm_piece(piece).and_then(|fd| {
+            let id = fd_share::next_export_id();
+            fd_share::publish(id, fd.as_fd())?;
+            Ok((id, fd))
+        });
+        match served {
+            Ok(p) => published.push(p),
+            Err(e) => {
+                for (id, _) in published {
+                    fd_share::withdraw(id);
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(published)
+}
+
+/// A descriptor for one VMM piece of a caller's range, or why it cannot be shared.
+fn export_vmm_piece(piece: &Piece) -> Result<OwnedFd> {
+    // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR's bit in the allowed-types mask.
+    let posix_fd = 0x1_u64;
+    let allowed: u64 =
+        result::pointer_attribute(Attr::CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, piece.base)?;
+    if allowed & posix_fd == 0 {
+        return Err(Error::Unsupported(format!(
+            "the VMM allocation at {:#x} was not created shareable as a POSIX file \
+             descriptor (allowed handle types {allowed:#x}), so no other process can map it",
+            piece.base
+        )));
+    }
+    let handle = result::mem_retain_allocation_handle(piece.base)?;
+    // SAFETY: `handle` is live (retained above) and allows the POSIX-FD type.
+    let fd = unsafe { result::export_fd(handle) };
+    // SAFETY: the retain above is ours; the importers' mappings keep the allocation alive.
+    let released = unsafe { result::mem_release(handle) };
+    let fd = fd?;
+    released?;
+    Ok(fd)
 }

@@ -10,7 +10,7 @@ use oxccl_hal::{
 };
 
 use crate::device::{Context, FD_FETCH_TIMEOUT};
-use crate::memory::{map_physical, parse_vmm_payload, unmap_physical};
+use crate::memory::{map_physical, parse_vmm_payload, unmap_physical, VmmPayload};
 use crate::result;
 
 /// Checks what can be checked without the driver: backend, kind and payload shape.
@@ -26,7 +26,7 @@ pub(crate) fn validate_memory_handle(handle: &IpcHandle) -> Result<()> {
             }
         }
         IpcHandleKind::CudaPosixFd => {
-            let (size, _) = parse_vmm_payload(&handle.payload)?;
+            let size = parse_vmm_payload(&handle.payload)?.size;
             if (size as u64) < handle.len {
                 return Err(Error::Ipc(format!(
                     "CUDA VMM handle maps {size} bytes but claims {} bytes of memory",
@@ -60,6 +60,12 @@ enum MappingKind {
         handle: sys::CUmemGenericAllocationHandle,
         size: usize,
     },
+    /// Several allocations mapped side by side in one reserved range of `size` bytes:
+    /// each piece's handle and length, in address order.
+    VmmPieces {
+        pieces: Vec<(sys::CUmemGenericAllocationHandle, usize)>,
+        size: usize,
+    },
 }
 
 /// Opens and closes imports for one device.
@@ -75,7 +81,11 @@ impl CudaOpener {
     }
 
     fn open_vmm(&self, handle: &IpcHandle) -> Result<CudaMapping> {
-        let (size, _owner_device) = parse_vmm_payload(&handle.payload)?;
+        let payload = parse_vmm_payload(&handle.payload)?;
+        if !payload.pieces.is_empty() {
+            return self.open_vmm_pieces(handle, &payload);
+        }
+        let size = payload.size;
         let fd = fd_share::fetch(
             handle.owner_pid,
             handle.owner_nonce,
@@ -102,6 +112,82 @@ impl CudaOpener {
             },
         })
     }
+
+    /// Maps the pieces of a range the owner mapped as several allocations side by side,
+    /// side by side here too, so the range reads as one buffer at the same offsets.
+    fn open_vmm_pieces(&self, handle: &IpcHandle, payload: &VmmPayload) -> Result<CudaMapping> {
+        if let Some((len, _)) = payload
+            .pieces
+            .iter()
+            .find(|(len, _)| len % self.granularity != 0)
+        {
+            return Err(Error::Ipc(format!(
+                "a piece of {len} bytes of a CUDA VMM range is not a multiple of this \
+                 device's granularity ({} bytes)",
+                self.granularity
+            )));
+        }
+        let ptr = result::mem_address_reserve(payload.size, self.granularity)?;
+        let mut pieces = Vec::with_capacity(payload.pieces.len());
+        let mapped = (|| {
+            let mut at = ptr;
+            for &(len, id) in &payload.pieces {
+                let fd =
+                    fd_share::fetch(handle.owner_pid, handle.owner_nonce, id, FD_FETCH_TIMEOUT)?;
+                let alloc = result::import_fd(&fd)?;
+                drop(fd);
+                // SAFETY: `[at, at + len)` lies in the reservation above, past every piece
+                // mapped so far; `alloc` is a live handle of the owner's `len`-byte piece.
+                if let Err(e) = unsafe { result::mem_map(at, len, alloc) } {
+                    // SAFETY: the imported handle is ours and mapped nowhere.
+                    let _ = unsafe { result::mem_release(alloc) };
+                    return Err(e);
+                }
+                pieces.push((alloc, len));
+                at += len as u64;
+            }
+            // SAFETY: the whole reservation is mapped, piece by piece, just above.
+            unsafe { result::mem_set_access(ptr, payload.size, &[self.ctx.device()]) }
+        })();
+        if let Err(e) = mapped {
+            // SAFETY: the pieces mapped above are idle (nothing has seen the range yet).
+            let _ = unsafe { unmap_pieces(ptr, payload.size, &pieces) };
+            return Err(e);
+        }
+        Ok(CudaMapping {
+            ptr,
+            kind: MappingKind::VmmPieces {
+                pieces,
+                size: payload.size,
+            },
+        })
+    }
+}
+
+/// Unmaps and releases `pieces`, mapped side by side from `ptr` in a reservation of `size`
+/// bytes, and frees the reservation; reports the first failure after trying every step.
+///
+/// # Safety
+/// `pieces` must be what `open_vmm_pieces` mapped from `ptr`, with no work in flight on
+/// them; none may be used afterwards.
+unsafe fn unmap_pieces(
+    ptr: sys::CUdeviceptr,
+    size: usize,
+    pieces: &[(sys::CUmemGenericAllocationHandle, usize)],
+) -> Result<()> {
+    let mut outcome = Ok(());
+    let mut at = ptr;
+    for &(handle, len) in pieces {
+        // SAFETY: the caller guarantees this piece is mapped at `at` and idle.
+        let unmapped = unsafe { result::mem_unmap(at, len) };
+        // SAFETY: the handle is ours and is given up here.
+        let released = unsafe { result::mem_release(handle) };
+        outcome = outcome.and(unmapped).and(released);
+        at += len as u64;
+    }
+    // SAFETY: every piece of the reservation is unmapped (a failure is reported by this too).
+    let freed = unsafe { result::mem_address_free(ptr, size) };
+    outcome.and(freed)
 }
 
 impl IpcOpener for CudaOpener {
@@ -132,6 +218,10 @@ impl IpcOpener for CudaOpener {
             // SAFETY: as above; the mapping was made by `map_physical` for `handle`.
             MappingKind::Vmm { handle, size } => unsafe {
                 unmap_physical(mapping.ptr, size, handle)
+            },
+            // SAFETY: as above; the pieces were mapped by `open_vmm_pieces` from `ptr`.
+            MappingKind::VmmPieces { ref pieces, size } => unsafe {
+                unmap_pieces(mapping.ptr, size, pieces)
             },
         }
     }

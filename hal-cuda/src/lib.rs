@@ -43,6 +43,6 @@ pub use module::{CudaKernel, CudaModule};
 pub use multicast::CudaMulticast;
 pub use stream::{validate_launch, CudaEvent, CudaStream, MAX_THREADS_PER_BLOCK};
 pub use unowned::{
-    alloc_unowned, current_device, free_unowned, make_device_current, restore_current,
-    PreviousContext,
+    alloc_unowned, alloc_unowned_chunks, current_device, free_unowned, free_unowned_chunks,
+    make_device_current, restore_current, PreviousContext,
 };

@@ -29,39 +29,105 @@ pub(crate) enum Backing {
 #[derive(Debug)]
 pub(crate) struct Export {
     pub(crate) handle: IpcHandle,
-    pub(crate) published: Option<(u64, OwnedFd)>,
+    pub(crate) published: Vec<(u64, OwnedFd)>,
 }
 
 impl Export {
     /// Withdraws the descriptor from the server (new importers are refused from now on).
     pub(crate) fn withdraw(&mut self) {
-        if let Some((id, fd)) = self.published.take() {
+        for (id, fd) in self.published.drain(..) {
             fd_share::withdraw(id);
             drop(fd);
         }
     }
 }
 
-/// Physical (VMM) payload layout: rounded size (u64 LE), owner's device ordinal (u32 LE).
+/// Physical (VMM) payload layout: rounded size (u64 LE), owner's device ordinal (u32 LE),
+/// then, for memory mapped as several allocations side by side (a caller's buffer across
+/// chunks: PyTorch's expandable segments), each piece's length and the export number its
+/// descriptor is served under (u64 LE each), in address order.
 pub(crate) const VMM_PAYLOAD_LEN: usize = 12;
 
-/// Parses a VMM payload into (rounded size, owner device).
-pub(crate) fn parse_vmm_payload(payload: &[u8]) -> Result<(usize, u32)> {
-    let bytes: &[u8; VMM_PAYLOAD_LEN] = payload.try_into().map_err(|_| {
-        Error::Ipc(format!(
-            "CUDA VMM handle payload is {} bytes, expected {VMM_PAYLOAD_LEN}",
-            payload.len()
-        ))
-    })?;
-    let mut size = [0u8; 8];
-    size.copy_from_slice(&bytes[..8]);
-    let size = usize::try_from(u64::from_le_bytes(size))
-        .map_err(|_| Error::Ipc("CUDA VMM handle size does not fit this process".into()))?;
-    let owner = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
+/// Most pieces one exported range may have (a 1 GiB tensor in PyTorch's 20 MiB chunks has
+/// 52; the bound keeps a malformed payload from asking for a huge number of descriptors).
+pub(crate) const MAX_VMM_PIECES: usize = 1024;
+
+/// What a VMM handle's payload says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct VmmPayload {
+    /// Bytes mapped in all (rounded to the granularity).
+    pub(crate) size: usize,
+    /// The owner's device ordinal.
+    pub(crate) owner: u32,
+    /// `(length, export number)` of each piece, in address order; empty when the handle's
+    /// own export number serves the whole range as one allocation.
+    pub(crate) pieces: Vec<(usize, u64)>,
+}
+
+impl VmmPayload {
+    pub(crate) fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(VMM_PAYLOAD_LEN + 16 * self.pieces.len());
+        out.extend_from_slice(&(self.size as u64).to_le_bytes());
+        out.extend_from_slice(&self.owner.to_le_bytes());
+        for &(len, id) in &self.pieces {
+            out.extend_from_slice(&(len as u64).to_le_bytes());
+            out.extend_from_slice(&id.to_le_bytes());
+        }
+        out
+    }
+}
+
+/// Parses a VMM payload; its pieces, when it has any, must add up to its size.
+pub(crate) fn parse_vmm_payload(payload: &[u8]) -> Result<VmmPayload> {
+    // Only called at offsets the length check below admits.
+    let word = |at: usize| -> u64 {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&payload[at..at + 8]);
+        u64::from_le_bytes(w)
+    };
+    let usize_of = |v: u64| {
+        usize::try_from(v)
+            .map_err(|_| Error::Ipc("CUDA VMM handle size does not fit this process".into()))
+    };
+    let tail = payload.len().checked_sub(VMM_PAYLOAD_LEN);
+    let count = match tail {
+        Some(t) if t % 16 == 0 && t / 16 <= MAX_VMM_PIECES && t / 16 != 1 => t / 16,
+        _ => {
+            return Err(Error::Ipc(format!(
+                "CUDA VMM handle payload is {} bytes, expected {VMM_PAYLOAD_LEN}, or that and \
+                 16 per piece for 2 to {MAX_VMM_PIECES} pieces",
+                payload.len()
+            )))
+        }
+    };
+    let size = usize_of(word(0))?;
+    let owner = u32::from_le_bytes([payload[8], payload[9], payload[10], payload[11]]);
     if size == 0 {
         return Err(Error::Ipc("CUDA VMM handle has zero size".into()));
     }
-    Ok((size, owner))
+    let mut pieces = Vec::with_capacity(count);
+    let mut total = 0usize;
+    for i in 0..count {
+        let at = VMM_PAYLOAD_LEN + 16 * i;
+        let len = usize_of(word(at))?;
+        if len == 0 {
+            return Err(Error::Ipc(format!(
+                "CUDA VMM handle piece {i} has zero size"
+            )));
+        }
+        total = total.saturating_add(len);
+        pieces.push((len, word(at + 8)));
+    }
+    if count > 0 && total != size {
+        return Err(Error::Ipc(format!(
+            "CUDA VMM handle pieces add up to {total} bytes, not its {size}"
+        )));
+    }
+    Ok(VmmPayload {
+        size,
+        owner,
+        pieces,
+    })
 }
 
 /// Reserves an address range, maps `handle` into it and grants access to `access`; undoes
@@ -196,20 +262,26 @@ impl CudaMemory {
             Backing::Plain => {
                 // SAFETY: `self.ptr` is a live cuMemAlloc allocation.
                 let h = unsafe { result::ipc_get_mem_handle(self.ptr) }?;
-                (IpcHandleKind::CudaLegacy, h.to_vec(), None)
+                (IpcHandleKind::CudaLegacy, h.to_vec(), Vec::new())
             }
             Backing::Physical { handle, size } => {
                 // SAFETY: `handle` is live and was created with the POSIX-FD handle type.
                 let fd = unsafe { result::export_fd(handle) }?;
                 let id = fd_share::next_export_id();
                 fd_share::publish(id, fd.as_fd())?;
-                let mut payload = Vec::with_capacity(VMM_PAYLOAD_LEN);
-                payload.extend_from_slice(&(size as u64).to_le_bytes());
-                payload.extend_from_slice(&self.ctx.ordinal().to_le_bytes());
-                (IpcHandleKind::CudaPosixFd, payload, Some((id, fd)))
+                let payload = VmmPayload {
+                    size,
+                    owner: self.ctx.ordinal(),
+                    pieces: Vec::new(),
+                };
+                (
+                    IpcHandleKind::CudaPosixFd,
+                    payload.to_bytes(),
+                    vec![(id, fd)],
+                )
             }
         };
-        let id = match &published {
+        let id = match published.first() {
             Some((id, _)) => *id,
             None => fd_share::next_export_id(),
         };
@@ -339,9 +411,40 @@ mod tests {
         let mut p = Vec::new();
         p.extend_from_slice(&(4u64 << 20).to_le_bytes());
         p.extend_from_slice(&3u32.to_le_bytes());
-        assert_eq!(parse_vmm_payload(&p).ok(), Some((4 << 20, 3)));
+        let whole = parse_vmm_payload(&p).unwrap();
+        assert_eq!((whole.size, whole.owner), (4 << 20, 3));
+        assert!(whole.pieces.is_empty());
         assert!(matches!(parse_vmm_payload(&p[..11]), Err(Error::Ipc(_))));
         assert!(matches!(parse_vmm_payload(&[0u8; 64]), Err(Error::Ipc(_))));
         assert!(matches!(parse_vmm_payload(&[0u8; 12]), Err(Error::Ipc(_))));
+
+        // Pieces side by side: they round-trip, and must add up to the size.
+        let span = VmmPayload {
+            size: 6 << 20,
+            owner: 1,
+            pieces: vec![(2 << 20, 17), (4 << 20, 18)],
+        };
+        assert_eq!(parse_vmm_payload(&span.to_bytes()).unwrap(), span);
+        let short = VmmPayload {
+            size: 8 << 20,
+            ..span.clone()
+        };
+        let r = parse_vmm_payload(&short.to_bytes());
+        assert!(
+            matches!(r, Err(Error::Ipc(ref m)) if m.contains("add up")),
+            "{r:?}"
+        );
+        let empty_piece = VmmPayload {
+            size: 2 << 20,
+            pieces: vec![(2 << 20, 17), (0, 18)],
+            ..span.clone()
+        };
+        assert!(parse_vmm_payload(&empty_piece.to_bytes()).is_err());
+        // One piece is the plain form's job; a cut piece is malformed.
+        let mut one = p.clone();
+        one.extend_from_slice(&[0u8; 16]);
+        assert!(parse_vmm_payload(&one).is_err());
+        let bytes = span.to_bytes();
+        assert!(parse_vmm_payload(&bytes[..bytes.len() - 8]).is_err());
     }
 }

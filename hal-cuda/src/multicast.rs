@@ -131,7 +131,7 @@ impl CudaMulticast {
         };
         *slot = Some(Export {
             handle: handle.clone(),
-            published: Some((id, fd)),
+            published: vec![(id, fd)],
         });
         Ok(handle)
     }

@@ -5,7 +5,7 @@
 //! Everything else goes through [`crate::CudaDevice`].
 
 use cudarc::driver::sys;
-use oxccl_hal::{DevicePtr, Result};
+use oxccl_hal::{DevicePtr, Error, Result};
 
 use crate::{loader, result};
 
@@ -34,6 +34,76 @@ pub unsafe fn free_unowned(ptr: DevicePtr) -> Result<()> {
     loader::init()?;
     // SAFETY: the caller's obligations are `mem_free`'s.
     unsafe { result::mem_free(ptr.0) }
+}
+
+/// `count` VMM allocations of `chunk_bytes` each (rounded up to the granularity), mapped
+/// side by side in one reserved range of the current context's device, shareable as POSIX
+/// file descriptors: memory as PyTorch's expandable segments lay it out (a segment mapped
+/// chunk by chunk). Returns the range's start and the rounded chunk size; the caller owns
+/// it until [`free_unowned_chunks`].
+pub fn alloc_unowned_chunks(chunk_bytes: usize, count: usize) -> Result<(DevicePtr, usize)> {
+    loader::init()?;
+    let Some(device) = result::ctx_get_device()? else {
+        return Err(Error::InvalidArgument(
+            "no CUDA context is current on this thread".into(),
+        ));
+    };
+    let prop = result::device_alloc_prop(device, false);
+    let granularity = result::mem_granularity(&prop)?;
+    let chunk = chunk_bytes.max(1).div_ceil(granularity) * granularity;
+    let total = chunk
+        .checked_mul(count.max(1))
+        .ok_or_else(|| Error::InvalidArgument(format!("{count} chunks of {chunk} bytes")))?;
+    let base = result::mem_address_reserve(total, granularity)?;
+    let mut mapped = 0;
+    let outcome = (|| {
+        for i in 0..count.max(1) {
+            let handle = result::mem_create(chunk, &prop)?;
+            let at = base + (i * chunk) as u64;
+            // SAFETY: `[at, at + chunk)` is reserved above and nothing is mapped there yet.
+            let map = unsafe { result::mem_map(at, chunk, handle) };
+            // SAFETY: the mapping (when made) keeps the memory; this handle is not used again.
+            let released = unsafe { result::mem_release(handle) };
+            map?;
+            mapped += 1;
+            released?;
+            // SAFETY: the chunk is mapped just above.
+            unsafe { result::mem_set_access(at, chunk, &[device]) }?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = outcome {
+        // SAFETY: the first `mapped` chunks were mapped above and nothing used them.
+        let _ = unsafe { unmap_chunks(DevicePtr(base), chunk, mapped, total) };
+        return Err(e);
+    }
+    Ok((DevicePtr(base), chunk))
+}
+
+/// Frees memory from [`alloc_unowned_chunks`].
+///
+/// # Safety
+/// `ptr`, `chunk` and `count` must be what [`alloc_unowned_chunks`] was given and returned,
+/// not freed yet, and no queued work may still use the range.
+pub unsafe fn free_unowned_chunks(ptr: DevicePtr, chunk: usize, count: usize) -> Result<()> {
+    loader::init()?;
+    let count = count.max(1);
+    // SAFETY: the caller's obligations: every chunk is mapped and idle.
+    unsafe { unmap_chunks(ptr, chunk, count, chunk * count) }
+}
+
+/// Unmaps the first `mapped` chunks of a reservation of `total` bytes and frees it.
+///
+/// # Safety
+/// Those chunks must be mapped and idle, and the rest of the reservation unmapped.
+unsafe fn unmap_chunks(ptr: DevicePtr, chunk: usize, mapped: usize, total: usize) -> Result<()> {
+    let mut outcome = Ok(());
+    for i in 0..mapped {
+        // SAFETY: the caller guarantees chunk `i` is mapped and idle.
+        outcome = outcome.and(unsafe { result::mem_unmap(ptr.0 + (i * chunk) as u64, chunk) });
+    }
+    // SAFETY: nothing in the reservation is mapped any more.
+    outcome.and(unsafe { result::mem_address_free(ptr.0, total) })
 }
 
 /// What [`make_device_current`] changed on a thread, for [`restore_current`] to undo.

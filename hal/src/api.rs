@@ -109,8 +109,11 @@ pub trait Device<B: Backend>: Debug + Send + Sync {
 
     /// The allocation of this device that holds `[ptr, ptr + bytes)`, memory the caller
     /// allocated (not through oxccl): its base, length and identity, from the driver's
-    /// range query. A pointer that is not device memory of this device, or a range that
-    /// runs past the end of its allocation, is [`crate::Error::InvalidArgument`].
+    /// range query. Where the backend maps memory in pieces (CUDA VMM), a range across
+    /// pieces mapped side by side is one allocation, with one identity per sequence of
+    /// pieces, exported and mapped side by side as a whole. A pointer that is not device
+    /// memory of this device, or a range that runs past the end of its allocation, is
+    /// [`crate::Error::InvalidArgument`].
     fn find_allocation(&self, ptr: DevicePtr, bytes: usize) -> Result<ForeignAllocation>;
 
     /// Exports an allocation found by [`Device::find_allocation`] so that other processes

@@ -506,6 +506,94 @@ fn case_foreign(c: &Ctx) -> Result<String> {
     ))
 }
 
+/// A caller's buffer across VMM chunks mapped side by side (PyTorch's expandable segments
+/// map a segment chunk by chunk, and a tensor may cross chunks): found as one range with
+/// one identity, exported as its pieces and mapped side by side by every peer (and by its
+/// owner), which check the bytes across the chunk boundaries; one chunk alone, or another
+/// run of them, is another allocation; a range past the last chunk is refused.
+fn case_foreign_chunks(c: &Ctx) -> Result<String> {
+    const CHUNKS: usize = 3;
+    let (seg, chunk) = oxccl_hal_cuda::alloc_unowned_chunks(SLOT, CHUNKS)?;
+    let outcome = (|| {
+        // From the middle of the first chunk to the middle of the last.
+        let start = chunk / 2;
+        let bytes = (CHUNKS - 1) * chunk;
+        let at = seg.offset(start)?;
+        let span = c.dev.find_allocation(at, bytes)?;
+        if span.base != seg || span.len != CHUNKS * chunk || span.offset_of(at) != start as u64 {
+            return Err(fail(format!(
+                "a range across {CHUNKS} chunks of {chunk} bytes at {seg} found as {span:?}"
+            )));
+        }
+        let again = c
+            .dev
+            .find_allocation(seg.offset(16)?, CHUNKS * chunk - 16)?;
+        let one = c.dev.find_allocation(seg, 16)?;
+        let pair = c.dev.find_allocation(seg.offset(chunk)?, chunk + 16)?;
+        if again != span
+            || one.len != chunk
+            || pair.base != seg.offset(chunk)?
+            || pair.len != 2 * chunk
+            || [span.id, pair.id].contains(&one.id)
+            || pair.id == span.id
+        {
+            return Err(fail(format!(
+                "the same range found again as {again:?} (first {span:?}); the first chunk \
+                 alone as {one:?}; the last two as {pair:?}"
+            )));
+        }
+        let past = c.dev.find_allocation(at, CHUNKS * chunk).map(|_| ()).err();
+        if !past
+            .as_ref()
+            .is_some_and(|e| e.to_string().contains("past the end"))
+        {
+            return Err(fail(format!("a range past the last chunk: {past:?}")));
+        }
+        let words = bytes / 4;
+        c.fill_pattern(&c.stream, at, words as u64, 5000 + c.rank())?;
+        c.stream.synchronize()?;
+        let handle = c.dev.export_allocation(&span)?;
+        if handle.kind != IpcHandleKind::CudaPosixFd || handle.len != span.len as u64 {
+            return Err(fail(format!(
+                "a range across chunks exported as {handle:?}"
+            )));
+        }
+        let own = c.dev.import_memory(&handle)?;
+        c.verify(
+            "a range across chunks through its own export",
+            own.ptr().offset(start)?,
+            words,
+            5000 + c.rank(),
+        )?;
+        drop(own);
+        let handles = c.exchange("foreign.chunks", &handle)?;
+        let imports = c.import_peers(&handles)?;
+        for p in (0..c.world()).filter(|&p| p != c.rank()) {
+            let imp = c.peer(&imports, p)?;
+            c.verify(
+                &format!("rank {p}'s range across {CHUNKS} chunks"),
+                imp.ptr().offset(start)?,
+                words,
+                5000 + p,
+            )?;
+        }
+        drop(imports);
+        c.rdv.barrier("foreign.chunks.done")?;
+        c.dev.release_export(&span);
+        Ok(format!(
+            "{CHUNKS} chunks of {} MiB as one range (id {:#x}), {} peers read {} MiB across \
+             the boundaries",
+            chunk >> 20,
+            span.id,
+            c.world() - 1,
+            bytes >> 20
+        ))
+    })();
+    // SAFETY: allocated above; every peer finished reading it (barrier) or failed.
+    unsafe { oxccl_hal_cuda::free_unowned_chunks(seg, chunk, CHUNKS) }?;
+    outcome
+}
+
 /// Error paths: garbage, foreign kinds, corrupt payloads and handles of freed memory all
 /// fail with an error (the process survives to report it).
 fn case_errors(c: &Ctx) -> Result<String> {
@@ -745,6 +833,10 @@ pub fn run(rdv: Rendezvous, local_rank: u32) -> Result<Report> {
     report.push(
         "callers' allocations found, exported, mapped",
         timed(&mut || case_foreign(&c)),
+    );
+    report.push(
+        "callers' ranges across VMM chunks found, exported, mapped",
+        timed(&mut || case_foreign_chunks(&c)),
     );
     report.push(
         "error paths (bad/stale handles)",

@@ -106,6 +106,8 @@ struct Owned {
     fd: RawFd,
     /// The allocation's export number once exported (shared with the [`HostMemory`]).
     export: Arc<Mutex<Option<u64>>>,
+    /// One piece of [`HostChunks`]: ranges may run on into the piece mapped after it.
+    side_by_side: bool,
 }
 
 /// Live allocations by address.
@@ -119,51 +121,139 @@ fn owned() -> MutexGuard<'static, BTreeMap<usize, Owned>> {
 /// Identities of allocations; 0 is never used.
 static NEXT_ALLOCATION_ID: AtomicU64 = AtomicU64::new(1);
 
-/// The live host-backend allocation holding `[ptr, ptr + bytes)`.
+/// Identities of ranges across several pieces of [`HostChunks`], by the pieces' identities:
+/// the top bit set, so they never equal an allocation's own (a counter from 1).
+static SPANS: Mutex<BTreeMap<Vec<u64>, u64>> = Mutex::new(BTreeMap::new());
+static NEXT_SPAN_ID: AtomicU64 = AtomicU64::new(1 << 63);
+/// Most span identities remembered: past it the table starts again (a range found again
+/// then gets a new identity).
+const MAX_SPANS: usize = 4096;
+
+/// One live allocation's part of a range: its address, length and identity.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    base: usize,
+    len: usize,
+    id: u64,
+    fd: RawFd,
+}
+
+/// The live host-backend allocation holding `[ptr, ptr + bytes)`: one allocation, or
+/// pieces of [`HostChunks`] side by side (the host stand-in for VMM chunks), given one
+/// identity per sequence of pieces.
 pub(crate) fn find_allocation(ptr: DevicePtr, bytes: usize) -> Result<ForeignAllocation> {
+    Ok(find_pieces(&owned(), ptr, bytes)?.0)
+}
+
+/// [`find_allocation`] on the locked table, with the pieces it covers.
+fn find_pieces(
+    table: &BTreeMap<usize, Owned>,
+    ptr: DevicePtr,
+    bytes: usize,
+) -> Result<(ForeignAllocation, Vec<Piece>)> {
     let start = usize::try_from(ptr.0).unwrap_or(usize::MAX);
-    let table = owned();
-    let Some((&base, o)) = table
-        .range(..=start)
-        .next_back()
-        .filter(|(b, o)| start < *b + o.len)
-    else {
+    let piece_at = |at: usize| {
+        table
+            .range(..=at)
+            .next_back()
+            .filter(|(b, o)| at < *b + o.len)
+            .map(|(&base, o)| Piece {
+                base,
+                len: o.len,
+                id: o.id,
+                fd: o.fd,
+            })
+    };
+    let Some(first) = piece_at(start) else {
         return Err(Error::InvalidArgument(format!(
             "{ptr} is not inside any live host-backend allocation"
         )));
     };
     let end = start.saturating_add(bytes);
-    if end > base + o.len {
-        return Err(Error::InvalidArgument(format!(
-            "{bytes} bytes at {ptr} run past the end of their allocation ({} bytes at {:#x})",
-            o.len, base
-        )));
+    let side_by_side = |p: &Piece| table.get(&p.base).is_some_and(|o| o.side_by_side);
+    let mut pieces = vec![first];
+    let mut at = first.base + first.len;
+    while at < end {
+        let next = piece_at(at).filter(|n| n.base == at && side_by_side(n));
+        match next {
+            Some(n) if side_by_side(&first) => {
+                at = n.base + n.len;
+                pieces.push(n);
+            }
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "{bytes} bytes at {ptr} run past the end of their allocation ({} bytes \
+                     at {:#x})",
+                    first.len, first.base
+                )))
+            }
+        }
     }
-    Ok(ForeignAllocation {
-        base: DevicePtr(base as u64),
-        len: o.len,
-        id: o.id,
-    })
+    let id = match pieces.as_slice() {
+        [one] => one.id,
+        _ => {
+            let ids: Vec<u64> = pieces.iter().map(|p| p.id).collect();
+            let mut spans = SPANS.lock().unwrap_or_else(|p| p.into_inner());
+            if spans.len() >= MAX_SPANS && !spans.contains_key(&ids) {
+                spans.clear();
+            }
+            *spans
+                .entry(ids)
+                .or_insert_with(|| NEXT_SPAN_ID.fetch_add(1, Ordering::Relaxed))
+        }
+    };
+    let found = ForeignAllocation {
+        base: DevicePtr(first.base as u64),
+        len: at - first.base,
+        id,
+    };
+    Ok((found, pieces))
 }
 
-/// Exports an allocation found by [`find_allocation`] (the same handle as
-/// [`HostMemory`]'s own export: one export per allocation).
+/// Exports an allocation found by [`find_allocation`]: one allocation under its own
+/// export (as [`HostMemory`]'s: one export per allocation), a range across pieces as the
+/// list of its pieces' exports, which an importer maps side by side.
 pub(crate) fn export_allocation(allocation: &ForeignAllocation) -> Result<IpcHandle> {
     let table = owned();
-    let o = usize::try_from(allocation.base.0)
-        .ok()
-        .and_then(|b| table.get(&b))
-        .filter(|o| o.id == allocation.id)
-        .ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "allocation {} at {} was freed",
-                allocation.id, allocation.base
-            ))
-        })?;
-    // SAFETY: the memfd stays open while its allocation is in the table, and the table's
-    // lock is held for as long as the borrow is used.
-    let fd = unsafe { BorrowedFd::borrow_raw(o.fd) };
-    export_memfd(fd, &o.export, o.len)
+    let freed = || {
+        Error::InvalidArgument(format!(
+            "allocation {} at {} was freed",
+            allocation.id, allocation.base
+        ))
+    };
+    let (now, pieces) =
+        find_pieces(&table, allocation.base, allocation.len).map_err(|_| freed())?;
+    if now != *allocation {
+        return Err(freed());
+    }
+    let mut handles = Vec::with_capacity(pieces.len());
+    for piece in &pieces {
+        let o = table.get(&piece.base).ok_or_else(freed)?;
+        // SAFETY: the memfd stays open while its allocation is in the table, and the
+        // table's lock is held for as long as the borrow is used.
+        let fd = unsafe { BorrowedFd::borrow_raw(piece.fd) };
+        handles.push(export_memfd(fd, &o.export, o.len)?);
+    }
+    match handles.as_slice() {
+        [one] => Ok(one.clone()),
+        _ => {
+            let mut payload = Vec::with_capacity(16 * handles.len());
+            for h in &handles {
+                payload.extend_from_slice(&h.len.to_le_bytes());
+                payload.extend_from_slice(&h.id.to_le_bytes());
+            }
+            Ok(IpcHandle {
+                backend: BackendKind::Host,
+                kind: IpcHandleKind::HostMemfd,
+                owner_pid: std::process::id(),
+                owner_nonce: fd_share::process_nonce(),
+                // Names the whole range in importers' caches; serves no descriptor itself.
+                id: fd_share::next_export_id(),
+                len: allocation.len as u64,
+                payload,
+            })
+        }
+    }
 }
 
 /// Exports a memfd under its allocation's export number (made on the first export).
@@ -187,6 +277,72 @@ fn export_memfd(fd: BorrowedFd<'_>, export: &Mutex<Option<u64>>, len: usize) -> 
         len: len as u64,
         payload: Vec::new(),
     })
+}
+
+/// A memfd of `len` bytes whose size is sealed: importers map the whole length, and if
+/// anyone could shrink the file their accesses past the new end would raise SIGBUS.
+fn sealed_memfd(len: usize) -> Result<OwnedFd> {
+    let file_len = i64::try_from(len)
+        .map_err(|_| Error::InvalidArgument(format!("{len} bytes do not fit a file length")))?;
+    let fd = memfd_create(
+        "oxccl-host",
+        MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+    )
+    .map_err(|e| Error::errno("memfd_create", e))?;
+    nix::unistd::ftruncate(&fd, file_len).map_err(|e| Error::errno("ftruncate", e))?;
+    fcntl(
+        &fd,
+        FcntlArg::F_ADD_SEALS(
+            SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL,
+        ),
+    )
+    .map_err(|e| Error::errno("fcntl(F_ADD_SEALS)", e))?;
+    Ok(fd)
+}
+
+/// An inaccessible reservation of `len` bytes of address space, for pieces mapped side by
+/// side into it ([`map_shared_at`]); returns its address.
+fn reserve(len: usize) -> Result<usize> {
+    let len = NonZeroUsize::new(len)
+        .ok_or_else(|| Error::InvalidArgument("cannot reserve zero bytes".into()))?;
+    // SAFETY: a fresh anonymous mapping chosen by the kernel replaces no memory; the
+    // caller owns it and unmaps it exactly once.
+    let ptr = unsafe {
+        nix::sys::mman::mmap_anonymous(
+            None,
+            len,
+            ProtFlags::PROT_NONE,
+            MapFlags::MAP_PRIVATE | MapFlags::MAP_NORESERVE,
+        )
+    }
+    .map_err(|e| Error::errno("mmap", e))?;
+    Ok(ptr.as_ptr() as usize)
+}
+
+/// Maps `len` bytes of `fd` `MAP_SHARED` read-write at `at`, replacing what is there.
+///
+/// # Safety
+/// `[at, at + len)` must lie in a reservation of the caller's ([`reserve`]) that nothing
+/// else uses.
+unsafe fn map_shared_at(fd: BorrowedFd<'_>, len: usize, at: usize) -> Result<()> {
+    let (Some(len), Some(addr)) = (NonZeroUsize::new(len), NonZeroUsize::new(at)) else {
+        return Err(Error::InvalidArgument(format!(
+            "cannot map {len} bytes at {at:#x}"
+        )));
+    };
+    // SAFETY: MAP_FIXED replaces only the caller's reservation (the caller's obligation).
+    unsafe {
+        mmap(
+            Some(addr),
+            len,
+            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+            MapFlags::MAP_SHARED | MapFlags::MAP_FIXED,
+            fd,
+            0,
+        )
+    }
+    .map_err(|e| Error::errno("mmap(MAP_FIXED)", e))?;
+    Ok(())
 }
 
 /// A `MAP_SHARED` read-write mapping of `len` bytes of `fd`; returns its address.
@@ -245,24 +401,7 @@ impl HostMemory {
         let mapped = bytes.checked_next_multiple_of(page_size()).ok_or_else(|| {
             Error::InvalidArgument(format!("{bytes} bytes overflow when rounded to pages"))
         })?;
-        let file_len = i64::try_from(mapped).map_err(|_| {
-            Error::InvalidArgument(format!("{mapped} bytes do not fit a file length"))
-        })?;
-        let fd = memfd_create(
-            "oxccl-host",
-            MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
-        )
-        .map_err(|e| Error::errno("memfd_create", e))?;
-        nix::unistd::ftruncate(&fd, file_len).map_err(|e| Error::errno("ftruncate", e))?;
-        // Importers map the whole length; if anyone could shrink the file, their accesses
-        // past the new end would raise SIGBUS. Sealing the size rules that out.
-        fcntl(
-            &fd,
-            FcntlArg::F_ADD_SEALS(
-                SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL,
-            ),
-        )
-        .map_err(|e| Error::errno("fcntl(F_ADD_SEALS)", e))?;
+        let fd = sealed_memfd(mapped)?;
         let addr = map_shared(&fd, mapped)?;
         register_range(addr, mapped);
         let export_id = Arc::new(Mutex::new(None));
@@ -273,6 +412,7 @@ impl HostMemory {
                 id: NEXT_ALLOCATION_ID.fetch_add(1, Ordering::Relaxed),
                 fd: fd.as_raw_fd(),
                 export: Arc::clone(&export_id),
+                side_by_side: false,
             },
         );
         Ok(HostMemory {
@@ -321,6 +461,100 @@ impl Drop for HostMemory {
     }
 }
 
+/// Host-backend memory mapped piece by piece: `count` allocations of `piece` bytes each
+/// (whole pages), side by side in one address range, each with its own identity and
+/// memfd. The host stand-in for CUDA VMM chunks (PyTorch's expandable segments map a
+/// segment chunk by chunk): a buffer may run across pieces, and is found, exported and
+/// mapped as one range ([`crate::Device::find_allocation`]). Freed on drop.
+#[derive(Debug)]
+pub struct HostChunks {
+    addr: usize,
+    piece: usize,
+    /// Pieces reserved (all mapped, unless allocating failed part way).
+    count: usize,
+    pieces: Vec<(OwnedFd, Arc<Mutex<Option<u64>>>)>,
+}
+
+impl HostChunks {
+    /// Allocates `count` pieces of `piece` bytes (a positive multiple of [`page_size`]),
+    /// zero-filled, side by side.
+    pub fn allocate(piece: usize, count: usize) -> Result<HostChunks> {
+        let total = piece
+            .checked_mul(count)
+            .filter(|&t| t > 0 && t <= MAX_ALLOCATION && piece % page_size() == 0)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "{count} pieces of {piece} bytes: pieces must be whole pages, at most \
+                     {MAX_ALLOCATION} bytes in all"
+                ))
+            })?;
+        let addr = reserve(total)?;
+        let mut chunks = HostChunks {
+            addr,
+            piece,
+            count,
+            pieces: Vec::with_capacity(count),
+        };
+        register_range(addr, total);
+        for i in 0..count {
+            let fd = sealed_memfd(piece)?;
+            // SAFETY: piece `i` of the reservation made above, which only `chunks` uses.
+            unsafe { map_shared_at(fd.as_fd(), piece, addr + i * piece) }?;
+            let export = Arc::new(Mutex::new(None));
+            owned().insert(
+                addr + i * piece,
+                Owned {
+                    len: piece,
+                    id: NEXT_ALLOCATION_ID.fetch_add(1, Ordering::Relaxed),
+                    fd: fd.as_raw_fd(),
+                    export: Arc::clone(&export),
+                    side_by_side: true,
+                },
+            );
+            chunks.pieces.push((fd, export));
+        }
+        Ok(chunks)
+    }
+
+    /// Bytes of one piece.
+    pub fn piece_len(&self) -> usize {
+        self.piece
+    }
+}
+
+impl Memory for HostChunks {
+    fn ptr(&self) -> DevicePtr {
+        DevicePtr(self.addr as u64)
+    }
+    fn len(&self) -> usize {
+        self.piece * self.pieces.len()
+    }
+}
+
+impl HostVisible for HostChunks {
+    fn host_ptr(&self) -> *mut u8 {
+        self.addr as *mut u8
+    }
+}
+
+impl Drop for HostChunks {
+    fn drop(&mut self) {
+        let mut table = owned();
+        for (i, (_, export)) in self.pieces.iter().enumerate() {
+            table.remove(&(self.addr + i * self.piece));
+            if let Some(id) = export.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                fd_share::withdraw(id);
+            }
+        }
+        drop(table);
+        unregister_range(self.addr);
+        // The whole reservation, mapped pieces and any left unmapped after a failure.
+        if let Err(e) = unmap(self.addr, self.piece * self.count) {
+            tracing::warn!(error = %e, "unmapping host-backend chunks failed");
+        }
+    }
+}
+
 /// What an open host-backend import is: an address range of this process.
 #[derive(Debug, PartialEq, Eq)]
 pub struct HostMapping {
@@ -354,20 +588,10 @@ impl IpcOpener for HostOpener {
                     handle.len
                 ))
             })?;
-        let fd = fd_share::fetch(
-            handle.owner_pid,
-            handle.owner_nonce,
-            handle.id,
-            FETCH_TIMEOUT,
-        )?;
-        let stat = nix::sys::stat::fstat(&fd).map_err(|e| Error::errno("fstat", e))?;
-        let size = u64::try_from(stat.st_size).unwrap_or(0);
-        if size < handle.len {
-            return Err(Error::Ipc(format!(
-                "export {} of process {} is {size} bytes, the handle claims {}",
-                handle.id, handle.owner_pid, handle.len
-            )));
+        if !handle.payload.is_empty() {
+            return open_pieces(handle, len);
         }
+        let fd = fetch_at_least(handle.owner_pid, handle.owner_nonce, handle.id, handle.len)?;
         let addr = map_shared(&fd, len)?;
         register_range(addr, len);
         // The mapping holds the memfd's pages; the descriptor itself is no longer needed.
@@ -378,6 +602,61 @@ impl IpcOpener for HostOpener {
         unregister_range(mapping.addr);
         unmap(mapping.addr, mapping.len)
     }
+}
+
+/// The descriptor of export `id` of a process, checked to hold at least `len` bytes.
+fn fetch_at_least(pid: u32, nonce: u64, id: u64, len: u64) -> Result<OwnedFd> {
+    let fd = fd_share::fetch(pid, nonce, id, FETCH_TIMEOUT)?;
+    let stat = nix::sys::stat::fstat(&fd).map_err(|e| Error::errno("fstat", e))?;
+    let size = u64::try_from(stat.st_size).unwrap_or(0);
+    if size < len {
+        return Err(Error::Ipc(format!(
+            "export {id} of process {pid} is {size} bytes, the handle claims {len}"
+        )));
+    }
+    Ok(fd)
+}
+
+/// Maps a range exported as pieces ([`HostChunks`]): each piece's memfd side by side in
+/// one reservation of `len` bytes, so the range reads as one buffer at the same offsets.
+fn open_pieces(handle: &IpcHandle, len: usize) -> Result<HostMapping> {
+    let malformed = |why: &str| Error::Ipc(format!("host range of {len} bytes: {why}"));
+    if handle.payload.len() % 16 != 0 || handle.payload.len() < 32 {
+        return Err(malformed("its list of pieces is malformed"));
+    }
+    let word = |at: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&handle.payload[at..at + 8]);
+        u64::from_le_bytes(w)
+    };
+    let pieces: Vec<(usize, u64)> = (0..handle.payload.len() / 16)
+        .map(|i| (usize::try_from(word(16 * i)).unwrap_or(0), word(16 * i + 8)))
+        .collect();
+    let mut total = 0usize;
+    for &(piece, _) in &pieces {
+        if piece == 0 || piece % page_size() != 0 {
+            return Err(malformed("a piece is not a positive number of whole pages"));
+        }
+        total = total.saturating_add(piece);
+    }
+    if total != len {
+        return Err(malformed(&format!("its pieces add up to {total} bytes")));
+    }
+    let addr = reserve(len)?;
+    let mut at = addr;
+    for &(piece, id) in &pieces {
+        let mapped = fetch_at_least(handle.owner_pid, handle.owner_nonce, id, piece as u64)
+            // SAFETY: `[at, at + piece)` lies in the reservation above, past the pieces
+            // mapped so far; nothing else uses it.
+            .and_then(|fd| unsafe { map_shared_at(fd.as_fd(), piece, at) });
+        if let Err(e) = mapped {
+            let _ = unmap(addr, len);
+            return Err(e);
+        }
+        at += piece;
+    }
+    register_range(addr, len);
+    Ok(HostMapping { addr, len })
 }
 
 /// Memory of another process (or another view of this one's) mapped through the IPC cache.

@@ -21,7 +21,9 @@ mod multicast;
 mod stream;
 
 pub use device::HostDevice;
-pub use memory::{page_size, HostImport, HostMapping, HostMemory, HostOpener, MAX_ALLOCATION};
+pub use memory::{
+    page_size, HostChunks, HostImport, HostMapping, HostMemory, HostOpener, MAX_ALLOCATION,
+};
 pub use module::{HostKernel, HostModule};
 pub use multicast::{HostMulticast, MAX_MULTICAST_MEMBERS};
 pub use stream::{HostEvent, HostStream, WAIT_LIMIT};

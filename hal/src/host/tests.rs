@@ -564,3 +564,95 @@ fn a_callers_buffer_is_traced_to_its_allocation_and_exported() {
     assert!(d.export_allocation(&a).is_err());
     d.release_export(&a);
 }
+
+#[test]
+fn a_buffer_across_pieces_side_by_side_is_one_range() {
+    let d = dev(0);
+    let piece = 4 * page_size();
+    let chunks = HostChunks::allocate(piece, 3).unwrap();
+    let base = chunks.ptr();
+    // From the middle of the first piece to the middle of the last.
+    let at = base.offset(piece / 2).unwrap();
+    let span = d.find_allocation(at, 2 * piece).unwrap();
+    assert_eq!(
+        (span.base, span.len, span.offset_of(at)),
+        (base, 3 * piece, piece as u64 / 2)
+    );
+    // The same pieces give the same identity; one piece, or another run, another one.
+    assert_eq!(d.find_allocation(base, 3 * piece).unwrap(), span);
+    let one = d.find_allocation(base, 16).unwrap();
+    assert_eq!((one.base, one.len), (base, piece));
+    let pair = d
+        .find_allocation(base.offset(piece).unwrap(), piece + 1)
+        .unwrap();
+    assert_eq!(
+        (pair.base, pair.len),
+        (base.offset(piece).unwrap(), 2 * piece)
+    );
+    let ids = [span.id, one.id, pair.id];
+    assert!(
+        ids[0] != ids[1] && ids[1] != ids[2] && ids[0] != ids[2],
+        "{ids:?}"
+    );
+    // Past the last piece.
+    let e = d.find_allocation(at, 3 * piece).unwrap_err().to_string();
+    assert!(e.contains("past the end"), "{e}");
+    // Plain allocations never run on into each other, even when adjacent.
+    let m = d.alloc(piece, MemoryKind::Plain).unwrap();
+    let e = d
+        .find_allocation(m.ptr(), piece + 1)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("past the end"), "{e}");
+
+    // Exported as its pieces, mapped side by side: the bytes across the boundaries read
+    // the same through the import, and writes through it land in the pieces.
+    let s = d.create_stream().unwrap();
+    let data = random_bytes(2 * piece);
+    s.write(at, &data).unwrap();
+    let handle = d.export_allocation(&span).unwrap();
+    assert_eq!(handle.len, 3 * piece as u64);
+    let view = dev(1).import_memory(&handle).unwrap();
+    assert_eq!(view.len(), 3 * piece);
+    let mut back = vec![0u8; 2 * piece];
+    s.read(view.ptr().offset(piece / 2).unwrap(), &mut back)
+        .unwrap();
+    assert_eq!(back, data);
+    let more = random_bytes(64);
+    s.write(view.ptr().offset(2 * piece - 32).unwrap(), &more)
+        .unwrap();
+    let mut through = vec![0u8; 64];
+    s.read(base.offset(2 * piece - 32).unwrap(), &mut through)
+        .unwrap();
+    assert_eq!(through, more);
+    drop(view);
+
+    // Freed: the range is not exported again under its old identity, and pieces mapped
+    // again in its place (likely at the same address) get a new one.
+    drop(chunks);
+    assert!(d.export_allocation(&span).is_err());
+    let again = HostChunks::allocate(piece, 3).unwrap();
+    let renewed = d.find_allocation(again.ptr(), 2 * piece).unwrap();
+    assert!(![span.id, one.id, pair.id].contains(&renewed.id));
+}
+
+#[test]
+fn malformed_lists_of_pieces_are_refused() {
+    let d = dev(0);
+    let piece = page_size();
+    let chunks = HostChunks::allocate(piece, 2).unwrap();
+    let span = d.find_allocation(chunks.ptr(), 2 * piece).unwrap();
+    let good = d.export_allocation(&span).unwrap();
+    let mut cut = good.clone();
+    cut.payload.truncate(24);
+    let mut short = good.clone();
+    short.len = piece as u64;
+    let mut odd = good.clone();
+    odd.payload[0] ^= 1;
+    for h in [cut, short, odd] {
+        let e = dev(1).import_memory(&h).unwrap_err();
+        assert!(matches!(e, Error::Ipc(_)), "{e}");
+    }
+    assert!(HostChunks::allocate(piece + 1, 2).is_err());
+    assert!(HostChunks::allocate(piece, 0).is_err());
+}
