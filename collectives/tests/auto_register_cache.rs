@@ -4,7 +4,8 @@
 //! inside them, run the same on two ranks of the host backend. Every call is checked bit
 //! for bit against the host reference, so a call served through a stale mapping (a peer's
 //! freed allocation) fails; the cache stays within its bound after every call, so entries
-//! are never leaked.
+//! are never leaked. Allocations are plain ones or pieces mapped side by side (the host
+//! stand-in for PyTorch's expandable segments), where buffers run across pieces.
 
 // Helpers outside #[test] functions unwrap and panic too: a failed step is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -13,8 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use oxccl_collectives::backend::AnyMemory;
-use oxccl_collectives::hal::{AccumType, DataType, Device, Memory, MemoryKind, ReduceOp};
-use oxccl_collectives::CommConfig;
+use oxccl_collectives::hal::host::{page_size, HostChunks};
+use oxccl_collectives::hal::{
+    AccumType, DataType, Device, DevicePtr, Memory, MemoryKind, ReduceOp,
+};
+use oxccl_collectives::{BufferPath, CommConfig};
 use proptest::prelude::*;
 
 mod common;
@@ -24,6 +28,29 @@ use common::{all_reduce_and_read, expected, same_bits, stage, threads_with};
 const SLOTS: usize = 3;
 /// The cache bound under test: smaller than the allocations a sequence touches.
 const MAX_ENTRIES: usize = 4;
+/// Pieces side by side: smaller than a call's buffers, so calls cross pieces.
+const PIECE_KIB: usize = 48;
+
+/// What a slot holds.
+enum Held {
+    Plain(AnyMemory),
+    Pieces(HostChunks),
+}
+
+impl Held {
+    fn ptr(&self) -> DevicePtr {
+        match self {
+            Held::Plain(m) => m.ptr(),
+            Held::Pieces(c) => c.ptr(),
+        }
+    }
+    fn len(&self) -> usize {
+        match self {
+            Held::Plain(m) => m.len(),
+            Held::Pieces(c) => c.len(),
+        }
+    }
+}
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -32,6 +59,11 @@ enum Op {
     Alloc {
         slot: usize,
         kib: usize,
+    },
+    /// (Re)allocate a slot as `pieces` pieces of [`PIECE_KIB`] side by side.
+    AllocPieces {
+        slot: usize,
+        pieces: usize,
     },
     Free {
         slot: usize,
@@ -47,6 +79,7 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         (0..SLOTS, 64usize..320).prop_map(|(slot, kib)| Op::Alloc { slot, kib }),
+        (0..SLOTS, 2usize..5).prop_map(|(slot, pieces)| Op::AllocPieces { slot, pieces }),
         (0..SLOTS).prop_map(|slot| Op::Free { slot }),
         (0..SLOTS, 0usize..64, any::<bool>()).prop_map(|(slot, offset16, in_place)| Op::Call {
             slot,
@@ -74,12 +107,19 @@ fn run(ops: Vec<Op>) {
     };
     threads_with(2, cfg, move |r| {
         let dev = r.comm.device();
-        let mut slots: Vec<Option<AnyMemory>> = (0..SLOTS).map(|_| None).collect();
+        let mut slots: Vec<Option<Held>> = (0..SLOTS).map(|_| None).collect();
         for (step, op) in ops.iter().enumerate() {
             match *op {
                 Op::Alloc { slot, kib } => {
                     slots[slot] = None;
-                    slots[slot] = Some(dev.alloc(kib << 10, MemoryKind::Plain).unwrap());
+                    slots[slot] = Some(Held::Plain(
+                        dev.alloc(kib << 10, MemoryKind::Plain).unwrap(),
+                    ));
+                }
+                Op::AllocPieces { slot, pieces } => {
+                    slots[slot] = None;
+                    let piece = (PIECE_KIB << 10).next_multiple_of(page_size());
+                    slots[slot] = Some(Held::Pieces(HostChunks::allocate(piece, pieces).unwrap()));
                 }
                 Op::Free { slot } => slots[slot] = None,
                 Op::Call {
@@ -110,7 +150,7 @@ fn run(ops: Vec<Op>) {
                         count,
                         salt,
                     );
-                    // SAFETY: both ranges lie inside `mem`, which outlives the call.
+                    // SAFETY: both ranges lie inside the slot's memory, which outlives the call.
                     let got = unsafe {
                         all_reduce_and_read(r, (inp, out), count, DataType::F32, ReduceOp::Sum)
                     };
@@ -125,8 +165,14 @@ fn run(ops: Vec<Op>) {
                     if let Err(d) = same_bits(DataType::F32, &got, &want, count) {
                         panic!("rank {} step {step} {op:?}: {d}", r.comm.rank());
                     }
-                    // Both ranks' allocations are in the cache (the call went zero-copy),
+                    // The call went zero-copy, both ranks' allocations are in the cache,
                     // and no more than the bound stays mapped.
+                    let path = r.comm.last_call().map(|c| (c.path, c.staged));
+                    assert!(
+                        matches!(path, Some((BufferPath::Mapped, None))),
+                        "rank {} step {step} {op:?}: {path:?}",
+                        r.comm.rank()
+                    );
                     let n = r.comm.auto_registered();
                     assert!(
                         (2..=MAX_ENTRIES).contains(&n),
@@ -164,4 +210,77 @@ fn freed_and_allocated_again_is_a_new_mapping() {
         ops.push(Op::Free { slot: 0 });
     }
     run(ops);
+}
+
+/// Two tensors of one expandable segment that each cross pieces, and share one: both stay
+/// mapped while both live (an overlap alone does not mean the other was freed), so calls
+/// alternating between them map nothing again. Freed and mapped again, the pieces are new
+/// allocations, and the next call is served from new mappings.
+#[test]
+fn ranges_across_pieces_that_share_a_piece_stay_mapped_together() {
+    let cfg = |_| CommConfig {
+        timeout: Duration::from_secs(10),
+        staging_bytes: 64 << 10,
+        zc_threshold_bytes: Some(4096),
+        oneshot_max_bytes: Some(4096),
+        auto_register_min_bytes: Some(4096),
+        ..CommConfig::default()
+    };
+    threads_with(2, cfg, |r| {
+        let piece = (PIECE_KIB << 10).next_multiple_of(page_size());
+        let count = piece / 4;
+        let mut chunks = HostChunks::allocate(piece, 3).unwrap();
+        for round in 0..6 {
+            if round == 4 {
+                // Freed, and mapped again (most likely at the same address).
+                drop(chunks);
+                chunks = HostChunks::allocate(piece, 3).unwrap();
+            }
+            // Pieces 0-1, then 1-2: each call's buffer crosses one boundary.
+            let first = round % 2;
+            let at = chunks.ptr().offset(first * piece + piece / 2).unwrap();
+            let salt = 9_000 + round as u64;
+            stage(
+                &r.stream,
+                (at, at),
+                DataType::F32,
+                r.comm.rank(),
+                count,
+                salt,
+            );
+            // SAFETY: `count` f32 from `at` lie inside `chunks`, which outlives the call.
+            let got =
+                unsafe { all_reduce_and_read(r, (at, at), count, DataType::F32, ReduceOp::Sum) };
+            let want = expected(
+                DataType::F32,
+                ReduceOp::Sum,
+                AccumType::Auto,
+                2,
+                count,
+                salt,
+            );
+            if let Err(d) = same_bits(DataType::F32, &got, &want, count) {
+                panic!("rank {} round {round}: {d}", r.comm.rank());
+            }
+            let path = r.comm.last_call().map(|c| (c.path, c.staged));
+            assert!(
+                matches!(path, Some((BufferPath::Mapped, None))),
+                "rank {} round {round}: {path:?}",
+                r.comm.rank()
+            );
+            // Both ranks' two ranges stay in the cache together: 2 after the first call, 4
+            // from the second; after the pieces were mapped again, the stale two go.
+            let want_entries = match round {
+                0 => 2,
+                4 => 2,
+                _ => 4,
+            };
+            assert_eq!(
+                r.comm.auto_registered(),
+                want_entries,
+                "rank {} round {round}",
+                r.comm.rank()
+            );
+        }
+    });
 }

@@ -20,10 +20,11 @@
 //! the call fall back on every rank. The all-gather also compares the calls: a mismatched
 //! count, type, op or root is an error on every rank instead of a hang.
 //!
-//! Identity is the driver's buffer id (unique per allocation in a process), so memory that
-//! was freed and allocated again at the same address gets a new entry: it is never served
-//! from the stale mapping, and the stale entry (whose range the new allocation overlaps)
-//! is dropped. Entries used while any rank was capturing a graph are pinned (the graph
+//! Identity is the driver's buffer id (unique per allocation in a process; a range across
+//! several VMM mappings gets one identity per sequence of them), so memory that was freed
+//! and allocated again at the same address gets a new entry: it is never served from the
+//! stale mapping, and the stale entry (whose range the new allocation overlaps, and where
+//! its owner no longer finds it) is dropped on every rank. Entries used while any rank was capturing a graph are pinned (the graph
 //! replays with those addresses); so are allocations a rank pinned with
 //! [`super::Communicator::pin_allocation`].
 
@@ -152,6 +153,37 @@ fn overlaps(a: &ForeignAllocation, b: &ForeignAllocation) -> bool {
     a.base.0 < end(b) && b.base.0 < end(a)
 }
 
+/// This rank's entries that an allocation it reports now overlaps and that were freed
+/// since: live allocations never overlap, so the driver finds something else (or nothing)
+/// in an overlapped entry's range. Several ranges across VMM mappings may share mappings
+/// and stay live (two tensors of one expandable segment that each cross chunks), so an
+/// overlap alone does not retire an entry; the owner asks the driver, and tells the peers.
+fn freed_entries(ctx: &Ctx<'_>, table: &Table, buffers: &[BufferRecord; 2]) -> Vec<u64> {
+    let mut freed = Vec::new();
+    for b in buffers {
+        let BufferRecord::Found { allocation, .. } = b else {
+            continue;
+        };
+        for ((owner, id), e) in &table.entries {
+            if *owner != ctx.rank
+                || *id == allocation.id
+                || freed.contains(id)
+                || !overlaps(&e.allocation, allocation)
+            {
+                continue;
+            }
+            let live = ctx
+                .device
+                .find_allocation(e.allocation.base, e.allocation.len)
+                .is_ok_and(|now| now == e.allocation);
+            if !live {
+                freed.push(*id);
+            }
+        }
+    }
+    freed
+}
+
 impl AutoRegistry {
     /// A cache keeping at most `max_entries` allocations (all ranks') mapped.
     pub(crate) fn new(max_entries: usize) -> AutoRegistry {
@@ -245,10 +277,12 @@ impl AutoRegistry {
             self.describe(ctx, &table, output),
         ];
         let why_not = described.iter().find_map(|d| d.as_ref().err().cloned());
+        let buffers = described.map(|d| d.unwrap_or(BufferRecord::Unshareable));
         let mine = Record {
             call: call.words(),
             capturing,
-            buffers: described.map(|d| d.unwrap_or(BufferRecord::Unshareable)),
+            retire: freed_entries(ctx, &table, &buffers),
+            buffers,
         };
         let all = ctx.all_gather(&mine.to_bytes()).map_err(at)?;
         let records = all
@@ -307,26 +341,11 @@ impl AutoRegistry {
                 None => Staged::PeerUnshareable(first as u32),
             }));
         }
-        // An allocation that overlaps one its owner reported earlier means the earlier
-        // one was freed: its entry goes.
+        // Allocations their owners found freed (see `freed_entries`) go, on every rank.
         for (r, rec) in records.iter().enumerate() {
-            for b in &rec.buffers {
-                if let BufferRecord::Found { allocation, .. } = b {
-                    let stale: Vec<(u32, u64)> = table
-                        .entries
-                        .iter()
-                        .filter(|((owner, id), e)| {
-                            *owner == r as u32
-                                && *id != allocation.id
-                                && overlaps(&e.allocation, allocation)
-                        })
-                        .map(|(k, _)| *k)
-                        .collect();
-                    for k in stale {
-                        if let Some(e) = table.entries.remove(&k) {
-                            table.retired.push((k, e));
-                        }
-                    }
+            for &id in &rec.retire {
+                if let Some(e) = table.entries.remove(&(r as u32, id)) {
+                    table.retired.push(((r as u32, id), e));
                 }
             }
         }

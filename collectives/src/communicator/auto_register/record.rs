@@ -7,7 +7,7 @@ use oxccl_hal::{DevicePtr, Error, ForeignAllocation, Result};
 use crate::algorithms::Collective;
 
 const MAGIC: &[u8; 4] = b"OXAR";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 
 /// What a rank sends about one of its buffers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +32,9 @@ pub(super) struct Record {
     pub(super) call: [u64; 6],
     pub(super) capturing: bool,
     pub(super) buffers: [BufferRecord; 2],
+    /// Identities of this rank's allocations in the peers' tables that it found freed
+    /// (an allocation it reports now overlaps them): every rank drops their entries.
+    pub(super) retire: Vec<u64>,
 }
 
 /// The call a record describes, for the cross-rank comparison.
@@ -118,6 +121,10 @@ impl Record {
                 }
             }
         }
+        put_u64(&mut out, self.retire.len() as u64);
+        for &id in &self.retire {
+            put_u64(&mut out, id);
+        }
         out
     }
 
@@ -154,6 +161,12 @@ impl Record {
                 _ => return Err(malformed()),
             };
         }
+        let retired = usize::try_from(r.word()?).map_err(|_| malformed())?;
+        // Each takes 8 bytes: a count past what is left is malformed, not an allocation.
+        if retired > (bytes.len() - r.at) / 8 {
+            return Err(malformed());
+        }
+        let retire = (0..retired).map(|_| r.word()).collect::<Result<Vec<_>>>()?;
         if r.at != bytes.len() {
             return Err(malformed());
         }
@@ -161,6 +174,7 @@ impl Record {
             call,
             capturing,
             buffers,
+            retire,
         })
     }
 }
@@ -186,6 +200,7 @@ mod tests {
                 },
                 BufferRecord::Unshareable,
             ],
+            retire: vec![7, 1 << 63],
         }
     }
 
@@ -195,6 +210,7 @@ mod tests {
         assert_eq!(Record::from_bytes(&r.to_bytes()).unwrap(), r);
         let plain = Record {
             buffers: [BufferRecord::NotNeeded, BufferRecord::NotNeeded],
+            retire: Vec::new(),
             ..record()
         };
         assert_eq!(Record::from_bytes(&plain.to_bytes()).unwrap(), plain);
@@ -205,8 +221,13 @@ mod tests {
         let mut long = bytes.clone();
         long.push(0);
         assert!(Record::from_bytes(&long).is_err());
-        let mut bad_kind = bytes;
+        let mut bad_kind = bytes.clone();
         bad_kind[4 + 1 + 48 + 1] = 7;
         assert!(Record::from_bytes(&bad_kind).is_err());
+        // A retire count larger than the bytes after it.
+        let mut huge = bytes;
+        let at = huge.len() - 8 * 3;
+        huge[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(Record::from_bytes(&huge).is_err());
     }
 }
