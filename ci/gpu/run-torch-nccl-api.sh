@@ -68,6 +68,12 @@ for n in "${worlds[@]}"; do
     grep -o -- 'rank [0-9]* nccl[A-Za-z]* [^>]*-> oxccl' "${dir}/oxccl.log" | awk '{print $3}' | sort | uniq -c
     grep -o -- 'nccl[A-Za-z]* count=[0-9]* dtype=[a-z0-9]* op=[a-z0-9]* -> oxccl ([^)]*)' "${dir}/oxccl.log" \
         | sed 's/count=[0-9]* //' | sort | uniq -c | sort -rn | head -20
+    # Why calls staged, by size: anything but the one-shots (which work through the
+    # scratch by design) names a buffer that was not served zero-copy, and why.
+    echo "through oxccl's scratch, other than the one-shots (elements, why):"
+    grep -o -- 'count=[0-9]* dtype=[a-z0-9]* op=[a-z0-9]* -> oxccl ([a-z0-9_]*, through .*' "${dir}/oxccl.log" \
+        | grep -v 'oxccl (oneshot' | sed -e 's/ dtype=[a-z0-9]* op=[a-z0-9]* -> oxccl (/ /' -e 's/, through oxccl.s scratch//' -e 's/0x[0-9a-f]*/0x./g' \
+        | sort | uniq -c | sort -rn | head -20
     echo "forwarded to the real NCCL:"
     grep -o -- 'rank [0-9]* nccl[A-Za-z]*.*-> nccl (forwarded: .*)' "${dir}/oxccl.log" \
         | sed -e 's/^rank [0-9]* //' -e 's/count=[0-9]* //' | sort | uniq -c | sort -rn | head -20
