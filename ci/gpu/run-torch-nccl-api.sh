@@ -81,12 +81,17 @@ for n in "${worlds[@]}"; do
     # The logged run above writes a line per call, which the per-call timing would include:
     # time the preload again without logging and compare that run's timings.
     echo
-    echo "=== world ${n}: LD_PRELOAD=${lib}, logging off (timing)"
-    LD_PRELOAD="${lib}" timeout --kill-after=20 "${step_timeout}" \
+    echo "=== world ${n}: LD_PRELOAD=${lib}, logging off (timing; OXCCL_NCCL_PROFILE=1: host time in each function)"
+    LD_PRELOAD="${lib}" OXCCL_NCCL_PROFILE=1 timeout --kill-after=20 "${step_timeout}" \
         torchrun --standalone --nproc_per_node="${n}" "${script}" run --out "${dir}/oxccl-quiet" ${OXCCL_TORCH_ARGS:-} \
         >"${dir}/oxccl-quiet.log" 2>&1
     rc_quiet=$?
-    tail -3 "${dir}/oxccl-quiet.log"
+    grep -v '^oxccl-nccl:' "${dir}/oxccl-quiet.log" | tail -3
+    # The last report of each process (at its communicators' finalize or destroy).
+    echo "--- host time inside liboxccl_nccl.so per function (each process's last report):"
+    awk '/oxccl-nccl: profile of process/ {pid=$5; n[pid]=0} /oxccl-nccl: profile   / {last[pid, n[pid]++]=$0} END {for (p in n) for (i = 0; i < n[p] && i < 8; i++) print "[" p "] " last[p, i]}' \
+        "${dir}/oxccl-quiet.log" | sed 's/oxccl-nccl: profile   //'
+
     if [[ ${rc_quiet} -eq 0 && -f "${dir}/oxccl-quiet/timing.json" ]]; then
         cp "${dir}/oxccl/timing.json" "${dir}/oxccl/timing-logged.json" 2>/dev/null || true
         cp "${dir}/oxccl-quiet/timing.json" "${dir}/oxccl/timing.json"

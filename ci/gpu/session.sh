@@ -595,7 +595,7 @@ callcost)
     # back): the real NCCL, then liboxccl_nccl.so in front of it.
     export CUDA_VISIBLE_DEVICES="$(devices 1)"
     step "call cost real NCCL" 60 "${BIN}/nccl_call_cost" "${OXCCL_NCCL_LIB_PATH}"
-    step "call cost liboxccl_nccl.so" 60 "${BIN}/nccl_call_cost" "${repo_root}/${BIN}/liboxccl_nccl.so"
+    step "call cost liboxccl_nccl.so" 60 env OXCCL_NCCL_PROFILE=1 "${BIN}/nccl_call_cost" "${repo_root}/${BIN}/liboxccl_nccl.so"
     step "call cost liboxccl_nccl.so, early launch off" 60 env OXCCL_EARLY_LAUNCH=0 \
         "${BIN}/nccl_call_cost" "${repo_root}/${BIN}/liboxccl_nccl.so"
     ;;

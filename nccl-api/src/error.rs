@@ -144,7 +144,7 @@ pub fn guard(name: &'static str, body: impl FnOnce() -> ApiResult<()>) -> NcclRe
 /// Like [`guard`] for a body that chooses its success code (`ncclInProgress` for an
 /// operation that goes on after the call).
 pub fn guard_code(name: &'static str, body: impl FnOnce() -> ApiResult<NcclResult>) -> NcclResult {
-    match catch_unwind(AssertUnwindSafe(body)) {
+    match crate::profile::timed(name, || catch_unwind(AssertUnwindSafe(body))) {
         Ok(Ok(code)) => code,
         Ok(Err(e)) => {
             let message = format!("{name}: {}", e.message);
@@ -163,7 +163,7 @@ pub fn guard_code(name: &'static str, body: impl FnOnce() -> ApiResult<NcclResul
 
 /// Like [`guard`] for functions that return a value rather than a result code.
 pub fn guard_value<T>(name: &'static str, fallback: T, body: impl FnOnce() -> T) -> T {
-    match catch_unwind(AssertUnwindSafe(body)) {
+    match crate::profile::timed(name, || catch_unwind(AssertUnwindSafe(body))) {
         Ok(v) => v,
         Err(_) => {
             set_last_error(&format!(

@@ -389,6 +389,7 @@ forwarded!(ncclCommRevoke / pncclCommRevoke, comm_revoke, comm, (comm: Opaque, r
 export! {
     /// Waits for this rank's queued work, then finalizes the real communicator.
     fn ncclCommFinalize / pncclCommFinalize(comm: Opaque) -> NcclResult {
+        crate::profile::report("ncclCommFinalize");
         guard("ncclCommFinalize", || {
             // SAFETY: NCCL's contract on comm.
             let target = unsafe { resolve(comm) }?;
@@ -462,7 +463,9 @@ export! {
     /// Waits for this rank's queued work (unless finalized already) and releases both
     /// sides. NULL is accepted, as NCCL does.
     fn ncclCommDestroy / pncclCommDestroy(comm: Opaque) -> NcclResult {
-        guard("ncclCommDestroy", || release("ncclCommDestroy", comm, true))
+        let code = guard("ncclCommDestroy", || release("ncclCommDestroy", comm, true));
+        crate::profile::report("ncclCommDestroy");
+        code
     }
 }
 
@@ -472,7 +475,9 @@ export! {
     /// ends promptly, not at OXCCL_TIMEOUT_MS), then the real communicator is aborted, and
     /// the oxccl side goes once the device has finished the aborted work.
     fn ncclCommAbort / pncclCommAbort(comm: Opaque) -> NcclResult {
-        guard("ncclCommAbort", || release("ncclCommAbort", comm, false))
+        let code = guard("ncclCommAbort", || release("ncclCommAbort", comm, false));
+        crate::profile::report("ncclCommAbort");
+        code
     }
 }
 

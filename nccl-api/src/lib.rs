@@ -23,7 +23,8 @@
 //! library, and fp8 reductions stay with it ([`serve`] has each decision and its reason).
 //!
 //! The unique id carries both ids ([`id`]). `OXCCL_NCCL_LOG=info` logs which side served
-//! each call. On the host backend (`OXCCL_BACKEND=host`, or a build without GPU backends)
+//! each call; `OXCCL_NCCL_PROFILE=1` reports the host time spent in each function
+//! ([`profile`]). On the host backend (`OXCCL_BACKEND=host`, or a build without GPU backends)
 //! allreduce runs on host memory across processes, synchronously: that is what CI tests.
 //! `docs/nccl-api.md` has the details.
 
@@ -33,6 +34,7 @@ pub mod exports;
 pub mod group;
 pub mod id;
 pub mod ops;
+pub mod profile;
 pub mod real;
 pub mod register;
 pub mod serve;
