@@ -53,42 +53,47 @@ impl Piece {
     }
 }
 
-/// The allocation on `ctx`'s device that holds `ptr`.
-fn piece_at(ctx: &Context, ptr: DevicePtr) -> Result<Piece> {
+/// The allocation on `ctx`'s device that holds `ptr` (one driver query), and whether it
+/// is VMM memory (mapped by the caller with `cuMemMap`, which may lie beside other VMM
+/// mappings as one range; a `cuMemAlloc` block may not).
+fn piece_at(ctx: &Context, ptr: DevicePtr) -> Result<(Piece, bool)> {
     let not_device = |why: String| Error::InvalidArgument(format!("{ptr}: {why}"));
-    let memory_type: u32 = result::pointer_attribute(Attr::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr.0)
-        .map_err(|e| not_device(format!("not memory the CUDA driver knows ({e})")))?;
-    if memory_type != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
+    let facts = result::pointer_facts(ptr.0)?;
+    if facts.memory_type == 0 {
+        return Err(not_device("not memory the CUDA driver knows".into()));
+    }
+    if facts.memory_type != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
         return Err(not_device(format!(
-            "not device memory (CUDA memory type {memory_type})"
+            "not device memory (CUDA memory type {})",
+            facts.memory_type
         )));
     }
-    let managed: i32 = result::pointer_attribute(Attr::CU_POINTER_ATTRIBUTE_IS_MANAGED, ptr.0)?;
-    if managed != 0 {
+    if facts.managed {
         return Err(not_device(
             "managed memory cannot be shared between processes".into(),
         ));
     }
-    let ordinal: i32 = result::pointer_attribute(Attr::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr.0)?;
-    if u32::try_from(ordinal).ok() != Some(ctx.ordinal()) {
+    if u32::try_from(facts.device_ordinal).ok() != Some(ctx.ordinal()) {
         return Err(not_device(format!(
-            "memory of CUDA device {ordinal}, used through device {}",
+            "memory of CUDA device {}, used through device {}",
+            facts.device_ordinal,
             ctx.ordinal()
         )));
     }
-    let (base, len) = result::mem_get_address_range(ptr.0)?;
-    let id: u64 = result::pointer_attribute(Attr::CU_POINTER_ATTRIBUTE_BUFFER_ID, ptr.0)?;
-    Ok(Piece { base, len, id })
-}
-
-/// Whether `piece` is VMM memory (mapped by the caller with `cuMemMap`), which may lie
-/// beside other VMM mappings as one range; a `cuMemAlloc` block may not.
-fn is_vmm(piece: &Piece) -> Result<bool> {
-    let legacy: i32 = result::pointer_attribute(
-        Attr::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
-        piece.base,
-    )?;
-    Ok(legacy == 0)
+    if facts.range_size == 0
+        || !(facts.range_start..facts.range_start + facts.range_size as u64).contains(&ptr.0)
+    {
+        return Err(not_device(format!(
+            "the driver gives no allocation range holding it ({} bytes at {:#x})",
+            facts.range_size, facts.range_start
+        )));
+    }
+    let piece = Piece {
+        base: facts.range_start,
+        len: facts.range_size,
+        id: facts.buffer_id,
+    };
+    Ok((piece, !facts.legacy_ipc))
 }
 
 impl ForeignExports {
@@ -113,7 +118,7 @@ impl ForeignExports {
         bytes: usize,
     ) -> Result<(ForeignAllocation, Vec<Piece>)> {
         ctx.bind()?;
-        let first = piece_at(ctx, ptr)?;
+        let (first, first_is_vmm) = piece_at(ctx, ptr)?;
         let end = ptr.0.checked_add(bytes as u64).ok_or_else(|| {
             Error::InvalidArgument(format!("{bytes} bytes at {ptr} overflow the address space"))
         })?;
@@ -132,7 +137,7 @@ impl ForeignExports {
             };
             return Ok((whole, vec![first]));
         }
-        if !is_vmm(&first)? {
+        if !first_is_vmm {
             return Err(past_the_end(""));
         }
         let mut pieces = vec![first];
@@ -143,10 +148,10 @@ impl ForeignExports {
                     " and over more than {MAX_VMM_PIECES} VMM mappings"
                 )));
             }
-            let next = piece_at(ctx, DevicePtr(at)).map_err(|e| {
+            let (next, next_is_vmm) = piece_at(ctx, DevicePtr(at)).map_err(|e| {
                 past_the_end(&format!(", and what follows it is not shareable: {e}"))
             })?;
-            if next.base != at || !is_vmm(&next)? {
+            if next.base != at || !next_is_vmm {
                 return Err(past_the_end(&format!(
                     ", and what follows it at {at:#x} is not a VMM mapping of its own"
                 )));

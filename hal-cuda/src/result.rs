@@ -333,14 +333,67 @@ pub(crate) fn pointer_attribute<T: Copy + Default>(
     Ok(value)
 }
 
-/// Base and size of the allocation (or VMM mapping) holding `ptr`.
-pub(crate) fn mem_get_address_range(ptr: sys::CUdeviceptr) -> Result<(sys::CUdeviceptr, usize)> {
-    let (mut base, mut size) = (0, 0);
-    // SAFETY: the driver writes two values; `ptr` is only looked up.
-    check("cuMemGetAddressRange", unsafe {
-        sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr)
+/// What the driver knows of one address, from one `cuPointerGetAttributes` call (a
+/// caller's buffer is looked up on every zero-copy call: one driver call instead of seven).
+/// An address the driver does not know reads as memory type 0, not as an error.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct PointerFacts {
+    /// `CUmemorytype` (0: not memory the driver knows).
+    pub(crate) memory_type: u32,
+    pub(crate) managed: bool,
+    pub(crate) device_ordinal: i32,
+    /// Unique per allocation in the process.
+    pub(crate) buffer_id: u64,
+    /// A `cuMemAlloc` block (legacy IPC works); VMM mappings are not.
+    pub(crate) legacy_ipc: bool,
+    /// The allocation (or VMM mapping) holding the address.
+    pub(crate) range_start: sys::CUdeviceptr,
+    pub(crate) range_size: usize,
+}
+
+pub(crate) fn pointer_facts(ptr: sys::CUdeviceptr) -> Result<PointerFacts> {
+    use sys::CUpointer_attribute as A;
+    let (mut memory_type, mut managed, mut ordinal) = (0u32, 0i32, 0i32);
+    let (mut buffer_id, mut legacy, mut start, mut size) = (0u64, 0i32, 0u64, 0usize);
+    // Booleans are written as one byte into zeroed 4-byte slots, as cuPointerGetAttribute
+    // callers read them.
+    let mut attrs = [
+        A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        A::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+        A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        A::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+        A::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+        A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        A::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+    ];
+    let mut data: [*mut c_void; 7] = [
+        (&mut memory_type as *mut u32).cast(),
+        (&mut managed as *mut i32).cast(),
+        (&mut ordinal as *mut i32).cast(),
+        (&mut buffer_id as *mut u64).cast(),
+        (&mut legacy as *mut i32).cast(),
+        (&mut start as *mut u64).cast(),
+        (&mut size as *mut usize).cast(),
+    ];
+    // SAFETY: each data pointer names a live local of the attribute's C type (or a wider
+    // zeroed one for booleans); `ptr` is only looked up, never accessed.
+    check("cuPointerGetAttributes", unsafe {
+        sys::cuPointerGetAttributes(
+            attrs.len() as u32,
+            attrs.as_mut_ptr(),
+            data.as_mut_ptr(),
+            ptr,
+        )
     })?;
-    Ok((base, size))
+    Ok(PointerFacts {
+        memory_type,
+        managed: managed != 0,
+        device_ordinal: ordinal,
+        buffer_id,
+        legacy_ipc: legacy != 0,
+        range_start: start,
+        range_size: size,
+    })
 }
 
 /// The VMM allocation handle mapped at `ptr`, retained: the caller releases it with

@@ -15,8 +15,32 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-/// Histogram buckets: bucket `b` holds times in `[2^b, 2^(b+1))` nanoseconds.
-const BUCKETS: usize = 40;
+/// Histogram buckets: eight per power of two (quantiles within 12%); see [`bucket_of`].
+const BUCKETS: usize = 64 * 8;
+
+/// The bucket of `ns`: below 8 ns one per nanosecond; above, octave `o` (`2^o <= ns`)
+/// split in eight by the three bits after the leading one.
+fn bucket_of(ns: u64) -> usize {
+    if ns < 8 {
+        return ns as usize;
+    }
+    let o = u64::BITS - 1 - ns.leading_zeros();
+    let s = (ns >> (o - 3)) & 7;
+    (o as usize) * 8 + s as usize
+}
+
+/// The first time past bucket `b`.
+fn bucket_end(b: usize) -> u64 {
+    if b < 8 {
+        return b as u64 + 1;
+    }
+    let (o, s) = ((b / 8) as u32, (b % 8) as u64);
+    if o < 3 {
+        // Buckets 8..24 hold nothing: times up to 7 ns have their own, 8 ns starts octave 3.
+        return 8;
+    }
+    (9 + s).checked_shl(o - 3).unwrap_or(u64::MAX)
+}
 
 /// One function's times on one thread.
 #[derive(Debug, Clone)]
@@ -43,8 +67,7 @@ impl Stats {
         self.calls += 1;
         self.total_ns = self.total_ns.saturating_add(ns);
         self.max_ns = self.max_ns.max(ns);
-        let b = (u64::BITS - ns.max(1).leading_zeros() - 1) as usize;
-        self.buckets[b.min(BUCKETS - 1)] += 1;
+        self.buckets[bucket_of(ns).min(BUCKETS - 1)] += 1;
     }
 
     fn merge(&mut self, other: &Stats) {
@@ -56,14 +79,14 @@ impl Stats {
         }
     }
 
-    /// The upper edge of the bucket holding the `q`-quantile (within a factor of 2).
+    /// The upper edge of the bucket holding the `q`-quantile (within 12%).
     fn quantile_ns(&self, q: f64) -> u64 {
         let want = ((self.calls as f64) * q).ceil().max(1.0) as u64;
         let mut seen = 0;
         for (b, n) in self.buckets.iter().enumerate() {
             seen += n;
             if seen >= want {
-                return 1u64 << (b + 1);
+                return bucket_end(b);
             }
         }
         self.max_ns
@@ -174,14 +197,22 @@ mod tests {
             s.add(ns);
         }
         assert_eq!((s.calls, s.total_ns, s.max_ns), (5, 8_001, 5_000));
-        // 900 and 1000 fall in [512, 1024), 1100 in [1024, 2048).
-        assert_eq!(s.buckets[9], 2);
-        assert_eq!(s.buckets[10], 1);
+        // 900 in [896, 960), 1000 in [960, 1024), 1100 in [1024, 1152), 5000 in [4608, 5120).
+        assert_eq!((bucket_end(bucket_of(900)), bucket_end(bucket_of(1000))), (960, 1024));
         assert_eq!(s.quantile_ns(0.5), 1024);
-        assert_eq!(s.quantile_ns(0.99), 8192);
+        assert_eq!(s.quantile_ns(0.99), 5120);
+        assert_eq!(s.quantile_ns(0.2), 2);
+        // Every time lies below its bucket's end, and the end starts a later bucket.
+        for ns in [0, 1, 7, 8, 9, 15, 16, 17, 1023, 1024, 1025, 123_456_789, u64::MAX / 3] {
+            let b = bucket_of(ns);
+            let end = bucket_end(b);
+            assert!(ns < end, "{ns}");
+            assert_eq!(bucket_of(end - 1), b, "{ns}");
+            assert!(bucket_of(end) > b, "{ns}");
+        }
         let mut t = s.clone();
         t.merge(&s);
-        assert_eq!((t.calls, t.total_ns, t.buckets[9]), (10, 16_002, 4));
+        assert_eq!((t.calls, t.total_ns, t.max_ns), (10, 16_002, 5_000));
     }
 
     #[test]
