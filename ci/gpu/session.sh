@@ -493,7 +493,7 @@ reducerelay)
 autoreg)
     # Unregistered buffers, eager calls (no graph): zero-copy with an exchange per call
     # (OXCCL_AUTO_REGISTER_MIN_BYTES=0: through the shared exchange region from the one-shot
-    # sizes on; the default on one node is 8 MiB) against staging through the scratch (the
+    # sizes on; the default on one node is 1 MiB) against staging through the scratch (the
     # minimum above every size), each vs NCCL in the same run: where the exchange pays.
     export CUDA_VISIBLE_DEVICES="$(devices 2)"
     for min in 0 1099511627776; do

@@ -303,11 +303,11 @@ fn small_calls_on_unregistered_buffers_stage_without_an_exchange() {
 }
 
 /// With the default floor, ranks of one node exchange their records through the shared
-/// region from `DEFAULT_LOCAL_MIN_BYTES` (8 MiB) on: smaller calls on unregistered buffers
+/// region from `DEFAULT_LOCAL_MIN_BYTES` (1 MiB) on: smaller calls on unregistered buffers
 /// stage through the scratch (the exchange would cost an eager loop more host time than
 /// it saves), larger ones are zero-copy.
 #[test]
-fn by_default_calls_from_8_mib_on_one_node_are_zero_copy() {
+fn by_default_calls_from_1_mib_on_one_node_are_zero_copy() {
     let cfg = |_| CommConfig {
         zc_threshold_bytes: Some(4096),
         oneshot_max_bytes: Some(4096),
@@ -318,11 +318,11 @@ fn by_default_calls_from_8_mib_on_one_node_are_zero_copy() {
             r.comm.auto_register_min_bytes(),
             oxccl_collectives::communicator::auto_register::DEFAULT_LOCAL_MIN_BYTES
         );
-        let pool: AnyMemory = r.comm.device().alloc(9 << 20, MemoryKind::Plain).unwrap();
+        let pool: AnyMemory = r.comm.device().alloc(2 << 20, MemoryKind::Plain).unwrap();
         let (dtype, op, accum) = (DataType::F32, ReduceOp::Sum, AccumType::Auto);
-        let floor = (8 << 20) / 4;
-        // 4 KB: the one-shot; 4 KB + 4 up to 8 MiB - 4: the staged two-shot, both through
-        // the scratch; 8 MiB and more: zero-copy.
+        let floor = (1 << 20) / 4;
+        // 4 KB: the one-shot; 4 KB + 4 up to 1 MiB - 4: the staged two-shot, both through
+        // the scratch; 1 MiB and more: zero-copy.
         for (salt, count, path) in [
             (1, 1_024usize, BufferPath::Scratch),
             (2, 1_025, BufferPath::Scratch),
@@ -336,7 +336,7 @@ fn by_default_calls_from_8_mib_on_one_node_are_zero_copy() {
             assert_eq!(last.path, path, "{count} elements: {last}");
             // Below the floor the exchange is not tried, whatever the algorithm.
             let why =
-                (path == BufferPath::Scratch).then_some(Staged::BelowFloor { floor: 8 << 20 });
+                (path == BufferPath::Scratch).then_some(Staged::BelowFloor { floor: 1 << 20 });
             assert_eq!(last.staged, why, "{count} elements: {last}");
         }
     });

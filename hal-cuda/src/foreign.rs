@@ -53,7 +53,7 @@ impl Piece {
     }
 }
 
-/// The allocation on `ctx`'s device that holds `ptr` (one driver query), and whether it
+/// The allocation on `ctx`'s device that holds `ptr` (two driver queries), and whether it
 /// is VMM memory (mapped by the caller with `cuMemMap`, which may lie beside other VMM
 /// mappings as one range; a `cuMemAlloc` block may not).
 fn piece_at(ctx: &Context, ptr: DevicePtr) -> Result<(Piece, bool)> {
@@ -80,17 +80,10 @@ fn piece_at(ctx: &Context, ptr: DevicePtr) -> Result<(Piece, bool)> {
             ctx.ordinal()
         )));
     }
-    if facts.range_size == 0
-        || !(facts.range_start..facts.range_start + facts.range_size as u64).contains(&ptr.0)
-    {
-        return Err(not_device(format!(
-            "the driver gives no allocation range holding it ({} bytes at {:#x})",
-            facts.range_size, facts.range_start
-        )));
-    }
+    let (base, len) = result::mem_get_address_range(ptr.0)?;
     let piece = Piece {
-        base: facts.range_start,
-        len: facts.range_size,
+        base,
+        len,
         id: facts.buffer_id,
     };
     Ok((piece, !facts.legacy_ipc))

@@ -334,8 +334,13 @@ pub(crate) fn pointer_attribute<T: Copy + Default>(
 }
 
 /// What the driver knows of one address, from one `cuPointerGetAttributes` call (a
-/// caller's buffer is looked up on every zero-copy call: one driver call instead of seven).
+/// caller's buffer is looked up on every zero-copy call: one driver call instead of five).
 /// An address the driver does not know reads as memory type 0, not as an error.
+///
+/// The range comes from [`mem_get_address_range`], not from the RANGE_START_ADDR /
+/// RANGE_SIZE attributes: for VMM memory those give the whole reservation (2 H200s,
+/// 2026-11-28: three 2 MiB chunks mapped side by side read as one 6 MiB range with the
+/// first chunk's buffer id), where the range query gives the one mapping.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct PointerFacts {
     /// `CUmemorytype` (0: not memory the driver knows).
@@ -346,15 +351,12 @@ pub(crate) struct PointerFacts {
     pub(crate) buffer_id: u64,
     /// A `cuMemAlloc` block (legacy IPC works); VMM mappings are not.
     pub(crate) legacy_ipc: bool,
-    /// The allocation (or VMM mapping) holding the address.
-    pub(crate) range_start: sys::CUdeviceptr,
-    pub(crate) range_size: usize,
 }
 
 pub(crate) fn pointer_facts(ptr: sys::CUdeviceptr) -> Result<PointerFacts> {
     use sys::CUpointer_attribute as A;
     let (mut memory_type, mut managed, mut ordinal) = (0u32, 0i32, 0i32);
-    let (mut buffer_id, mut legacy, mut start, mut size) = (0u64, 0i32, 0u64, 0usize);
+    let (mut buffer_id, mut legacy) = (0u64, 0i32);
     // Booleans are written as one byte into zeroed 4-byte slots, as cuPointerGetAttribute
     // callers read them.
     let mut attrs = [
@@ -363,17 +365,13 @@ pub(crate) fn pointer_facts(ptr: sys::CUdeviceptr) -> Result<PointerFacts> {
         A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
         A::CU_POINTER_ATTRIBUTE_BUFFER_ID,
         A::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
-        A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-        A::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
     ];
-    let mut data: [*mut c_void; 7] = [
+    let mut data: [*mut c_void; 5] = [
         (&mut memory_type as *mut u32).cast(),
         (&mut managed as *mut i32).cast(),
         (&mut ordinal as *mut i32).cast(),
         (&mut buffer_id as *mut u64).cast(),
         (&mut legacy as *mut i32).cast(),
-        (&mut start as *mut u64).cast(),
-        (&mut size as *mut usize).cast(),
     ];
     // SAFETY: each data pointer names a live local of the attribute's C type (or a wider
     // zeroed one for booleans); `ptr` is only looked up, never accessed.
@@ -391,9 +389,17 @@ pub(crate) fn pointer_facts(ptr: sys::CUdeviceptr) -> Result<PointerFacts> {
         device_ordinal: ordinal,
         buffer_id,
         legacy_ipc: legacy != 0,
-        range_start: start,
-        range_size: size,
     })
+}
+
+/// Base and size of the allocation (or VMM mapping) holding `ptr`.
+pub(crate) fn mem_get_address_range(ptr: sys::CUdeviceptr) -> Result<(sys::CUdeviceptr, usize)> {
+    let (mut base, mut size) = (0, 0);
+    // SAFETY: the driver writes two values; `ptr` is only looked up.
+    check("cuMemGetAddressRange", unsafe {
+        sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr)
+    })?;
+    Ok((base, size))
 }
 
 /// The VMM allocation handle mapped at `ptr`, retained: the caller releases it with

@@ -66,13 +66,18 @@ pub const AUTO_REGISTER_MIN_VAR: &str = "OXCCL_AUTO_REGISTER_MIN_BYTES";
 /// to 1.47-1.67x with the scratch there.
 pub const DEFAULT_MIN_BYTES: usize = 16 << 20;
 /// Default of [`AUTO_REGISTER_MIN_VAR`] where the ranks of one node share the exchange
-/// region. The exchange is a rendezvous of the ranks' host threads on every call, which an
-/// eager loop pays in host time: PyTorch through the preloaded library on 2 H200s, 20 eager
-/// all_reduces back to back, took 35.5 us per call at 2 MB zero-copy (host 34.0) against
-/// NCCL's 28.5 (0.80x), and 28.4 us staged against NCCL's 31.7 (1.11x); fp32 at 4 MB went
-/// from 0.95x to 1.14x; replayed from a CUDA graph (the exchange paid once, at capture) the
-/// two paths were within 3% (18.7 against 19.2 us at 2 MB).
-pub const DEFAULT_LOCAL_MIN_BYTES: usize = 8 << 20;
+/// region: 1 MiB. Calls the one-shots serve (on 2 ranks allreduce up to 2 MiB, on 4 up to
+/// 512 KiB) never exchange, as they work through the scratch by design, so on 2 ranks every
+/// larger call on PyTorch's buffers is zero-copy (on 4, calls from 512 KiB to 1 MiB still
+/// stage: not measured there). The exchange is a rendezvous of the ranks' host threads on every call, which
+/// an eager loop pays in host time. It was 8 MiB from 2026-11-26, when 20 eager 2 MB
+/// all_reduces through PyTorch took 35.5 us each zero-copy against 28.4 staged (NCCL 28.5).
+/// On 2 H200s on 2026-11-28, with the shared region and buffers looked up in two driver
+/// calls: oxccl-perf's eager unregistered calls were faster zero-copy than staged at every
+/// size from 3 to 24 MiB (18.3 against 19.3 us at 3 MiB, 32.9 against 34.8 at 8 MiB), and
+/// PyTorch with a 1 MiB floor served every 2 MB and 128 MB call zero-copy at 1.17-1.49x
+/// NCCL (eager burst, host time and one call alone), every size faster than NCCL.
+pub const DEFAULT_LOCAL_MIN_BYTES: usize = 1 << 20;
 
 /// Offsets reported in the [`PeerBuffers`] of a call served through this cache: each rank's
 /// buffers sit at their own offsets in their own allocations, so there is no common one
