@@ -389,6 +389,25 @@ def compare(args):
     return 1 if failures else 0
 
 
+def best(args):
+    """Per cell, the fastest of several runs' timings (each run's own best round): runs of
+    one side taken at different times, alternating with the other side's, so drift of the
+    machine between two single runs does not decide a ratio."""
+    runs = [json.load(open(os.path.join(d, "timing.json"))) for d in args.runs]
+    merged = {}
+    for r in runs:
+        for key, cells in r["timing"].items():
+            m = merged.setdefault(key, dict(cells))
+            for mode, us in cells.items():
+                if mode != "bytes":
+                    m[mode] = min(m.get(mode, us), us)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "timing.json"), "w") as f:
+        json.dump({"world": runs[0]["world"], "timing": merged, "runs": args.runs}, f, indent=1)
+    print(f"best: {len(args.runs)} runs -> {args.out}/timing.json")
+    return 0
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -404,9 +423,12 @@ def main():
     c.add_argument("oxccl")
     c.add_argument("--world", type=int, required=True)
     c.add_argument("--verbose", action="store_true")
+    b = sub.add_parser("best", help="per cell, the fastest of several runs' timing.json")
+    b.add_argument("out")
+    b.add_argument("runs", nargs="+")
     args = p.parse_args()
     t0 = time.time()
-    rc = run(args) if args.cmd == "run" else compare(args)
+    rc = {"run": run, "compare": compare, "best": best}[args.cmd](args)
     if args.cmd == "compare" or int(os.environ.get("RANK", "0")) == 0:
         print(f"{args.cmd}: {time.time() - t0:.1f}s, exit {rc}", flush=True)
     sys.exit(rc)
