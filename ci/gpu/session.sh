@@ -558,7 +558,7 @@ torch | torchvmm)
     for n in ${OXCCL_SESSION_GPUS:-2 4}; do
         ((ngpus >= n)) || continue
         export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
-        step "torch ${n}gpu${label} with and without liboxccl_nccl.so" 450 env OXCCL_STEP_TIMEOUT=120 \
+        step "torch ${n}gpu${label} with and without liboxccl_nccl.so" $((n > 2 ? 450 : 330)) env OXCCL_STEP_TIMEOUT=120 \
             "${alloc[@]}" OUT="${results}" bash ci/gpu/run-torch-nccl-api.sh "${repo_root}/${BIN}/liboxccl_nccl.so" "${n}"
     done
     ;;

@@ -198,12 +198,29 @@ mod tests {
         }
         assert_eq!((s.calls, s.total_ns, s.max_ns), (5, 8_001, 5_000));
         // 900 in [896, 960), 1000 in [960, 1024), 1100 in [1024, 1152), 5000 in [4608, 5120).
-        assert_eq!((bucket_end(bucket_of(900)), bucket_end(bucket_of(1000))), (960, 1024));
+        assert_eq!(
+            (bucket_end(bucket_of(900)), bucket_end(bucket_of(1000))),
+            (960, 1024)
+        );
         assert_eq!(s.quantile_ns(0.5), 1024);
         assert_eq!(s.quantile_ns(0.99), 5120);
         assert_eq!(s.quantile_ns(0.2), 2);
         // Every time lies below its bucket's end, and the end starts a later bucket.
-        for ns in [0, 1, 7, 8, 9, 15, 16, 17, 1023, 1024, 1025, 123_456_789, u64::MAX / 3] {
+        for ns in [
+            0,
+            1,
+            7,
+            8,
+            9,
+            15,
+            16,
+            17,
+            1023,
+            1024,
+            1025,
+            123_456_789,
+            u64::MAX / 3,
+        ] {
             let b = bucket_of(ns);
             let end = bucket_end(b);
             assert!(ns < end, "{ns}");
