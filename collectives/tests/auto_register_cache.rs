@@ -22,7 +22,7 @@ use oxccl_collectives::{BufferPath, CommConfig};
 use proptest::prelude::*;
 
 mod common;
-use common::{all_reduce_and_read, expected, same_bits, stage, threads_with};
+use common::{all_reduce_and_read, expected, same_bits, stage, threads_with, Rank};
 
 /// Allocations each rank juggles.
 const SLOTS: usize = 3;
@@ -74,6 +74,49 @@ enum Op {
         offset16: usize,
         in_place: bool,
     },
+}
+
+/// Sums `count` f32 from `input` into `output` on both ranks (staged with `salt`), checks
+/// the result bit for bit against the host reference, and that the call went zero-copy on
+/// the callers' allocations; `what` names the step in a failure.
+///
+/// # Safety
+/// `count` f32 from `input` and from `output` must lie inside memory that outlives the call.
+unsafe fn sum_zero_copy(
+    r: &Rank,
+    (input, output): (DevicePtr, DevicePtr),
+    count: usize,
+    salt: u64,
+    what: &str,
+) {
+    stage(
+        &r.stream,
+        (input, output),
+        DataType::F32,
+        r.comm.rank(),
+        count,
+        salt,
+    );
+    // SAFETY: the caller's obligation.
+    let got =
+        unsafe { all_reduce_and_read(r, (input, output), count, DataType::F32, ReduceOp::Sum) };
+    let want = expected(
+        DataType::F32,
+        ReduceOp::Sum,
+        AccumType::Auto,
+        2,
+        count,
+        salt,
+    );
+    if let Err(d) = same_bits(DataType::F32, &got, &want, count) {
+        panic!("rank {} {what}: {d}", r.comm.rank());
+    }
+    let path = r.comm.last_call().map(|c| (c.path, c.staged));
+    assert!(
+        matches!(path, Some((BufferPath::Mapped, None))),
+        "rank {} {what}: {path:?}",
+        r.comm.rank()
+    );
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -141,38 +184,18 @@ fn run(ops: Vec<Op>) {
                         inp.offset(DataType::F32.bytes(count).unwrap().next_multiple_of(16))
                             .unwrap()
                     };
-                    let salt = 7_000 + step as u64;
-                    stage(
-                        &r.stream,
-                        (inp, out),
-                        DataType::F32,
-                        r.comm.rank(),
-                        count,
-                        salt,
-                    );
                     // SAFETY: both ranges lie inside the slot's memory, which outlives the call.
-                    let got = unsafe {
-                        all_reduce_and_read(r, (inp, out), count, DataType::F32, ReduceOp::Sum)
-                    };
-                    let want = expected(
-                        DataType::F32,
-                        ReduceOp::Sum,
-                        AccumType::Auto,
-                        2,
-                        count,
-                        salt,
-                    );
-                    if let Err(d) = same_bits(DataType::F32, &got, &want, count) {
-                        panic!("rank {} step {step} {op:?}: {d}", r.comm.rank());
+                    unsafe {
+                        sum_zero_copy(
+                            r,
+                            (inp, out),
+                            count,
+                            7_000 + step as u64,
+                            &format!("step {step} {op:?}"),
+                        );
                     }
-                    // The call went zero-copy, both ranks' allocations are in the cache,
-                    // and no more than the bound stays mapped.
-                    let path = r.comm.last_call().map(|c| (c.path, c.staged));
-                    assert!(
-                        matches!(path, Some((BufferPath::Mapped, None))),
-                        "rank {} step {step} {op:?}: {path:?}",
-                        r.comm.rank()
-                    );
+                    // Both ranks' allocations are in the cache, and no more than the bound
+                    // stays mapped.
                     let n = r.comm.auto_registered();
                     assert!(
                         (2..=MAX_ENTRIES).contains(&n),
@@ -239,35 +262,16 @@ fn ranges_across_pieces_that_share_a_piece_stay_mapped_together() {
             // Pieces 0-1, then 1-2: each call's buffer crosses one boundary.
             let first = round % 2;
             let at = chunks.ptr().offset(first * piece + piece / 2).unwrap();
-            let salt = 9_000 + round as u64;
-            stage(
-                &r.stream,
-                (at, at),
-                DataType::F32,
-                r.comm.rank(),
-                count,
-                salt,
-            );
             // SAFETY: `count` f32 from `at` lie inside `chunks`, which outlives the call.
-            let got =
-                unsafe { all_reduce_and_read(r, (at, at), count, DataType::F32, ReduceOp::Sum) };
-            let want = expected(
-                DataType::F32,
-                ReduceOp::Sum,
-                AccumType::Auto,
-                2,
-                count,
-                salt,
-            );
-            if let Err(d) = same_bits(DataType::F32, &got, &want, count) {
-                panic!("rank {} round {round}: {d}", r.comm.rank());
-            }
-            let path = r.comm.last_call().map(|c| (c.path, c.staged));
-            assert!(
-                matches!(path, Some((BufferPath::Mapped, None))),
-                "rank {} round {round}: {path:?}",
-                r.comm.rank()
-            );
+            unsafe {
+                sum_zero_copy(
+                    r,
+                    (at, at),
+                    count,
+                    9_000 + round as u64,
+                    &format!("round {round}"),
+                )
+            };
             // Both ranks' two ranges stay in the cache together: 2 after the first call, 4
             // from the second; after the pieces were mapped again, the stale two go.
             let want_entries = match round {
