@@ -90,7 +90,7 @@ for n in "${worlds[@]}"; do
     grep -v '^oxccl-nccl:' "${dir}/oxccl-quiet.log" | tail -3
     # The last report of each process (at its communicators' finalize or destroy).
     echo "--- host time inside liboxccl_nccl.so per function (each process's last report):"
-    awk '/oxccl-nccl: profile of process/ {pid=$5; n[pid]=0} /oxccl-nccl: profile   / {last[pid, n[pid]++]=$0} END {for (p in n) for (i = 0; i < n[p] && i < 8; i++) print "[" p "] " last[p, i]}' \
+    awk '/oxccl-nccl: profile of process/ {pid=$5; n[pid]=0} /oxccl-nccl: profile   / {last[pid, n[pid]++]=$0} END {for (p in n) for (i = 0; i < n[p] && i < 12; i++) print "[" p "] " last[p, i]}' \
         "${dir}/oxccl-quiet.log" | sed 's/oxccl-nccl: profile   //'
 
     if [[ ${rc_quiet} -eq 0 && -f "${dir}/oxccl-quiet/timing.json" ]]; then

@@ -1,6 +1,8 @@
 //! Host time spent inside each exported function, under `OXCCL_NCCL_PROFILE=1`: calls,
 //! mean, median, 99th percentile and worst, per function, written to stderr when a
-//! communicator is destroyed or aborted (and by [`report`]).
+//! communicator is finalized, destroyed or aborted (and by [`report`]). Also, per function,
+//! the time outside this library between two calls of it on one thread (an eager loop's
+//! share spent in the caller: PyTorch's own work per call).
 //!
 //! Why: a call through this library costs less host time than the real NCCL's in a loop
 //! of its own (`ci/gpu/nccl_call_cost.c`), yet PyTorch's eager loops of small calls ran
@@ -93,7 +95,17 @@ impl Stats {
     }
 }
 
-type Table = BTreeMap<&'static str, Stats>;
+/// What a row measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Span {
+    /// Inside the function.
+    Inside,
+    /// From the return of one call of the function to the start of the next on the same
+    /// thread, with no other call of this library between.
+    Between,
+}
+
+type Table = BTreeMap<(&'static str, Span), Stats>;
 
 /// Every thread's table, for [`report`].
 fn tables() -> &'static Mutex<Vec<Arc<Mutex<Table>>>> {
@@ -103,6 +115,8 @@ fn tables() -> &'static Mutex<Vec<Arc<Mutex<Table>>>> {
 
 thread_local! {
     static MINE: RefCell<Option<Arc<Mutex<Table>>>> = const { RefCell::new(None) };
+    /// The function this thread last returned from, and when.
+    static LAST: std::cell::Cell<Option<(&'static str, Instant)>> = const { std::cell::Cell::new(None) };
 }
 
 /// Whether `OXCCL_NCCL_PROFILE` is on (read once).
@@ -121,14 +135,29 @@ pub fn timed<T>(name: &'static str, body: impl FnOnce() -> T) -> T {
     if !enabled() {
         return body();
     }
+    measure(name, body)
+}
+
+/// [`timed`] with profiling on.
+fn measure<T>(name: &'static str, body: impl FnOnce() -> T) -> T {
     let start = Instant::now();
+    if let Some((last, at)) = LAST.with(|l| l.take()) {
+        if last == name {
+            record((name, Span::Between), nanos(start - at));
+        }
+    }
     let out = body();
-    let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-    record(name, ns);
+    let end = Instant::now();
+    record((name, Span::Inside), nanos(end - start));
+    LAST.with(|l| l.set(Some((name, end))));
     out
 }
 
-fn record(name: &'static str, ns: u64) {
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn record(key: (&'static str, Span), ns: u64) {
     MINE.with(|slot| {
         let mut slot = slot.borrow_mut();
         let table = slot.get_or_insert_with(|| {
@@ -143,7 +172,7 @@ fn record(name: &'static str, ns: u64) {
         table
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .entry(name)
+            .entry(key)
             .or_default()
             .add(ns);
     });
@@ -153,17 +182,34 @@ fn record(name: &'static str, ns: u64) {
 pub fn summary() -> Vec<String> {
     let mut merged = Table::new();
     for t in tables().lock().unwrap_or_else(|p| p.into_inner()).iter() {
-        for (name, s) in t.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            merged.entry(name).or_default().merge(s);
+        for (key, s) in t.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            merged.entry(*key).or_default().merge(s);
         }
     }
-    let mut rows: Vec<(&'static str, Stats)> = merged.into_iter().collect();
-    rows.sort_by_key(|(_, s)| std::cmp::Reverse(s.total_ns));
-    rows.iter()
-        .map(|(name, s)| {
+    // Functions by their total time inside; each one's time between calls after it.
+    let mut rows: Vec<((&'static str, Span), Stats)> = merged.into_iter().collect();
+    let inside = |name: &str, rows: &[((&'static str, Span), Stats)]| {
+        rows.iter()
+            .find(|((n, k), _)| *n == name && *k == Span::Inside)
+            .map_or(0, |(_, s)| s.total_ns)
+    };
+    let order: Vec<(u64, &'static str, Span)> = rows
+        .iter()
+        .map(|((n, k), _)| (inside(n, &rows), *n, *k))
+        .collect();
+    let mut keyed: Vec<_> = order.into_iter().zip(rows.drain(..)).collect();
+    keyed.sort_by(|((ta, na, ka), _), ((tb, nb, kb), _)| {
+        tb.cmp(ta).then(na.cmp(nb)).then(ka.cmp(kb))
+    });
+    keyed
+        .iter()
+        .map(|(_, ((name, span), s))| {
+            let what = match span {
+                Span::Inside => format!("{name}: {} calls", s.calls),
+                Span::Between => format!("  outside, between two {name} calls: {}", s.calls),
+            };
             format!(
-                "{name}: {} calls, mean {:.2} us, median < {:.2} us, p99 < {:.2} us, max {:.2} us",
-                s.calls,
+                "{what}, mean {:.2} us, median < {:.2} us, p99 < {:.2} us, max {:.2} us",
                 s.total_ns as f64 / s.calls.max(1) as f64 / 1e3,
                 s.quantile_ns(0.5) as f64 / 1e3,
                 s.quantile_ns(0.99) as f64 / 1e3,
@@ -238,7 +284,7 @@ mod tests {
             for _ in 0..3 {
                 sc.spawn(|| {
                     for _ in 0..4 {
-                        record("ncclProfileTest", 2_000);
+                        record(("ncclProfileTest", Span::Inside), 2_000);
                     }
                 });
             }
@@ -248,5 +294,31 @@ mod tests {
             .find(|l| l.starts_with("ncclProfileTest:"))
             .unwrap();
         assert!(line.contains("12 calls, mean 2.00 us"), "{line}");
+    }
+
+    #[test]
+    fn time_between_two_calls_of_one_function_is_kept_apart() {
+        // A thread of its own: `LAST` is per thread. Two calls of the function follow each
+        // other once without another function between.
+        std::thread::spawn(record_sequence).join().unwrap();
+        let rows = summary();
+        let inside = rows
+            .iter()
+            .find(|l| l.starts_with("ncclBetweenTest: 3 calls"));
+        let between = rows
+            .iter()
+            .find(|l| l.contains("outside, between two ncclBetweenTest calls: 1,"));
+        assert!(inside.is_some() && between.is_some(), "{rows:#?}");
+    }
+
+    fn record_sequence() {
+        for name in [
+            "ncclBetweenTest",
+            "ncclOtherTest",
+            "ncclBetweenTest",
+            "ncclBetweenTest",
+        ] {
+            measure(name, || ());
+        }
     }
 }
