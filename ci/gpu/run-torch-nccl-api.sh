@@ -117,6 +117,7 @@ for n in "${worlds[@]}"; do
         fi
         [[ -f "${dir}/baseline/timing-first.json" ]] || cp "${dir}/baseline/timing.json" "${dir}/baseline/timing-first.json"
         [[ -f "${dir}/oxccl/timing-first.json" ]] || cp "${dir}/oxccl/timing.json" "${dir}/oxccl/timing-first.json"
+        grep -h "GPUs around the timing" "${dir}/baseline-${again}.log" "${dir}/oxccl-quiet-${again}.log" | sed 's/^/timing run '"${again}"': /'
         python3 "${script}" best "${dir}/baseline" "${dir}/baseline" "${dir}/baseline-${again}" || status=1
         python3 "${script}" best "${dir}/oxccl" "${dir}/oxccl" "${dir}/oxccl-quiet-${again}" || status=1
     done

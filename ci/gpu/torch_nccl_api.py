@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -262,6 +263,7 @@ def run(args):
         graphs[key] = g
     del g
     best = {}
+    state = {"before": gpu_state() if rank == 0 else ""}
 
     def events():
         return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -312,7 +314,9 @@ def run(args):
     torch.save({"results": results, "errors": errors, "worst": worst}, os.path.join(args.out, f"rank{rank}.pt"))
     if rank == 0:
         with open(os.path.join(args.out, "timing.json"), "w") as f:
-            json.dump({"world": world, "timing": timing}, f, indent=1)
+            state["after"] = gpu_state()
+            print(f"GPUs around the timing: before {state['before']} | after {state['after']}", flush=True)
+            json.dump({"world": world, "timing": timing, "gpu_state": state}, f, indent=1)
     all_errors = [None] * world
     dist.all_gather_object(all_errors, errors)
     dist.barrier()
@@ -389,6 +393,18 @@ def compare(args):
     return 1 if failures else 0
 
 
+def gpu_state():
+    """The GPUs' SM clock, temperature, power and active throttle reasons (nvidia-smi), to
+    tell a slower run's GPUs apart; "" where nvidia-smi is missing."""
+    query = "index,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,clocks_throttle_reasons.active"
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        return "; ".join(line.strip() for line in out.stdout.splitlines() if line.strip())
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def best(args):
     """Per cell, the fastest of several runs' timings (each run's own best round): runs of
     one side taken at different times, alternating with the other side's, so drift of the
@@ -403,7 +419,8 @@ def best(args):
                     m[mode] = min(m.get(mode, us), us)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "timing.json"), "w") as f:
-        json.dump({"world": runs[0]["world"], "timing": merged, "runs": args.runs}, f, indent=1)
+        states = {d: r.get("gpu_state") for d, r in zip(args.runs, runs)}
+        json.dump({"world": runs[0]["world"], "timing": merged, "runs": args.runs, "gpu_states": states}, f, indent=1)
     print(f"best: {len(args.runs)} runs -> {args.out}/timing.json")
     return 0
 
