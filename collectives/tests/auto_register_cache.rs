@@ -237,8 +237,9 @@ fn freed_and_allocated_again_is_a_new_mapping() {
 
 /// Two tensors of one expandable segment that each cross pieces, and share one: both stay
 /// mapped while both live (an overlap alone does not mean the other was freed), so calls
-/// alternating between them map nothing again. Freed and mapped again, the pieces are new
-/// allocations, and the next call is served from new mappings.
+/// alternating between them map nothing again. When the shared piece is unmapped and
+/// another mapped in its place (as PyTorch does with a segment's chunk), both ranges are
+/// stale: the next call retires them on every rank and is served from new mappings.
 #[test]
 fn ranges_across_pieces_that_share_a_piece_stay_mapped_together() {
     let cfg = |_| CommConfig {
@@ -255,9 +256,8 @@ fn ranges_across_pieces_that_share_a_piece_stay_mapped_together() {
         let mut chunks = HostChunks::allocate(piece, 3).unwrap();
         for round in 0..6 {
             if round == 4 {
-                // Freed, and mapped again (most likely at the same address).
-                drop(chunks);
-                chunks = HostChunks::allocate(piece, 3).unwrap();
+                // The shared piece unmapped, and a new one mapped at its address.
+                chunks.remap(1).unwrap();
             }
             // Pieces 0-1, then 1-2: each call's buffer crosses one boundary.
             let first = round % 2;
@@ -273,7 +273,7 @@ fn ranges_across_pieces_that_share_a_piece_stay_mapped_together() {
                 )
             };
             // Both ranks' two ranges stay in the cache together: 2 after the first call, 4
-            // from the second; after the pieces were mapped again, the stale two go.
+            // from the second; after the shared piece was mapped again, the stale two go.
             let want_entries = match round {
                 0 => 2,
                 4 => 2,

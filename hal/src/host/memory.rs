@@ -520,6 +520,43 @@ impl HostChunks {
     pub fn piece_len(&self) -> usize {
         self.piece
     }
+
+    /// Replaces piece `index` with new zero-filled memory at the same address, a new
+    /// allocation with a new identity (as PyTorch unmaps a chunk of an expandable segment
+    /// and maps another there). Ranges across it then have new identities too. Peers that
+    /// mapped the old piece keep its pages.
+    pub fn remap(&mut self, index: usize) -> Result<()> {
+        if index >= self.pieces.len() {
+            return Err(Error::InvalidArgument(format!(
+                "piece {index} of {} pieces",
+                self.pieces.len()
+            )));
+        }
+        let at = self.addr + index * self.piece;
+        let fd = sealed_memfd(self.piece)?;
+        let export = Arc::new(Mutex::new(None));
+        let mut table = owned();
+        // SAFETY: piece `index` of this object's reservation, which only it uses; the old
+        // piece's mapping is replaced in place (nothing of this process reads it meanwhile:
+        // `&mut self`).
+        unsafe { map_shared_at(fd.as_fd(), self.piece, at) }?;
+        table.insert(
+            at,
+            Owned {
+                len: self.piece,
+                id: NEXT_ALLOCATION_ID.fetch_add(1, Ordering::Relaxed),
+                fd: fd.as_raw_fd(),
+                export: Arc::clone(&export),
+                side_by_side: true,
+            },
+        );
+        drop(table);
+        let (_old_fd, old_export) = std::mem::replace(&mut self.pieces[index], (fd, export));
+        if let Some(id) = old_export.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            fd_share::withdraw(id);
+        }
+        Ok(())
+    }
 }
 
 impl Memory for HostChunks {

@@ -627,6 +627,24 @@ fn a_buffer_across_pieces_side_by_side_is_one_range() {
     assert_eq!(through, more);
     drop(view);
 
+    // One piece mapped again in place: a new allocation there, so the range across it
+    // has a new identity and its old one is not exported again; the other pieces keep
+    // theirs.
+    let mut chunks = chunks;
+    chunks.remap(1).unwrap();
+    let moved = d.find_allocation(at, 2 * piece).unwrap();
+    assert_eq!((moved.base, moved.len), (span.base, span.len));
+    assert!(![span.id, one.id, pair.id].contains(&moved.id));
+    assert_eq!(d.find_allocation(base, 16).unwrap(), one);
+    assert!(d.export_allocation(&span).is_err());
+    let mut zero = vec![1u8; 64];
+    s.read(base.offset(piece).unwrap(), &mut zero).unwrap();
+    assert!(
+        zero.iter().all(|&b| b == 0),
+        "a remapped piece starts zeroed"
+    );
+    assert!(chunks.remap(3).is_err());
+
     // Freed: the range is not exported again under its old identity, and pieces mapped
     // again in its place (likely at the same address) get a new one.
     drop(chunks);
