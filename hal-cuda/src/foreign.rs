@@ -9,12 +9,12 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use cudarc::driver::sys;
 use oxccl_hal::{
     fd_share, BackendKind, DevicePtr, Error, ForeignAllocation, IpcHandle, IpcHandleKind, Result,
+    SpanIds,
 };
 
 use crate::device::{lock_mutex, Context};
@@ -28,16 +28,8 @@ use sys::CUpointer_attribute as Attr;
 #[derive(Debug, Default)]
 pub(crate) struct ForeignExports {
     exports: Mutex<HashMap<u64, Export>>,
-    spans: Mutex<HashMap<Vec<u64>, u64>>,
+    spans: SpanIds,
 }
-
-/// Most ranges across several allocations remembered per device: past it the table starts
-/// again (a range found again then gets a new identity, and is exported again once).
-const MAX_SPANS: usize = 4096;
-
-/// Identities of ranges across several allocations: the top bit set, so they never equal
-/// a driver buffer id (a counter from 1), and never reused within the process.
-static NEXT_SPAN_ID: AtomicU64 = AtomicU64::new(1 << 63);
 
 /// One allocation of the driver (a `cuMemAlloc` block or one VMM mapping).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +37,9 @@ struct Piece {
     base: u64,
     len: usize,
     id: u64,
+    /// VMM memory (mapped by the caller with `cuMemMap`), which may lie beside other VMM
+    /// mappings as one range; a `cuMemAlloc` block (legacy IPC) may not.
+    vmm: bool,
 }
 
 impl Piece {
@@ -53,10 +48,8 @@ impl Piece {
     }
 }
 
-/// The allocation on `ctx`'s device that holds `ptr` (two driver queries), and whether it
-/// is VMM memory (mapped by the caller with `cuMemMap`, which may lie beside other VMM
-/// mappings as one range; a `cuMemAlloc` block may not).
-fn piece_at(ctx: &Context, ptr: DevicePtr) -> Result<(Piece, bool)> {
+/// The allocation on `ctx`'s device that holds `ptr` (two driver queries).
+fn piece_at(ctx: &Context, ptr: DevicePtr) -> Result<Piece> {
     let not_device = |why: String| Error::InvalidArgument(format!("{ptr}: {why}"));
     let facts = result::pointer_facts(ptr.0)?;
     if facts.memory_type == 0 {
@@ -81,12 +74,12 @@ fn piece_at(ctx: &Context, ptr: DevicePtr) -> Result<(Piece, bool)> {
         )));
     }
     let (base, len) = result::mem_get_address_range(ptr.0)?;
-    let piece = Piece {
+    Ok(Piece {
         base,
         len,
         id: facts.buffer_id,
-    };
-    Ok((piece, !facts.legacy_ipc))
+        vmm: !facts.legacy_ipc,
+    })
 }
 
 impl ForeignExports {
@@ -111,7 +104,7 @@ impl ForeignExports {
         bytes: usize,
     ) -> Result<(ForeignAllocation, Vec<Piece>)> {
         ctx.bind()?;
-        let (first, first_is_vmm) = piece_at(ctx, ptr)?;
+        let first = piece_at(ctx, ptr)?;
         let end = ptr.0.checked_add(bytes as u64).ok_or_else(|| {
             Error::InvalidArgument(format!("{bytes} bytes at {ptr} overflow the address space"))
         })?;
@@ -130,7 +123,7 @@ impl ForeignExports {
             };
             return Ok((whole, vec![first]));
         }
-        if !first_is_vmm {
+        if !first.vmm {
             return Err(past_the_end(""));
         }
         let mut pieces = vec![first];
@@ -141,10 +134,10 @@ impl ForeignExports {
                     " and over more than {MAX_VMM_PIECES} VMM mappings"
                 )));
             }
-            let (next, next_is_vmm) = piece_at(ctx, DevicePtr(at)).map_err(|e| {
+            let next = piece_at(ctx, DevicePtr(at)).map_err(|e| {
                 past_the_end(&format!(", and what follows it is not shareable: {e}"))
             })?;
-            if next.base != at || !next_is_vmm {
+            if next.base != at || !next.vmm {
                 return Err(past_the_end(&format!(
                     ", and what follows it at {at:#x} is not a VMM mapping of its own"
                 )));
@@ -153,29 +146,15 @@ impl ForeignExports {
             pieces.push(next);
         }
         let len = (at - first.base) as usize;
-        let id = self.span_id(&pieces);
+        let id = self
+            .spans
+            .id_of(&pieces.iter().map(|p| p.id).collect::<Vec<_>>());
         let span = ForeignAllocation {
             base: DevicePtr(first.base),
             len,
             id,
         };
         Ok((span, pieces))
-    }
-
-    /// The identity of a range across `pieces`: the same while the same driver
-    /// allocations lie there, a new one when any was freed and mapped again.
-    fn span_id(&self, pieces: &[Piece]) -> u64 {
-        let ids: Vec<u64> = pieces.iter().map(|p| p.id).collect();
-        let mut spans = lock_mutex(&self.spans);
-        if let Some(&id) = spans.get(&ids) {
-            return id;
-        }
-        if spans.len() >= MAX_SPANS {
-            spans.clear();
-        }
-        let id = NEXT_SPAN_ID.fetch_add(1, Ordering::Relaxed);
-        spans.insert(ids, id);
-        id
     }
 
     /// Exports `allocation` (once; later calls return the same handle until released).
@@ -196,10 +175,10 @@ impl ForeignExports {
                 allocation.id, allocation.base
             )));
         }
-        let base = allocation.base.0;
-        let legacy: i32 =
-            result::pointer_attribute(Attr::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, base)?;
-        let (kind, payload, published) = if legacy != 0 {
+        let (kind, payload, published) = if let [Piece {
+            vmm: false, base, ..
+        }] = pieces[..]
+        {
             // SAFETY: `base` is the start of a live cuMemAlloc allocation (checked above).
             let h = unsafe { result::ipc_get_mem_handle(base) }?;
             (IpcHandleKind::CudaLegacy, h.to_vec(), Vec::new())

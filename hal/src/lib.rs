@@ -29,6 +29,7 @@ pub mod ipc;
 pub mod ipc_cache;
 pub mod launch;
 pub mod multicast_gate;
+pub mod span_ids;
 pub mod types;
 
 pub use api::{Backend, Device, Event, HostVisible, Memory, Module, Multicast, Stream};
@@ -36,6 +37,7 @@ pub use error::{Error, Result};
 pub use ipc::{IpcHandle, IpcHandleKind, IpcKey};
 pub use ipc_cache::{CachePolicy, CachedImport, IpcCache, IpcOpener};
 pub use launch::{HostKernelFn, HostKernelTable, LaunchConfig, ModuleImage};
+pub use span_ids::SpanIds;
 pub use types::{
     AccumType, BackendKind, Capabilities, DataType, DeviceId, DevicePtr, ForeignAllocation,
     MemoryKind, MulticastSupport, ReduceOp,

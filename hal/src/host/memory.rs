@@ -29,6 +29,7 @@ use crate::error::{Error, Result};
 use crate::fd_share;
 use crate::ipc::{IpcHandle, IpcHandleKind};
 use crate::ipc_cache::{CachedImport, IpcOpener};
+use crate::span_ids::SpanIds;
 use crate::types::{BackendKind, DevicePtr, ForeignAllocation};
 
 /// Largest single allocation the host backend accepts: far beyond any test, small enough
@@ -121,13 +122,8 @@ fn owned() -> MutexGuard<'static, BTreeMap<usize, Owned>> {
 /// Identities of allocations; 0 is never used.
 static NEXT_ALLOCATION_ID: AtomicU64 = AtomicU64::new(1);
 
-/// Identities of ranges across several pieces of [`HostChunks`], by the pieces' identities:
-/// the top bit set, so they never equal an allocation's own (a counter from 1).
-static SPANS: Mutex<BTreeMap<Vec<u64>, u64>> = Mutex::new(BTreeMap::new());
-static NEXT_SPAN_ID: AtomicU64 = AtomicU64::new(1 << 63);
-/// Most span identities remembered: past it the table starts again (a range found again
-/// then gets a new identity).
-const MAX_SPANS: usize = 4096;
+/// Identities of ranges across several pieces of [`HostChunks`].
+static SPANS: SpanIds = SpanIds::new();
 
 /// One live allocation's part of a range: its address, length and identity.
 #[derive(Debug, Clone, Copy)]
@@ -191,16 +187,7 @@ fn find_pieces(
     }
     let id = match pieces.as_slice() {
         [one] => one.id,
-        _ => {
-            let ids: Vec<u64> = pieces.iter().map(|p| p.id).collect();
-            let mut spans = SPANS.lock().unwrap_or_else(|p| p.into_inner());
-            if spans.len() >= MAX_SPANS && !spans.contains_key(&ids) {
-                spans.clear();
-            }
-            *spans
-                .entry(ids)
-                .or_insert_with(|| NEXT_SPAN_ID.fetch_add(1, Ordering::Relaxed))
-        }
+        _ => SPANS.id_of(&pieces.iter().map(|p| p.id).collect::<Vec<_>>()),
     };
     let found = ForeignAllocation {
         base: DevicePtr(first.base as u64),
@@ -497,23 +484,41 @@ impl HostChunks {
         };
         register_range(addr, total);
         for i in 0..count {
-            let fd = sealed_memfd(piece)?;
             // SAFETY: piece `i` of the reservation made above, which only `chunks` uses.
-            unsafe { map_shared_at(fd.as_fd(), piece, addr + i * piece) }?;
-            let export = Arc::new(Mutex::new(None));
-            owned().insert(
-                addr + i * piece,
-                Owned {
-                    len: piece,
-                    id: NEXT_ALLOCATION_ID.fetch_add(1, Ordering::Relaxed),
-                    fd: fd.as_raw_fd(),
-                    export: Arc::clone(&export),
-                    side_by_side: true,
-                },
-            );
-            chunks.pieces.push((fd, export));
+            let new = unsafe { chunks.map_piece(i) }?;
+            chunks.pieces.push(new);
         }
         Ok(chunks)
+    }
+
+    /// Maps a new zero-filled allocation as piece `index` (replacing what is there) and
+    /// enters it in the allocation table under a new identity; returns its memfd and export
+    /// number, for `self.pieces`.
+    ///
+    /// # Safety
+    /// Nothing may read or write piece `index` meanwhile (it is unmapped, or `self` is
+    /// borrowed mutably).
+    unsafe fn map_piece(&self, index: usize) -> Result<(OwnedFd, Arc<Mutex<Option<u64>>>)> {
+        let at = self.addr + index * self.piece;
+        let fd = sealed_memfd(self.piece)?;
+        // The table is held across the mapping: no lookup sees the new pages under the old
+        // piece's entry.
+        let mut table = owned();
+        // SAFETY: piece `index` of this object's reservation, which only it uses; the
+        // caller guarantees nothing uses the piece meanwhile.
+        unsafe { map_shared_at(fd.as_fd(), self.piece, at) }?;
+        let export = Arc::new(Mutex::new(None));
+        table.insert(
+            at,
+            Owned {
+                len: self.piece,
+                id: NEXT_ALLOCATION_ID.fetch_add(1, Ordering::Relaxed),
+                fd: fd.as_raw_fd(),
+                export: Arc::clone(&export),
+                side_by_side: true,
+            },
+        );
+        Ok((fd, export))
     }
 
     /// Bytes of one piece.
@@ -532,26 +537,10 @@ impl HostChunks {
                 self.pieces.len()
             )));
         }
-        let at = self.addr + index * self.piece;
-        let fd = sealed_memfd(self.piece)?;
-        let export = Arc::new(Mutex::new(None));
-        let mut table = owned();
-        // SAFETY: piece `index` of this object's reservation, which only it uses; the old
-        // piece's mapping is replaced in place (nothing of this process reads it meanwhile:
-        // `&mut self`).
-        unsafe { map_shared_at(fd.as_fd(), self.piece, at) }?;
-        table.insert(
-            at,
-            Owned {
-                len: self.piece,
-                id: NEXT_ALLOCATION_ID.fetch_add(1, Ordering::Relaxed),
-                fd: fd.as_raw_fd(),
-                export: Arc::clone(&export),
-                side_by_side: true,
-            },
-        );
-        drop(table);
-        let (_old_fd, old_export) = std::mem::replace(&mut self.pieces[index], (fd, export));
+        // SAFETY: the old piece's mapping is replaced in place, and nothing of this process
+        // reads it meanwhile (`&mut self`).
+        let new = unsafe { self.map_piece(index) }?;
+        let (_old_fd, old_export) = std::mem::replace(&mut self.pieces[index], new);
         if let Some(id) = old_export.lock().unwrap_or_else(|p| p.into_inner()).take() {
             fd_share::withdraw(id);
         }
