@@ -186,24 +186,17 @@ pub fn summary() -> Vec<String> {
             merged.entry(*key).or_default().merge(s);
         }
     }
-    // Functions by their total time inside; each one's time between calls after it.
-    let mut rows: Vec<((&'static str, Span), Stats)> = merged.into_iter().collect();
-    let inside = |name: &str, rows: &[((&'static str, Span), Stats)]| {
-        rows.iter()
-            .find(|((n, k), _)| *n == name && *k == Span::Inside)
-            .map_or(0, |(_, s)| s.total_ns)
-    };
-    let order: Vec<(u64, &'static str, Span)> = rows
+    // Functions by their total time inside; each one's time between calls after it (the
+    // table is ordered by (name, span), so a stable sort keeps Inside before Between).
+    let inside: BTreeMap<&'static str, u64> = merged
         .iter()
-        .map(|((n, k), _)| (inside(n, &rows), *n, *k))
+        .filter(|((_, span), _)| *span == Span::Inside)
+        .map(|((name, _), s)| (*name, s.total_ns))
         .collect();
-    let mut keyed: Vec<_> = order.into_iter().zip(rows.drain(..)).collect();
-    keyed.sort_by(|((ta, na, ka), _), ((tb, nb, kb), _)| {
-        tb.cmp(ta).then(na.cmp(nb)).then(ka.cmp(kb))
-    });
-    keyed
-        .iter()
-        .map(|(_, ((name, span), s))| {
+    let mut rows: Vec<((&'static str, Span), Stats)> = merged.into_iter().collect();
+    rows.sort_by_key(|((name, _), _)| std::cmp::Reverse(inside.get(name).copied().unwrap_or(0)));
+    rows.iter()
+        .map(|((name, span), s)| {
             let what = match span {
                 Span::Inside => format!("{name}: {} calls", s.calls),
                 Span::Between => format!("  outside, between two {name} calls: {}", s.calls),
