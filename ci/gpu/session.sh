@@ -34,6 +34,8 @@
 #                                  # reduce_direct, vs NCCL, over chunk sizes and grids
 #     ci/gpu/session.sh reducerelay # reduce_relay vs reduce_direct on 4 and 3 GPUs, vs NCCL;
 #                                  # reduce_relay and the one-shot in place
+#     ci/gpu/session.sh torchpin   # PyTorch's eager small calls under several CPU bindings
+#     ci/gpu/session.sh smallgraph # 1K..1M graph replay vs NCCL in about 15 s (between phases)
 #     ci/gpu/session.sh autoreg    # unregistered eager allreduce: zero-copy through a per-call
 #                                  # exchange vs the scratch, each vs NCCL
 #     ci/gpu/session.sh perf       # bf16 sum vs NCCL (default and symmetric), graph replay
@@ -75,6 +77,14 @@ if [[ -z ${OXCCL_NCCL_LIB_PATH:-} ]]; then
     guess="$(python3 -c 'import os, nvidia.nccl as m; print(os.path.join(list(m.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null || true)"
     [[ -f ${guess} ]] && export OXCCL_NCCL_LIB_PATH="${guess}"
 fi
+# A phase run again within one call ($OUT shared) gets its own summary, logs and, for the
+# PyTorch phases, results folder: torch, then torch-2, ...
+run_tag="${phase}"
+k=2
+while [[ -e "${out}/summary-${run_tag}.txt" ]]; do
+    run_tag="${phase}-${k}"
+    k=$((k + 1))
+done
 start=${SECONDS}
 all_gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)"
 devices_list="${OXCCL_SESSION_DEVICES:-$(seq -s, 0 $((all_gpus - 1)))}"
@@ -490,19 +500,43 @@ reducerelay)
         done
     done
     ;;
+torchpin)
+    # Eager small calls in PyTorch under several CPU bindings (ci/gpu/torch-pinning.sh);
+    # OXCCL_TORCH_BINDINGS: the bindings, space separated (default: the script's).
+    export CUDA_VISIBLE_DEVICES="$(devices 2)"
+    # shellcheck disable=SC2086
+    ((ngpus >= 2)) && step "torch 2gpu small calls under CPU bindings" 330 env OUT="${out}" \
+        bash ci/gpu/torch-pinning.sh "${repo_root}/${BIN}/liboxccl_nccl.so" ${OXCCL_TORCH_BINDINGS:-}
+    ;;
+smallgraph)
+    # A quick look at small-call latency (graph replay, 1K..1M, vs NCCL's default mode), to
+    # tell whether the GPUs themselves got slower between two longer phases of one call.
+    export CUDA_VISIBLE_DEVICES="$(devices 2)"
+    tag="$(date +%H%M%S)"
+    ((ngpus >= 2)) && step "smallgraph 2gpu 1K..1M vs NCCL graph (${tag})" 60 "${BIN}/oxccl-perf" -N 2 -b 1K -e 1M \
+        -f 4 -d bf16 -w 5 --iters 20 --graph --compare nccl --nccl-default-only --json "${out}/smallgraph-${tag}.json"
+    ;;
 autoreg)
     # Unregistered buffers, eager calls (no graph): zero-copy with an exchange per call
     # (OXCCL_AUTO_REGISTER_MIN_BYTES=0: through the shared exchange region from the one-shot
     # sizes on; the default on one node is 1 MiB) against staging through the scratch (the
     # minimum above every size), each vs NCCL in the same run: where the exchange pays.
-    export CUDA_VISIBLE_DEVICES="$(devices 2)"
-    for min in 0 1099511627776; do
-        step "autoreg 2gpu bf16 eager unregistered min ${min}" 120 env OXCCL_AUTO_REGISTER_MIN_BYTES="${min}" \
-            "${BIN}/oxccl-perf" -N 2 -b 512K -e 512M -f 2 -d bf16 -w 5 --iters 20 --no-register \
-            --compare nccl --nccl-default-only --json "${out}/autoreg-min${min}-2gpu.json"
-        step "autoreg 2gpu bf16 eager unregistered min ${min} 3M..24M" 120 env OXCCL_AUTO_REGISTER_MIN_BYTES="${min}" \
-            "${BIN}/oxccl-perf" -N 2 -b 3M -e 24M -f 2 -d bf16 -w 5 --iters 20 --no-register \
-            --compare nccl --nccl-default-only --json "${out}/autoreg-min${min}-odd-2gpu.json"
+    # OXCCL_SESSION_GPUS picks the world sizes (default 2).
+    for n in ${OXCCL_SESSION_GPUS:-2}; do
+        ((ngpus >= n)) || continue
+        export CUDA_VISIBLE_DEVICES="$(devices "${n}")"
+        for min in 0 1099511627776; do
+            step "autoreg ${n}gpu bf16 eager unregistered min ${min}" 120 env OXCCL_AUTO_REGISTER_MIN_BYTES="${min}" \
+                "${BIN}/oxccl-perf" -N "${n}" -b 256K -e 512M -f 2 -d bf16 -w 5 --iters 20 --no-register \
+                --compare nccl --nccl-default-only --json "${out}/autoreg-min${min}-${n}gpu.json"
+            step "autoreg ${n}gpu bf16 eager unregistered min ${min} 3M..24M" 120 env OXCCL_AUTO_REGISTER_MIN_BYTES="${min}" \
+                "${BIN}/oxccl-perf" -N "${n}" -b 3M -e 24M -f 2 -d bf16 -w 5 --iters 20 --no-register \
+                --compare nccl --nccl-default-only --json "${out}/autoreg-min${min}-odd-${n}gpu.json"
+            # Above 2 ranks the one-shot ends at 512 KiB: a size between it and 1 MiB.
+            ((n > 2)) && step "autoreg ${n}gpu bf16 eager unregistered min ${min} 768K" 60 env OXCCL_AUTO_REGISTER_MIN_BYTES="${min}" \
+                "${BIN}/oxccl-perf" -N "${n}" -b 786432 -e 786432 -d bf16 -w 5 --iters 20 --no-register \
+                --compare nccl --nccl-default-only --json "${out}/autoreg-min${min}-768K-${n}gpu.json"
+        done
     done
     ;;
 perf)
@@ -551,9 +585,10 @@ torch | torchvmm)
     # torchvmm: the same with PyTorch's expandable segments (its caching allocator on cuMem
     # VMM chunks): zero-copy needs them exported as POSIX file descriptors (issue #17 item 4).
     alloc=() label="" results="${out}"
+    [[ ${run_tag} != "${phase}" ]] && results="${out}/${run_tag}"
     if [[ ${phase} == torchvmm ]]; then
         alloc=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) label=" expandable_segments"
-        results="${out}/vmm"
+        results="${results}/vmm"
     fi
     for n in ${OXCCL_SESSION_GPUS:-2 4}; do
         ((ngpus >= n)) || continue
@@ -672,8 +707,8 @@ soak)
 esac
 
 {
-    echo "== session ${phase}: ${ngpus} GPUs, $((SECONDS - start))s =="
+    echo "== session ${run_tag}: ${ngpus} GPUs, $((SECONDS - start))s =="
     printf '%s\n' "${summary[@]}"
-} | tee "${out}/summary-${phase}.txt"
-tar czf "${out}/logs-${phase}.tar.gz" -C "${logs}" . && rm -rf "${logs}"
-! grep -q '^FAIL' "${out}/summary-${phase}.txt"
+} | tee "${out}/summary-${run_tag}.txt"
+tar czf "${out}/logs-${run_tag}.tar.gz" -C "${logs}" . && rm -rf "${logs}"
+! grep -q '^FAIL' "${out}/summary-${run_tag}.txt"

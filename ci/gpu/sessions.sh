@@ -8,6 +8,9 @@
 #     ci/gpu/sessions.sh 560 hal 'allreduce=bf16 in-place|graph'   # PHASE=REGEX: only the
 #                                  # steps of that phase whose names match (OXCCL_SESSION_MATCH)
 #
+# OXCCL_SESSION_DMON=1 records `nvidia-smi dmon` (power, temperature, SM clock, utilization,
+# throttling, once a second) over the whole call into dmon.txt, to place a slower phase.
+#
 # NVLS stays off (session.sh exports NCCL_NVLS_ENABLE=0 and unsets OXCCL_NVLS).
 set -uo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -18,6 +21,11 @@ work="$(mktemp -d /tmp/oxccl-sessions.XXXXXX)"
 mkdir -p "${final_out}"
 start=${SECONDS}
 status=0
+dmon_pid=""
+if [[ ${OXCCL_SESSION_DMON:-0} == 1 ]] && command -v nvidia-smi >/dev/null; then
+    nvidia-smi dmon -s pucv -o T -d 1 >"${work}/dmon.txt" 2>&1 &
+    dmon_pid=$!
+fi
 for arg in "$@"; do
     phase=${arg%%=*}
     match=()
@@ -29,6 +37,7 @@ for arg in "$@"; do
     fi
     env OUT="${work}" OXCCL_SESSION_BUDGET="${left}" "${match[@]}" bash "${repo_root}/ci/gpu/session.sh" "${phase}" || status=1
 done
+[[ -n ${dmon_pid} ]] && kill "${dmon_pid}" 2>/dev/null
 echo "== all phases: $((SECONDS - start))s"
 cat "${work}"/summary-*.txt 2>/dev/null | grep -E '^(==|FAIL|SKIP)' || true
 phases=()

@@ -91,10 +91,38 @@ def check_against_reference(key, out, world, n, dtype_name, tag, device, avg, er
     return float((err / tol).max().item()) if n else 0.0
 
 
+def cpu_list(text):
+    """The CPUs of a list such as "0-3,8,10-11"."""
+    cpus = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def pin_cpus(local):
+    """OXCCL_TORCH_CPUS: one CPU list per local rank, separated by ';' (e.g. "0-7;8-15"),
+    applied before any thread starts, so the rank and every thread it makes (PyTorch's
+    watchdog, NCCL's and oxccl's) stay there. Eager small calls are bound by the host, whose
+    speed per call differed by up to 1.5x between two runs of the same job when unpinned
+    (2 H200s, 2026-11-28); both sides of a comparison get the same lists."""
+    spec = os.environ.get("OXCCL_TORCH_CPUS", "")
+    if not spec:
+        return ""
+    lists = [part for part in spec.split(";") if part.strip()]
+    cpus = cpu_list(lists[local % len(lists)])
+    os.sched_setaffinity(0, cpus)
+    return ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+
+
 def run(args):
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
+    pinned = pin_cpus(local)
     torch.cuda.set_device(local)
     device = torch.device("cuda", local)
     dist.init_process_group(backend="nccl")
@@ -103,7 +131,7 @@ def run(args):
     sizes = [s for s in SIZES if s <= args.max_elems]
     if rank == 0:
         print(f"torch {torch.__version__}, NCCL version {torch.cuda.nccl.version()}, world {world}, "
-              f"LD_PRELOAD={os.environ.get('LD_PRELOAD', '')}", flush=True)
+              f"LD_PRELOAD={os.environ.get('LD_PRELOAD', '')}, rank 0 on CPUs {pinned or 'any'}", flush=True)
 
     # The training loop: every step all-reduces "gradients" of every size and dtype.
     for step in range(STEPS):
@@ -425,6 +453,45 @@ def best(args):
     return 0
 
 
+def pairs(args):
+    """Paired runs: each pair is a run of the real NCCL and a run of the preload made right
+    after it. The host under these machines' PyTorch loops changes speed by up to 1.5x from
+    one minute to the next, for both sides alike (2 H200s, 2026-11-28: pinned or not), so
+    the best of each side's runs can pair a fast minute with a slow one. Here every ratio is
+    taken within a pair, and a cell's verdict is the median ratio over the pairs."""
+    if len(args.runs) % 2:
+        print("pairs: give NCCL and preload run folders in pairs")
+        return 1
+    runs = [json.load(open(os.path.join(d, "timing.json")))["timing"] for d in args.runs]
+    pairs_ = list(zip(runs[0::2], runs[1::2]))
+    modes = ("burst", "host", "graph", "single")
+    head = " ".join(f"{m + ' NCCL':>11} {'oxccl':>7} {'x':>5} {'x min':>5}" for m in modes)
+    print(f"{'dtype':>5} {'elements':>10} {head}")
+    table = {}
+    for key in pairs_[0][0]:
+        dname, n = key.split("/")
+        cells, row = [], {}
+        for m in modes:
+            got = [(a[key][m], b[key][m]) for a, b in pairs_ if m in a.get(key, {}) and m in b.get(key, {})]
+            if not got:
+                continue
+            ratios = [x / y for x, y in got if y]
+            row[m] = {"nccl_us": statistics.median(x for x, _ in got),
+                      "oxccl_us": statistics.median(y for _, y in got),
+                      "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
+                      "ratios": ratios}
+            c = row[m]
+            cells.append(f"{c['nccl_us']:>11.1f} {c['oxccl_us']:>7.1f} {c['ratio_median']:>5.2f} {c['ratio_min']:>5.2f}")
+        table[key] = row
+        print(f"{dname:>5} {int(n):>10} {' '.join(cells)}")
+    print(f"(us per all_reduce, medians over {len(pairs_)} pairs of runs; x = the median of NCCL / oxccl"
+          " within each pair, x min the lowest pair)")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"runs": args.runs, "pairs": table}, f, indent=1)
+    return 0
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -443,9 +510,12 @@ def main():
     b = sub.add_parser("best", help="per cell, the fastest of several runs' timing.json")
     b.add_argument("out")
     b.add_argument("runs", nargs="+")
+    q = sub.add_parser("pairs", help="per cell, the median NCCL / oxccl ratio over paired runs")
+    q.add_argument("--out", help="write the table as JSON here")
+    q.add_argument("runs", nargs="+", help="NCCL run, preload run, NCCL run, preload run, ...")
     args = p.parse_args()
     t0 = time.time()
-    rc = {"run": run, "compare": compare, "best": best}[args.cmd](args)
+    rc = {"run": run, "compare": compare, "best": best, "pairs": pairs}[args.cmd](args)
     if args.cmd == "compare" or int(os.environ.get("RANK", "0")) == 0:
         print(f"{args.cmd}: {time.time() - t0:.1f}s, exit {rc}", flush=True)
     sys.exit(rc)

@@ -277,10 +277,15 @@ impl AutoRegistry {
     ) -> Result<std::result::Result<PeerBuffers, Staged>> {
         let at = |e: Error| e.at_rank(ctx.rank);
         let mut table = lock(&self.table);
-        let described = [
-            self.describe(ctx, &table, input),
-            self.describe(ctx, &table, output),
-        ];
+        let first = self.describe(ctx, &table, input);
+        // In place (PyTorch's all_reduce is): one lookup describes both buffers, two
+        // driver queries fewer on a path an eager loop pays on every call.
+        let second = if output.is_some() && output == input {
+            first.clone()
+        } else {
+            self.describe(ctx, &table, output)
+        };
+        let described = [first, second];
         let why_not = described.iter().find_map(|d| d.as_ref().err().cloned());
         let buffers = described.map(|d| d.unwrap_or(BufferRecord::Unshareable));
         let mine = Record {
