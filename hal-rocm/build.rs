@@ -66,6 +66,8 @@ mod hip {
         "hipMemAccessDesc",
         "hipMemAllocationGranularity_flags",
         "hipMemAllocationHandleType",
+        "hipPointer_attribute",
+        "hipMemoryType",
     ];
 
     pub(super) fn regenerate() {

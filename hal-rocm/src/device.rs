@@ -8,6 +8,7 @@ use oxccl_hal::{
     IpcHandle, IpcHandleKind, ModuleImage, MulticastSupport, Result,
 };
 
+use crate::foreign::{self, ForeignExports};
 use crate::memory::{vmm_prop, RocmHostMemory, RocmImported, RocmMemory};
 use crate::module::{RocmKernel, RocmModule, RocmMulticast};
 use crate::runtime::Hip;
@@ -50,6 +51,8 @@ pub struct RocmDevice {
     ordinal: c_int,
     caps: Capabilities,
     peers: Vec<DeviceId>,
+    /// Exports of callers' allocations (`export_allocation`), by allocation identity.
+    foreign: ForeignExports,
 }
 
 fn ordinal_of(id: DeviceId) -> Result<c_int> {
@@ -93,6 +96,7 @@ impl RocmDevice {
             ordinal,
             caps,
             peers,
+            foreign: ForeignExports::default(),
         })
     }
 
@@ -234,25 +238,23 @@ impl Device<RocmBackend> for RocmDevice {
         })
     }
 
-    fn find_allocation(&self, ptr: DevicePtr, _bytes: usize) -> Result<ForeignAllocation> {
-        // Needs hipMemGetAddressRange and the buffer-id pointer attribute in the generated
-        // bindings and the fake runtime; until then callers copy through their own memory.
-        Err(Error::Unsupported(format!(
-            "{ptr}: finding the allocation of a caller's buffer is not implemented on the \
-             ROCm backend yet (zero-copy needs buffers registered with oxccl there)"
-        )))
+    /// `hipMalloc` memory only: VMM memory (`hipMemCreate` + `hipMemMap`) is not shared by
+    /// this backend (why: the `foreign` module), and a range across two allocations is
+    /// refused.
+    fn find_allocation(&self, ptr: DevicePtr, bytes: usize) -> Result<ForeignAllocation> {
+        self.bind()?;
+        foreign::find(&self.hip, self.ordinal, ptr, bytes)
     }
 
+    /// A legacy IPC handle of the allocation's base, which [`Device::import_memory`]
+    /// accepts; VMM memory that `hipIpcGetMemHandle` refuses is [`Error::Unsupported`].
     fn export_allocation(&self, allocation: &ForeignAllocation) -> Result<IpcHandle> {
-        Err(Error::Unsupported(format!(
-            "allocation at {}: exporting a caller's allocation is not implemented on the ROCm \
-             backend yet",
-            allocation.base
-        )))
+        self.bind()?;
+        self.foreign.export(&self.hip, self.ordinal, allocation)
     }
 
-    fn release_export(&self, _allocation: &ForeignAllocation) {
-        // Nothing is ever exported (above).
+    fn release_export(&self, allocation: &ForeignAllocation) {
+        self.foreign.release(allocation);
     }
 
     fn enable_peer_access(&self, peer: DeviceId) -> Result<()> {

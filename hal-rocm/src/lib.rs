@@ -31,6 +31,12 @@
 //!   map + set access, exported as a POSIX FD through [`oxccl_hal::fd_share`], where the
 //!   runtime reports VMM support. Host memory: `hipHostMalloc(mapped | portable |
 //!   coherent)`.
+//! - **Callers' buffers** (zero-copy on memory oxccl did not allocate): `find_allocation`
+//!   finds the `hipMalloc` block that holds a pointer (`hipMemGetAddressRange`, the
+//!   pointer attributes, numbered per generation) and `export_allocation` exports its base
+//!   as a legacy IPC handle, once per block. VMM memory (`hipMemCreate` + `hipMemMap`, as
+//!   PyTorch's expandable segments map it) is not shared: the calls it needs exist in every
+//!   generation's headers but do not behave alike in the runtimes (`foreign` says how).
 //! - **Every import goes through one [`oxccl_hal::IpcCache`] per runtime**
 //!   ([`Hip::ipc_cache`]) with `CachePolicy::Shared`: ROCm fails (or leaks) when a handle
 //!   already open in the process is opened again, so a re-import returns the open mapping,
@@ -50,6 +56,8 @@
 
 #[cfg(feature = "hip")]
 mod device;
+#[cfg(feature = "hip")]
+mod foreign;
 #[cfg(feature = "hip")]
 mod memory;
 #[cfg(feature = "hip")]

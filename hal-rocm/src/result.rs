@@ -220,6 +220,49 @@ impl Hip {
         Ok(d)
     }
 
+    /// `hipMemGetAddressRange`: the base and length of the allocation that holds `ptr`, or
+    /// `None` when the runtime knows no allocation there (`hipErrorNotFound`).
+    pub fn mem_get_address_range(&self, ptr: u64) -> Result<Option<(u64, usize)>> {
+        let mut base = ptr::null_mut();
+        let mut len: usize = 0;
+        // SAFETY: valid out-pointers; the runtime looks the address up in its table of
+        // allocations and never dereferences it.
+        let rc = unsafe {
+            self.api
+                .hipMemGetAddressRange(&mut base, &mut len, ptr as *mut c_void)
+        };
+        if rc == self.abi.error_not_found {
+            return Ok(None);
+        }
+        self.check("hipMemGetAddressRange", rc)?;
+        Ok(Some((base as u64, len)))
+    }
+
+    /// `hipPointerGetAttribute` of `attr` at `ptr`, widened to 64 bits, or `None` when the
+    /// runtime knows no allocation there (`hipErrorInvalidValue`: ROCm's answer for memory
+    /// it did not allocate, such as `malloc`'s or the stack).
+    ///
+    /// ROCm writes each attribute at its own width (a `bool` for `IsManaged`, 32 bits for
+    /// the memory type, the ordinal and the buffer id), so the value is read from a zeroed
+    /// 8-byte buffer as a little-endian number (every ROCm host is little-endian).
+    pub fn pointer_attribute(&self, attr: sys::PointerAttribute, ptr: u64) -> Result<Option<u64>> {
+        let mut data = [0u8; 8];
+        // SAFETY: `data` holds 8 bytes, the widest value any of these attributes has; the
+        // runtime looks `ptr` up in its table of allocations and never dereferences it.
+        let rc = unsafe {
+            self.api.hipPointerGetAttribute(
+                data.as_mut_ptr().cast(),
+                self.abi.pointer_attribute(attr),
+                ptr as *mut c_void,
+            )
+        };
+        if rc == self.abi.error_invalid_value {
+            return Ok(None);
+        }
+        self.check("hipPointerGetAttribute", rc)?;
+        Ok(Some(u64::from_le_bytes(data)))
+    }
+
     /// `hipMemGetAllocationGranularity` (minimum granularity).
     pub fn allocation_granularity(&self, prop: &sys::hipMemAllocationProp) -> Result<usize> {
         let mut g: usize = 0;

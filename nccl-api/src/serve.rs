@@ -62,9 +62,10 @@ pub fn dtype_refusal(kind: BackendKind, datatype: NcclDataType) -> Option<String
 }
 
 /// Whether oxccl maps callers' buffers on `kind` (for registration, windows and
-/// zero-copy): CUDA only. The host backend stages every call; the ROCm backend cannot find
-/// the allocation holding a caller's pointer yet (`RocmDevice::find_allocation`), so there
-/// registrations and windows are recorded (and passed to RCCL) and calls stage too.
+/// zero-copy): CUDA only. The host backend stages every call. The ROCm backend finds and
+/// exports `hipMalloc` blocks (`RocmDevice::find_allocation`), but only against the fake
+/// HIP runtime so far, never on AMD hardware, so there registrations and windows are
+/// recorded (and passed to RCCL) and calls stage too, until it has run on an MI300X.
 pub fn maps_callers_memory(kind: BackendKind) -> bool {
     kind == BackendKind::Cuda
 }

@@ -17,10 +17,14 @@
 //!   checks in `hipIpcOpenMemHandle`'s flags);
 //! - `hipMemAllocationProp::requestedHandleType` became a union with `requestedHandleTypes`
 //!   in 7.x (same offset and size);
+//! - `hipMemoryType` was renumbered in 6.0: host and device memory are 0 and 1 in 5.x, 1
+//!   and 2 from 6.0 (0 became `hipMemoryTypeUnregistered`), which is what
+//!   `hipPointerGetAttribute(HIP_POINTER_ATTRIBUTE_MEMORY_TYPE)` answers;
 //! - values appended to `hipError_t`, `hipDeviceAttribute_t`, `hipMemcpyKind`,
 //!   `hipMemLocationType`, `hipMemAllocationType`, and unused attributes renamed
-//!   (`hipDeviceAttributeName`/`Uuid`/`Arch`/`GcnArch*` became `Unused*` in 6.x). No value
-//!   oxccl uses moved, and no function oxccl calls changed its signature or its symbol.
+//!   (`hipDeviceAttributeName`/`Uuid`/`Arch`/`GcnArch*` became `Unused*` in 6.x). No other
+//!   value oxccl uses moved (`hipPointer_attribute` is numbered alike in all three), and no
+//!   function oxccl calls changed its signature or its symbol.
 //!
 //! What changed elsewhere and is avoided on purpose: `hipDeviceProp_t` (6.0 renamed it
 //! `hipDeviceProp_tR0600` with a new layout and redirects `hipGetDeviceProperties` and
@@ -69,8 +73,9 @@ pub use v7::{
     hipMemAccessDesc, hipMemAccessFlags, hipMemAllocationGranularity_flags,
     hipMemAllocationHandleType, hipMemAllocationProp, hipMemAllocationType,
     hipMemGenericAllocationHandle_t, hipMemLocation, hipMemLocationType, hipMemcpyKind,
-    hipModule_t, hipStreamCaptureStatus, hipStream_t, ihipEvent_t, ihipMemGenericAllocationHandle,
-    ihipModuleSymbol_t, ihipModule_t, ihipStream_t, HipApi,
+    hipMemoryType, hipModule_t, hipPointer_attribute, hipStreamCaptureStatus, hipStream_t,
+    ihipEvent_t, ihipMemGenericAllocationHandle, ihipModuleSymbol_t, ihipModule_t, ihipStream_t,
+    HipApi,
 };
 
 /// `HIP_LAUNCH_PARAM_BUFFER_POINTER`: the headers define it as `((void*)0x01)`, which
@@ -104,6 +109,24 @@ pub enum Attribute {
     FineGrainSupport,
 }
 
+/// A pointer attribute oxccl reads (`hipPointer_attribute`, numbered per generation).
+///
+/// Only those ROCm answers: `HIP_POINTER_ATTRIBUTE_IS_LEGACY_HIP_IPC_CAPABLE` and
+/// `HIP_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES` exist in the headers but the runtime answers
+/// `hipErrorNotSupported` for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PointerAttribute {
+    /// `HIP_POINTER_ATTRIBUTE_MEMORY_TYPE`: a `hipMemoryType` (32 bits).
+    MemoryType,
+    /// `HIP_POINTER_ATTRIBUTE_DEVICE_ORDINAL`: the device that allocated it (an `int`).
+    DeviceOrdinal,
+    /// `HIP_POINTER_ATTRIBUTE_BUFFER_ID`: the allocation's identity in the process (ROCm
+    /// writes 32 bits, CUDA's counterpart 64).
+    BufferId,
+    /// `HIP_POINTER_ATTRIBUTE_IS_MANAGED`: a `bool` (one byte).
+    IsManaged,
+}
+
 /// A copy direction (`hipMemcpyKind`, numbered per generation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MemcpyKind {
@@ -127,6 +150,7 @@ pub struct Abi {
     pub error_no_device: hipError_t,
     pub error_peer_access_already_enabled: hipError_t,
     pub error_not_found: hipError_t,
+    pub error_invalid_value: hipError_t,
     pub attr_compute_capability_major: hipDeviceAttribute_t,
     pub attr_compute_capability_minor: hipDeviceAttribute_t,
     pub attr_multiprocessor_count: hipDeviceAttribute_t,
@@ -135,6 +159,12 @@ pub struct Abi {
     pub memcpy_host_to_device: hipMemcpyKind,
     pub memcpy_device_to_host: hipMemcpyKind,
     pub memcpy_default: hipMemcpyKind,
+    pub pointer_memory_type: hipPointer_attribute,
+    pub pointer_device_ordinal: hipPointer_attribute,
+    pub pointer_buffer_id: hipPointer_attribute,
+    pub pointer_is_managed: hipPointer_attribute,
+    pub memory_type_host: hipMemoryType,
+    pub memory_type_device: hipMemoryType,
     pub capture_status_none: hipStreamCaptureStatus,
     pub allocation_type_pinned: hipMemAllocationType,
     pub handle_type_posix_fd: hipMemAllocationHandleType,
@@ -163,6 +193,7 @@ macro_rules! abi_of {
                 $m::hipError_t::hipErrorPeerAccessAlreadyEnabled.0,
             ),
             error_not_found: hipError_t($m::hipError_t::hipErrorNotFound.0),
+            error_invalid_value: hipError_t($m::hipError_t::hipErrorInvalidValue.0),
             attr_compute_capability_major: hipDeviceAttribute_t(
                 $m::hipDeviceAttribute_t::hipDeviceAttributeComputeCapabilityMajor.0,
             ),
@@ -181,6 +212,20 @@ macro_rules! abi_of {
             memcpy_host_to_device: hipMemcpyKind($m::hipMemcpyKind::hipMemcpyHostToDevice.0),
             memcpy_device_to_host: hipMemcpyKind($m::hipMemcpyKind::hipMemcpyDeviceToHost.0),
             memcpy_default: hipMemcpyKind($m::hipMemcpyKind::hipMemcpyDefault.0),
+            pointer_memory_type: hipPointer_attribute(
+                $m::hipPointer_attribute::HIP_POINTER_ATTRIBUTE_MEMORY_TYPE.0,
+            ),
+            pointer_device_ordinal: hipPointer_attribute(
+                $m::hipPointer_attribute::HIP_POINTER_ATTRIBUTE_DEVICE_ORDINAL.0,
+            ),
+            pointer_buffer_id: hipPointer_attribute(
+                $m::hipPointer_attribute::HIP_POINTER_ATTRIBUTE_BUFFER_ID.0,
+            ),
+            pointer_is_managed: hipPointer_attribute(
+                $m::hipPointer_attribute::HIP_POINTER_ATTRIBUTE_IS_MANAGED.0,
+            ),
+            memory_type_host: hipMemoryType($m::hipMemoryType::hipMemoryTypeHost.0),
+            memory_type_device: hipMemoryType($m::hipMemoryType::hipMemoryTypeDevice.0),
             capture_status_none: hipStreamCaptureStatus(
                 $m::hipStreamCaptureStatus::hipStreamCaptureStatusNone.0,
             ),
@@ -242,6 +287,16 @@ impl Abi {
                 self.attr_virtual_memory_management_supported
             }
             Attribute::FineGrainSupport => self.attr_fine_grain_support,
+        }
+    }
+
+    /// The generation's number for `a`.
+    pub fn pointer_attribute(&self, a: PointerAttribute) -> hipPointer_attribute {
+        match a {
+            PointerAttribute::MemoryType => self.pointer_memory_type,
+            PointerAttribute::DeviceOrdinal => self.pointer_device_ordinal,
+            PointerAttribute::BufferId => self.pointer_buffer_id,
+            PointerAttribute::IsManaged => self.pointer_is_managed,
         }
     }
 

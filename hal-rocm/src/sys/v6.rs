@@ -14,6 +14,17 @@ pub const hipHostMallocMapped: u32 = 2;
 pub const hipHostMallocCoherent: u32 = 1073741824;
 pub const hipDeviceMallocFinegrained: u32 = 1;
 pub const hipDeviceMallocUncached: u32 = 3;
+impl hipMemoryType {
+    pub const hipMemoryTypeUnregistered: hipMemoryType = hipMemoryType(0);
+    pub const hipMemoryTypeHost: hipMemoryType = hipMemoryType(1);
+    pub const hipMemoryTypeDevice: hipMemoryType = hipMemoryType(2);
+    pub const hipMemoryTypeManaged: hipMemoryType = hipMemoryType(3);
+    pub const hipMemoryTypeArray: hipMemoryType = hipMemoryType(10);
+    pub const hipMemoryTypeUnified: hipMemoryType = hipMemoryType(11);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct hipMemoryType(pub ::std::os::raw::c_uint);
 impl hipError_t {
     pub const hipSuccess: hipError_t = hipError_t(0);
     pub const hipErrorInvalidValue: hipError_t = hipError_t(1);
@@ -281,6 +292,32 @@ impl hipMemcpyKind {
 #[repr(transparent)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct hipMemcpyKind(pub ::std::os::raw::c_uint);
+impl hipPointer_attribute {
+    pub const HIP_POINTER_ATTRIBUTE_CONTEXT: hipPointer_attribute = hipPointer_attribute(1);
+    pub const HIP_POINTER_ATTRIBUTE_MEMORY_TYPE: hipPointer_attribute = hipPointer_attribute(2);
+    pub const HIP_POINTER_ATTRIBUTE_DEVICE_POINTER: hipPointer_attribute = hipPointer_attribute(3);
+    pub const HIP_POINTER_ATTRIBUTE_HOST_POINTER: hipPointer_attribute = hipPointer_attribute(4);
+    pub const HIP_POINTER_ATTRIBUTE_P2P_TOKENS: hipPointer_attribute = hipPointer_attribute(5);
+    pub const HIP_POINTER_ATTRIBUTE_SYNC_MEMOPS: hipPointer_attribute = hipPointer_attribute(6);
+    pub const HIP_POINTER_ATTRIBUTE_BUFFER_ID: hipPointer_attribute = hipPointer_attribute(7);
+    pub const HIP_POINTER_ATTRIBUTE_IS_MANAGED: hipPointer_attribute = hipPointer_attribute(8);
+    pub const HIP_POINTER_ATTRIBUTE_DEVICE_ORDINAL: hipPointer_attribute = hipPointer_attribute(9);
+    pub const HIP_POINTER_ATTRIBUTE_IS_LEGACY_HIP_IPC_CAPABLE: hipPointer_attribute =
+        hipPointer_attribute(10);
+    pub const HIP_POINTER_ATTRIBUTE_RANGE_START_ADDR: hipPointer_attribute =
+        hipPointer_attribute(11);
+    pub const HIP_POINTER_ATTRIBUTE_RANGE_SIZE: hipPointer_attribute = hipPointer_attribute(12);
+    pub const HIP_POINTER_ATTRIBUTE_MAPPED: hipPointer_attribute = hipPointer_attribute(13);
+    pub const HIP_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: hipPointer_attribute =
+        hipPointer_attribute(14);
+    pub const HIP_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: hipPointer_attribute =
+        hipPointer_attribute(15);
+    pub const HIP_POINTER_ATTRIBUTE_ACCESS_FLAGS: hipPointer_attribute = hipPointer_attribute(16);
+    pub const HIP_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: hipPointer_attribute = hipPointer_attribute(17);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct hipPointer_attribute(pub ::std::os::raw::c_uint);
 pub type hipDevice_t = ::std::os::raw::c_int;
 #[repr(C)]
 #[derive(Debug)]
@@ -535,6 +572,11 @@ pub struct HipApi {
     pub hipEventSynchronize: unsafe extern "C" fn(event: hipEvent_t) -> hipError_t,
     pub hipEventElapsedTime:
         unsafe extern "C" fn(ms: *mut f32, start: hipEvent_t, stop: hipEvent_t) -> hipError_t,
+    pub hipPointerGetAttribute: unsafe extern "C" fn(
+        data: *mut ::std::os::raw::c_void,
+        attribute: hipPointer_attribute,
+        ptr: hipDeviceptr_t,
+    ) -> hipError_t,
     pub hipMalloc:
         unsafe extern "C" fn(ptr: *mut *mut ::std::os::raw::c_void, size: usize) -> hipError_t,
     pub hipExtMallocWithFlags: unsafe extern "C" fn(
@@ -575,6 +617,11 @@ pub struct HipApi {
     pub hipDeviceEnablePeerAccess: unsafe extern "C" fn(
         peerDeviceId: ::std::os::raw::c_int,
         flags: ::std::os::raw::c_uint,
+    ) -> hipError_t,
+    pub hipMemGetAddressRange: unsafe extern "C" fn(
+        pbase: *mut hipDeviceptr_t,
+        psize: *mut usize,
+        dptr: hipDeviceptr_t,
     ) -> hipError_t,
     pub hipModuleUnload: unsafe extern "C" fn(module: hipModule_t) -> hipError_t,
     pub hipModuleGetFunction: unsafe extern "C" fn(
@@ -691,6 +738,7 @@ impl HipApi {
         let hipEventDestroy = __library.get(b"hipEventDestroy\0").map(|sym| *sym)?;
         let hipEventSynchronize = __library.get(b"hipEventSynchronize\0").map(|sym| *sym)?;
         let hipEventElapsedTime = __library.get(b"hipEventElapsedTime\0").map(|sym| *sym)?;
+        let hipPointerGetAttribute = __library.get(b"hipPointerGetAttribute\0").map(|sym| *sym)?;
         let hipMalloc = __library.get(b"hipMalloc\0").map(|sym| *sym)?;
         let hipExtMallocWithFlags = __library.get(b"hipExtMallocWithFlags\0").map(|sym| *sym)?;
         let hipHostMalloc = __library.get(b"hipHostMalloc\0").map(|sym| *sym)?;
@@ -705,6 +753,7 @@ impl HipApi {
         let hipDeviceEnablePeerAccess = __library
             .get(b"hipDeviceEnablePeerAccess\0")
             .map(|sym| *sym)?;
+        let hipMemGetAddressRange = __library.get(b"hipMemGetAddressRange\0").map(|sym| *sym)?;
         let hipModuleUnload = __library.get(b"hipModuleUnload\0").map(|sym| *sym)?;
         let hipModuleGetFunction = __library.get(b"hipModuleGetFunction\0").map(|sym| *sym)?;
         let hipModuleLoadData = __library.get(b"hipModuleLoadData\0").map(|sym| *sym)?;
@@ -750,6 +799,7 @@ impl HipApi {
             hipEventDestroy,
             hipEventSynchronize,
             hipEventElapsedTime,
+            hipPointerGetAttribute,
             hipMalloc,
             hipExtMallocWithFlags,
             hipHostMalloc,
@@ -760,6 +810,7 @@ impl HipApi {
             hipMemsetD8Async,
             hipDeviceCanAccessPeer,
             hipDeviceEnablePeerAccess,
+            hipMemGetAddressRange,
             hipModuleUnload,
             hipModuleGetFunction,
             hipModuleLoadData,
@@ -883,6 +934,14 @@ impl HipApi {
     ) -> hipError_t {
         (self.hipEventElapsedTime)(ms, start, stop)
     }
+    pub unsafe fn hipPointerGetAttribute(
+        &self,
+        data: *mut ::std::os::raw::c_void,
+        attribute: hipPointer_attribute,
+        ptr: hipDeviceptr_t,
+    ) -> hipError_t {
+        (self.hipPointerGetAttribute)(data, attribute, ptr)
+    }
     pub unsafe fn hipMalloc(
         &self,
         ptr: *mut *mut ::std::os::raw::c_void,
@@ -953,6 +1012,14 @@ impl HipApi {
         flags: ::std::os::raw::c_uint,
     ) -> hipError_t {
         (self.hipDeviceEnablePeerAccess)(peerDeviceId, flags)
+    }
+    pub unsafe fn hipMemGetAddressRange(
+        &self,
+        pbase: *mut hipDeviceptr_t,
+        psize: *mut usize,
+        dptr: hipDeviceptr_t,
+    ) -> hipError_t {
+        (self.hipMemGetAddressRange)(pbase, psize, dptr)
     }
     pub unsafe fn hipModuleUnload(&self, module: hipModule_t) -> hipError_t {
         (self.hipModuleUnload)(module)

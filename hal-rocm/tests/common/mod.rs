@@ -274,6 +274,15 @@ impl Fake {
         assert_eq!(known, 1, "the fake knows no attribute {name}");
     }
 
+    /// Makes the block of the fake's memory holding `p` report itself as managed device
+    /// memory; false when no block holds `p`.
+    pub fn set_managed(&self, p: u64) -> bool {
+        let f: unsafe extern "C" fn(*mut std::ffi::c_void) -> c_int =
+            self.sym(b"fakehip_set_managed");
+        // SAFETY: the fake only looks the address up in its table.
+        unsafe { f(p as *mut std::ffi::c_void) != 0 }
+    }
+
     /// Makes the fake's stream `s` report an active capture (or none).
     pub fn set_capturing(&self, s: *mut std::ffi::c_void, on: bool) {
         let f: unsafe extern "C" fn(*mut std::ffi::c_void, c_int) =

@@ -10,6 +10,12 @@
  * handle that is already open (as ROCm does), and fails any call on demand
  * (fakehip_fail). The fakehip_* functions are the tests' control interface.
  *
+ * It keeps a table of the memory it hands out (range, device, buffer id), which
+ * hipMemGetAddressRange and hipPointerGetAttribute answer from as ROCm's runtime answers
+ * from its own. A legacy IPC handle names the block and the offset of the pointer it was
+ * made from (as ROCm's does), and opening it maps that very block at that offset: an
+ * importer in the test process reads and writes the exporter's bytes.
+ *
  * State is per loaded copy of the library: the tests load a private copy per test.
  */
 #define _GNU_SOURCE
@@ -86,6 +92,91 @@ static int attr_default(int attr) {
     }
 }
 
+/* ---- allocations ----------------------------------------------------------------- */
+/* Every block handed out (hipMalloc, hipExtMallocWithFlags, hipHostMalloc) and every VMM
+ * mapping (hipMemMap). A freed block stays in the table, not live, and the next allocation
+ * of its kind and size gets it back at the same address with a new buffer id (a runtime may
+ * reuse an address), so tests can free and allocate again at one address for certain. */
+#define MAX_ALLOCS 4096
+enum { ALLOC_DEVICE = 1, ALLOC_HOST, ALLOC_VMM };
+struct alloc {
+    char *base;
+    size_t size;
+    uint32_t id; /* HIP_POINTER_ATTRIBUTE_BUFFER_ID: never given twice */
+    int device;
+    int kind;
+    int managed; /* set by fakehip_set_managed */
+    int live;
+};
+static struct alloc allocs[MAX_ALLOCS];
+static int n_allocs = 0;
+static uint32_t next_buffer_id = 1;
+static int live_allocs = 0;
+
+/* The live entry whose range holds `p` (the caller holds the lock). */
+static struct alloc *alloc_holding(const void *p) {
+    const char *c = p;
+    for (int i = 0; i < n_allocs; i++)
+        if (allocs[i].live && c >= allocs[i].base && c < allocs[i].base + allocs[i].size)
+            return &allocs[i];
+    return NULL;
+}
+
+/* A table entry for `size` bytes of `kind` at `base` on `device`, with a fresh buffer id;
+ * `base` NULL reuses a freed block of that kind and size, or allocates one. The caller
+ * holds the lock. */
+static struct alloc *enter_alloc(char *base, size_t size, int kind, int device) {
+    struct alloc *a = NULL;
+    for (int i = 0; i < n_allocs && !a; i++)
+        if (!allocs[i].live && allocs[i].kind == kind &&
+            (base ? kind == ALLOC_VMM : allocs[i].size == size))
+            a = &allocs[i];
+    if (!a) {
+        if (n_allocs == MAX_ALLOCS) return NULL;
+        a = &allocs[n_allocs];
+        a->base = NULL;
+    }
+    if (base) {
+        a->base = base;
+    } else if (a->base) {
+        memset(a->base, 0, size);
+    } else {
+        a->base = calloc(1, size ? size : 1);
+        if (!a->base) return NULL;
+    }
+    if (a == &allocs[n_allocs]) n_allocs++;
+    a->size = size;
+    a->kind = kind;
+    a->device = device;
+    a->id = next_buffer_id++;
+    a->managed = 0;
+    a->live = 1;
+    return a;
+}
+
+static void *tracked_alloc(size_t n, int kind) {
+    pthread_mutex_lock(&lock);
+    struct alloc *a = enter_alloc(NULL, n, kind, current_device);
+    if (a) live_allocs++;
+    pthread_mutex_unlock(&lock);
+    return a ? a->base : NULL;
+}
+
+static hipError_t tracked_free(void *p, int kind) {
+    if (!p) return hipSuccess;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < n_allocs; i++) {
+        if (allocs[i].live && allocs[i].kind == kind && allocs[i].base == p) {
+            allocs[i].live = 0;
+            live_allocs--;
+            pthread_mutex_unlock(&lock);
+            return hipSuccess;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return hipErrorInvalidValue;
+}
+
 /* ---- IPC ------------------------------------------------------------------------- */
 struct mapping {
     void *ptr;
@@ -98,7 +189,6 @@ struct ipc_count { uint64_t key; int opens; int closes; };
 static struct ipc_count ipc_counts[MAX_MAPS];
 static int n_ipc_counts = 0;
 static uint64_t next_ipc_key = 0x1000;
-static int live_allocs = 0;
 
 static struct ipc_count *count_for(uint64_t key) {
     for (int i = 0; i < n_ipc_counts; i++)
@@ -176,7 +266,23 @@ int fakehip_calls(const char *name) {
 
 int fakehip_ipc_opens(uint64_t key) { return count_for(key)->opens; }
 int fakehip_ipc_closes(uint64_t key) { return count_for(key)->closes; }
-int fakehip_live_allocs(void) { return live_allocs; }
+int fakehip_live_allocs(void) {
+    pthread_mutex_lock(&lock);
+    int n = live_allocs;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+/* Makes the block holding `p` report itself as managed device memory (as CUDA reports
+ * cudaMallocManaged memory; ROCm reports hipMallocManaged memory as host memory). Returns 0
+ * when no block holds `p`. */
+int fakehip_set_managed(void *p) {
+    pthread_mutex_lock(&lock);
+    struct alloc *a = alloc_holding(p);
+    if (a) a->managed = 1;
+    pthread_mutex_unlock(&lock);
+    return a != NULL;
+}
 size_t fakehip_last_launch_size(void) { return last_launch_size; }
 const unsigned char *fakehip_last_launch_args(void) { return last_launch_args; }
 unsigned fakehip_last_launch_grid(void) { return last_launch_grid; }
@@ -271,18 +377,27 @@ hipError_t hipDeviceEnablePeerAccess(int peer, unsigned int flags) {
 
 hipError_t hipDeviceSynchronize(void) { ENTER(); return hipSuccess; }
 
+/* Backing of VMM handles: counted as live, outside the table (a mapping enters it). */
 static void *fake_alloc(size_t n) {
     void *p = calloc(1, n ? n : 1);
-    if (p) __atomic_add_fetch(&live_allocs, 1, __ATOMIC_SEQ_CST);
+    if (p) {
+        pthread_mutex_lock(&lock);
+        live_allocs++;
+        pthread_mutex_unlock(&lock);
+    }
     return p;
 }
 static void fake_free(void *p) {
-    if (p) { free(p); __atomic_sub_fetch(&live_allocs, 1, __ATOMIC_SEQ_CST); }
+    if (!p) return;
+    free(p);
+    pthread_mutex_lock(&lock);
+    live_allocs--;
+    pthread_mutex_unlock(&lock);
 }
 
 hipError_t hipMalloc(void **p, size_t n) {
     ENTER();
-    *p = fake_alloc(n);
+    *p = tracked_alloc(n, ALLOC_DEVICE);
     return *p ? hipSuccess : hipErrorOutOfMemory;
 }
 
@@ -290,26 +405,73 @@ hipError_t hipExtMallocWithFlags(void **p, size_t n, unsigned int flags) {
     ENTER();
     if (flags != hipDeviceMallocFinegrained && flags != hipDeviceMallocUncached && flags != 0)
         return hipErrorInvalidValue;
-    *p = fake_alloc(n);
+    *p = tracked_alloc(n, ALLOC_DEVICE);
     return *p ? hipSuccess : hipErrorOutOfMemory;
 }
 
-hipError_t hipFree(void *p) { ENTER(); fake_free(p); return hipSuccess; }
+hipError_t hipFree(void *p) { ENTER(); return tracked_free(p, ALLOC_DEVICE); }
 
 hipError_t hipHostMalloc(void **p, size_t n, unsigned int flags) {
     ENTER();
     if (flags != (hipHostMallocMapped | hipHostMallocPortable | hipHostMallocCoherent))
         return hipErrorInvalidValue;
-    *p = fake_alloc(n);
+    *p = tracked_alloc(n, ALLOC_HOST);
     return *p ? hipSuccess : hipErrorOutOfMemory;
 }
 
-hipError_t hipHostFree(void *p) { ENTER(); fake_free(p); return hipSuccess; }
+hipError_t hipHostFree(void *p) { ENTER(); return tracked_free(p, ALLOC_HOST); }
 
 hipError_t hipHostGetDevicePointer(void **d, void *h, unsigned int flags) {
     ENTER();
     (void)flags;
     *d = h; /* host memory is its own device address here */
+    return hipSuccess;
+}
+
+/* What ROCm answers for memory it did not allocate: hipErrorNotFound. */
+hipError_t hipMemGetAddressRange(hipDeviceptr_t *base, size_t *size, hipDeviceptr_t p) {
+    ENTER();
+    if (!base || !size) return hipErrorInvalidValue;
+    pthread_mutex_lock(&lock);
+    struct alloc *a = alloc_holding(p);
+    if (a) {
+        *base = a->base;
+        *size = a->size;
+    }
+    pthread_mutex_unlock(&lock);
+    return a ? hipSuccess : hipErrorNotFound;
+}
+
+/* Each attribute written at the width ROCm writes it. Memory the fake did not hand out is
+ * hipErrorInvalidValue, as ROCm answers; attributes ROCm does not answer are refused. */
+hipError_t hipPointerGetAttribute(void *data, hipPointer_attribute attr, hipDeviceptr_t p) {
+    ENTER();
+    if (!data || !p) return hipErrorInvalidValue;
+    if (attr != HIP_POINTER_ATTRIBUTE_MEMORY_TYPE && attr != HIP_POINTER_ATTRIBUTE_DEVICE_ORDINAL &&
+        attr != HIP_POINTER_ATTRIBUTE_BUFFER_ID && attr != HIP_POINTER_ATTRIBUTE_IS_MANAGED)
+        return hipErrorNotSupported;
+    pthread_mutex_lock(&lock);
+    struct alloc *held = alloc_holding(p);
+    struct alloc a = held ? *held : (struct alloc){0};
+    pthread_mutex_unlock(&lock);
+    if (!held) {
+        if (attr == HIP_POINTER_ATTRIBUTE_DEVICE_ORDINAL) *(int *)data = -2;
+        return hipErrorInvalidValue;
+    }
+    switch (attr) {
+    case HIP_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *(uint32_t *)data = a.kind == ALLOC_HOST ? hipMemoryTypeHost : hipMemoryTypeDevice;
+        break;
+    case HIP_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        *(int *)data = a.device;
+        break;
+    case HIP_POINTER_ATTRIBUTE_BUFFER_ID:
+        *(uint32_t *)data = a.id;
+        break;
+    default: /* HIP_POINTER_ATTRIBUTE_IS_MANAGED */
+        *(unsigned char *)data = (unsigned char)a.managed;
+        break;
+    }
     return hipSuccess;
 }
 
@@ -330,8 +492,9 @@ hipError_t hipMemGetAllocationGranularity(size_t *g, const hipMemAllocationProp 
     return hipSuccess;
 }
 
-/* A VMM "handle" is a heap block holding its size; the mapping is the block itself. */
-struct vmm { size_t size; void *mem; };
+/* A VMM "handle" is a heap block holding its size and device; the mapping, at the one
+ * reserved range below, enters the allocation table while it is mapped. */
+struct vmm { size_t size; void *mem; int device; };
 
 hipError_t hipMemCreate(hipMemGenericAllocationHandle_t *h, size_t size,
                         const hipMemAllocationProp *prop, unsigned long long flags) {
@@ -341,6 +504,7 @@ hipError_t hipMemCreate(hipMemGenericAllocationHandle_t *h, size_t size,
     if (!v) return hipErrorOutOfMemory;
     v->size = size;
     v->mem = fake_alloc(size);
+    v->device = prop->location.id;
     *h = (hipMemGenericAllocationHandle_t)v;
     return hipSuccess;
 }
@@ -369,11 +533,31 @@ hipError_t hipMemAddressFree(void *p, size_t size) { ENTER(); (void)p; (void)siz
 hipError_t hipMemMap(void *p, size_t size, size_t offset, hipMemGenericAllocationHandle_t h,
                      unsigned long long flags) {
     ENTER();
-    (void)p; (void)offset; (void)flags;
-    return ((struct vmm *)h)->size == size ? hipSuccess : hipErrorInvalidValue;
+    (void)offset; (void)flags;
+    struct vmm *v = (struct vmm *)h;
+    if (v->size != size) return hipErrorInvalidValue;
+    pthread_mutex_lock(&lock);
+    struct alloc *a = enter_alloc(p, size, ALLOC_VMM, v->device);
+    pthread_mutex_unlock(&lock);
+    return a ? hipSuccess : hipErrorOutOfMemory;
 }
 
-hipError_t hipMemUnmap(void *p, size_t size) { ENTER(); (void)p; (void)size; return hipSuccess; }
+hipError_t hipMemUnmap(void *p, size_t size) {
+    ENTER();
+    pthread_mutex_lock(&lock);
+    /* The latest mapping first: an import of the owner's own export maps at the same
+     * reserved range here. */
+    for (int i = n_allocs - 1; i >= 0; i--) {
+        if (allocs[i].live && allocs[i].kind == ALLOC_VMM && allocs[i].base == p &&
+            allocs[i].size == size) {
+            allocs[i].live = 0;
+            pthread_mutex_unlock(&lock);
+            return hipSuccess;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return hipErrorInvalidValue;
+}
 
 hipError_t hipMemSetAccess(void *p, size_t size, const hipMemAccessDesc *desc, size_t count) {
     ENTER();
@@ -406,19 +590,46 @@ hipError_t hipMemImportFromShareableHandle(hipMemGenericAllocationHandle_t *h, v
     if (!v) return hipErrorOutOfMemory;
     v->size = (size_t)st.st_size;
     v->mem = fake_alloc(v->size);
+    v->device = current_device;
     *h = (hipMemGenericAllocationHandle_t)v;
     return hipSuccess;
 }
 
+/* Handle bytes: a key fresh per call (what the open counts go by), the buffer id of the
+ * block holding `p`, and `p`'s offset in it (ROCm's handle records the offset too, and its
+ * open maps the block at that offset). Only hipMalloc / hipExtMallocWithFlags blocks are
+ * shared: host memory and VMM mappings are refused (what ROCm does with a VMM mapping has
+ * not been checked on hardware). */
 hipError_t hipIpcGetMemHandle(hipIpcMemHandle_t *handle, void *p) {
     ENTER();
+    if (!handle || !p) return hipErrorInvalidValue;
     memset(handle, 0, sizeof *handle);
     pthread_mutex_lock(&lock);
+    struct alloc *a = alloc_holding(p);
+    if (!a || a->kind != ALLOC_DEVICE) {
+        pthread_mutex_unlock(&lock);
+        return hipErrorInvalidValue;
+    }
     uint64_t key = next_ipc_key++;
+    uint64_t id = a->id;
+    uint64_t offset = (uint64_t)((char *)p - a->base);
     pthread_mutex_unlock(&lock);
     memcpy(handle->reserved, &key, sizeof key);
-    memcpy(handle->reserved + 8, &p, sizeof p);
+    memcpy(handle->reserved + 8, &id, sizeof id);
+    memcpy(handle->reserved + 16, &offset, sizeof offset);
     return hipSuccess;
+}
+
+/* The pointer a handle opens to: its block (by buffer id, still live) at its offset. */
+static void *ipc_target(const hipIpcMemHandle_t *handle) {
+    uint64_t id, offset;
+    memcpy(&id, handle->reserved + 8, sizeof id);
+    memcpy(&offset, handle->reserved + 16, sizeof offset);
+    for (int i = 0; i < n_allocs; i++)
+        if (allocs[i].live && allocs[i].kind == ALLOC_DEVICE && allocs[i].id == id &&
+            offset < allocs[i].size)
+            return allocs[i].base + offset;
+    return NULL;
 }
 
 hipError_t hipIpcOpenMemHandle(void **p, hipIpcMemHandle_t handle, unsigned int flags) {
@@ -434,7 +645,8 @@ hipError_t hipIpcOpenMemHandle(void **p, hipIpcMemHandle_t handle, unsigned int 
         }
     }
     if (n_maps == MAX_MAPS) { pthread_mutex_unlock(&lock); return hipErrorOutOfMemory; }
-    void *mem = fake_alloc(4096);
+    void *mem = ipc_target(&handle);
+    if (!mem) { pthread_mutex_unlock(&lock); return hipErrorInvalidValue; } /* freed since */
     maps[n_maps].ptr = mem;
     maps[n_maps].key = key;
     maps[n_maps].open = 1;
@@ -453,7 +665,6 @@ hipError_t hipIpcCloseMemHandle(void *p) {
             maps[i].open = 0;
             count_for(maps[i].key)->closes++;
             pthread_mutex_unlock(&lock);
-            fake_free(p);
             return hipSuccess;
         }
     }
