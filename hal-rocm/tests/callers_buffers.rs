@@ -8,6 +8,7 @@
 #![cfg(feature = "hip")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[macro_use]
 mod common;
 
 use common::Fake;
@@ -16,23 +17,6 @@ use oxccl_hal::{
     Stream,
 };
 use oxccl_hal_rocm::RocmDevice;
-
-/// One `#[test]` per function below, each running it against every generation's fake.
-macro_rules! for_each_generation {
-    ($($name:ident),* $(,)?) => {
-        mod each_generation {
-            $(
-                #[test]
-                fn $name() {
-                    for g in crate::common::generations() {
-                        eprintln!("HIP ABI generation {g}");
-                        super::$name(g);
-                    }
-                }
-            )*
-        }
-    };
-}
 
 for_each_generation!(
     a_block_is_found_from_an_interior_pointer,

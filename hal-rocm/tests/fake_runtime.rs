@@ -5,6 +5,7 @@
 #![cfg(feature = "hip")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[macro_use]
 mod common;
 
 use common::Fake;
@@ -13,23 +14,6 @@ use oxccl_hal::{
     ModuleImage, MulticastSupport, Stream,
 };
 use oxccl_hal_rocm::{RocmBackend, RocmDevice};
-
-/// One `#[test]` per function below, each running it against every generation's fake.
-macro_rules! for_each_generation {
-    ($($name:ident),* $(,)?) => {
-        mod each_generation {
-            $(
-                #[test]
-                fn $name() {
-                    for g in crate::common::generations() {
-                        eprintln!("HIP ABI generation {g}");
-                        super::$name(g);
-                    }
-                }
-            )*
-        }
-    };
-}
 
 for_each_generation!(
     device_count_and_capabilities_come_from_attributes,

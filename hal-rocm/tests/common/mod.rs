@@ -22,6 +22,25 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use oxccl_hal_rocm::Hip;
 
+/// One `#[test]` per function named, each running the test file's function of that name
+/// against every generation's fake (`#[macro_use] mod common;` brings it in).
+#[allow(unused_macros)]
+macro_rules! for_each_generation {
+    ($($name:ident),* $(,)?) => {
+        mod each_generation {
+            $(
+                #[test]
+                fn $name() {
+                    for g in crate::common::generations() {
+                        eprintln!("HIP ABI generation {g}");
+                        super::$name(g);
+                    }
+                }
+            )*
+        }
+    };
+}
+
 /// The generations the fake can be built for (every supported one).
 pub const GENERATIONS: [u32; 3] = [5, 6, 7];
 
