@@ -41,6 +41,21 @@ echo "run-torch-nccl-api.sh: lib ${lib}; real NCCL ${OXCCL_NCCL_LIB_PATH:-libncc
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>/dev/null || true
 ngpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)"
 
+# timed_pair N NCCL_DIR OXCCL_DIR [RUN ARGS...]: the script's `run` on N ranks with the real
+# NCCL into NCCL_DIR, then right after with the preload (logging off) into OXCCL_DIR, each
+# logged beside its folder; fails unless both ran and wrote their timing.json.
+timed_pair() {
+    local ranks="$1" nccl_dir="$2" oxccl_dir="$3"
+    shift 3
+    # shellcheck disable=SC2086
+    timeout --kill-after=20 "${step_timeout}" torchrun --standalone --nproc_per_node="${ranks}" \
+        "${script}" run --out "${nccl_dir}" ${OXCCL_TORCH_ARGS:-} "$@" >"${nccl_dir}.log" 2>&1 \
+        && LD_PRELOAD="${lib}" timeout --kill-after=20 "${step_timeout}" torchrun --standalone \
+            --nproc_per_node="${ranks}" "${script}" run --out "${oxccl_dir}" ${OXCCL_TORCH_ARGS:-} "$@" \
+            >"${oxccl_dir}.log" 2>&1 \
+        && [[ -f "${nccl_dir}/timing.json" && -f "${oxccl_dir}/timing.json" ]]
+}
+
 status=0
 for n in "${worlds[@]}"; do
     if [[ "${ngpus}" -lt "${n}" ]]; then
@@ -105,11 +120,7 @@ for n in "${worlds[@]}"; do
     for ((again = 2; again <= ${OXCCL_TORCH_TIMING_RUNS:-1}; again++)); do
         echo
         echo "=== world ${n}: timing run ${again} of each side (real NCCL, then the preload)"
-        timeout --kill-after=20 "${step_timeout}" torchrun --standalone --nproc_per_node="${n}" \
-            "${script}" run --out "${dir}/baseline-${again}" ${OXCCL_TORCH_ARGS:-} >"${dir}/baseline-${again}.log" 2>&1 \
-            && LD_PRELOAD="${lib}" timeout --kill-after=20 "${step_timeout}" torchrun --standalone --nproc_per_node="${n}" \
-                "${script}" run --out "${dir}/oxccl-quiet-${again}" ${OXCCL_TORCH_ARGS:-} >"${dir}/oxccl-quiet-${again}.log" 2>&1
-        if [[ $? -ne 0 || ! -f "${dir}/baseline-${again}/timing.json" || ! -f "${dir}/oxccl-quiet-${again}/timing.json" ]]; then
+        if ! timed_pair "${n}" "${dir}/baseline-${again}" "${dir}/oxccl-quiet-${again}"; then
             echo "=== world ${n}: timing run ${again} failed; logs in ${dir}"
             status=1
             continue
@@ -127,13 +138,7 @@ for n in "${worlds[@]}"; do
     # the real NCCL, and judged by the median ratio within a pair.
     pair_dirs=()
     for ((p = 1; p <= ${OXCCL_TORCH_PAIRS:-3}; p++)); do
-        timeout --kill-after=20 "${step_timeout}" torchrun --standalone --nproc_per_node="${n}" \
-            "${script}" run --out "${dir}/pair${p}-nccl" ${OXCCL_TORCH_ARGS:-} --max-elems 1048583 \
-            >"${dir}/pair${p}-nccl.log" 2>&1 \
-            && LD_PRELOAD="${lib}" timeout --kill-after=20 "${step_timeout}" torchrun --standalone --nproc_per_node="${n}" \
-                "${script}" run --out "${dir}/pair${p}-oxccl" ${OXCCL_TORCH_ARGS:-} --max-elems 1048583 \
-                >"${dir}/pair${p}-oxccl.log" 2>&1
-        if [[ $? -ne 0 || ! -f "${dir}/pair${p}-nccl/timing.json" || ! -f "${dir}/pair${p}-oxccl/timing.json" ]]; then
+        if ! timed_pair "${n}" "${dir}/pair${p}-nccl" "${dir}/pair${p}-oxccl" --max-elems 1048583; then
             echo "=== world ${n}: pair ${p} failed; logs in ${dir}"
             status=1
             continue
