@@ -11,7 +11,7 @@
 #[macro_use]
 mod common;
 
-use common::Fake;
+use common::{key, open, Fake};
 use oxccl_hal::{
     BackendKind, Device, DeviceId, DevicePtr, Error, IpcHandle, IpcHandleKind, Memory, MemoryKind,
     Stream,
@@ -29,10 +29,6 @@ for_each_generation!(
     vmm_memory_is_not_exported,
 );
 
-fn open(fake: &Fake, id: u32) -> RocmDevice {
-    RocmDevice::open_on(&fake.hip, DeviceId(id)).unwrap()
-}
-
 /// A caller's `hipMalloc` block of `bytes` on `dev`, made outside oxccl (as PyTorch's
 /// allocator makes one).
 fn caller_block(fake: &Fake, dev: &RocmDevice, bytes: usize) -> u64 {
@@ -43,11 +39,6 @@ fn caller_block(fake: &Fake, dev: &RocmDevice, bytes: usize) -> u64 {
 fn free(fake: &Fake, p: u64) {
     // SAFETY: a live block of `caller_block`, not used afterwards.
     unsafe { fake.hip.free(p as *mut std::ffi::c_void) }.unwrap();
-}
-
-/// The fake's key of a legacy handle: its first 8 bytes.
-fn key(payload: &[u8]) -> u64 {
-    u64::from_le_bytes(payload[..8].try_into().unwrap())
 }
 
 fn invalid(err: &Error, text: &str) {

@@ -8,7 +8,7 @@
 #[macro_use]
 mod common;
 
-use common::Fake;
+use common::{key, open, Fake};
 use oxccl_hal::{
     Device, DeviceId, Error, Event, IpcHandleKind, LaunchConfig, Memory, MemoryKind, Module,
     ModuleImage, MulticastSupport, Stream,
@@ -33,15 +33,6 @@ for_each_generation!(
     the_generation_decides_the_values_passed,
     a_failing_version_query_is_a_backend_error
 );
-
-fn open(fake: &Fake, id: u32) -> RocmDevice {
-    RocmDevice::open_on(&fake.hip, DeviceId(id)).unwrap()
-}
-
-/// The fake's key of a legacy handle: its first 8 bytes.
-fn key(payload: &[u8]) -> u64 {
-    u64::from_le_bytes(payload[..8].try_into().unwrap())
-}
 
 fn device_count_and_capabilities_come_from_attributes(g: u32) {
     let fake = Fake::new(g);

@@ -20,7 +20,8 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use oxccl_hal_rocm::Hip;
+use oxccl_hal::DeviceId;
+use oxccl_hal_rocm::{Hip, RocmDevice};
 
 /// One `#[test]` per function named, each running the test file's function of that name
 /// against every generation's fake (`#[macro_use] mod common;` brings it in).
@@ -39,6 +40,16 @@ macro_rules! for_each_generation {
             )*
         }
     };
+}
+
+/// Device `id` of `fake`'s runtime.
+pub fn open(fake: &Fake, id: u32) -> RocmDevice {
+    RocmDevice::open_on(&fake.hip, DeviceId(id)).unwrap()
+}
+
+/// The fake's key of a legacy IPC handle: its first 8 bytes.
+pub fn key(payload: &[u8]) -> u64 {
+    u64::from_le_bytes(payload[..8].try_into().unwrap())
 }
 
 /// The generations the fake can be built for (every supported one).
