@@ -35,7 +35,7 @@ run() {
 }
 
 # The feature matrix. "host" is the default build, which is also the no-IB build.
-MATRIX=("host:" "cuda:cuda" "rocm:rocm" "cuda+rocm:cuda,rocm" "ib:ib")
+MATRIX=("host:" "ib:ib" "cuda:cuda" "rocm:rocm" "cuda+rocm:cuda,rocm")
 
 # Integration tests that pin the host backend (BackendKind::Host, OXCCL_BACKEND=host): the
 # multi-process collective matrices. A feature adds backends they never open, so they run
@@ -68,10 +68,74 @@ feature_row_tests() {
     cargo test --no-fail-fast --workspace --features "$features" $selection
 }
 
+# The two kernel images (nvcc for sm_90, clang for gfx942) are about 30 of the matrix's CPU
+# minutes, each mostly one single-threaded pass over one translation unit, and they depend on
+# no Rust code. So they compile from the start, side by side (kernels/build.rs), at the
+# lowest priority beside the rows that need no image, in a target directory of their own
+# (cargo locks one per build) but into the image cache the feature rows read
+# (kernels/build.rs `run_cached`); those rows wait for them.
+IMAGE_CACHE="$CARGO_TARGET_DIR/oxccl-kernel-cache"
+IMAGES_LOG="$CARGO_TARGET_DIR/kernel-images.log"
+mkdir -p "$IMAGE_CACHE"
+IMAGES_T0=$SECONDS
+OXCCL_KERNEL_CACHE="$IMAGE_CACHE" CARGO_TARGET_DIR="$CARGO_TARGET_DIR/kernel-images" \
+    nice -n 19 cargo build -p oxccl-kernels --features cuda,rocm >"$IMAGES_LOG" 2>&1 &
+IMAGES_PID=$!
+
+# Waits for the images (a row of their own, timed from the start of their build); their log
+# is printed either way.
+wait_for_images() {
+    local status=0
+    wait "$IMAGES_PID" || status=$?
+    echo
+    echo "=== kernel images (built beside the rows above): $IMAGES_LOG"
+    cat "$IMAGES_LOG"
+    if [ "$status" -eq 0 ]; then
+        ROWS+=("$(printf '%-28s %-5s %5ss' "kernel images" pass $((SECONDS - IMAGES_T0)))")
+    else
+        ROWS+=("$(printf '%-28s %-5s %5ss' "kernel images" FAIL $((SECONDS - IMAGES_T0)))")
+        FAILED=1
+    fi
+}
+
+# The rows that need no device image: they run while the images compile.
+host_only_rows() {
+    # Doc tests (--all-targets leaves them out): the README's Rust example among them.
+    run "doc tests [host]" cargo test --workspace --doc
+
+    # liboxccl_nccl.so (the NCCL C API) from C: a test program built against its nccl.h with
+    # gcc, run on the host backend across forked processes (no GPU needed).
+    run "nccl-api C test" bash ci/nccl-api-test.sh
+
+    # The Python package (python/): the abi3 wheel built by maturin, installed in the venv of
+    # ci/install.sh, and its host-backend pytest suite (2 and 3 processes).
+    run "python [host]" bash ci/python-test.sh
+
+    # Issue #21's faults phase on the host backend: a killed rank, a skipped call, a rank that
+    # exits without destroying, mismatched calls, an abort from another thread (issue #17);
+    # survivors must error within the bound and the next job must pass (the same script runs
+    # on GPUs, ci/gpu/faults.sh).
+    run "faults [host]" bash -c 'cargo build -q -p oxccl-gpu-suite -p oxccl-perf && \
+        OXCCL_BACKEND=host BIN="$CARGO_TARGET_DIR/debug" OUT="$CARGO_TARGET_DIR/faults" \
+        OXCCL_TIMEOUT_MS=10000 OXCCL_FAULT_ELEMS=1000000 NEXT_MAX=4M bash ci/gpu/faults.sh'
+}
+
 run "fmt" cargo fmt --all --check
+# Rows without a device image first (host, ib and the rows of `host_only_rows`), then the
+# image rows once the images exist.
+IMAGES_WAITED=0
 for entry in "${MATRIX[@]}"; do
     label=${entry%%:*}
     features=${entry#*:}
+    case "$features" in
+        *cuda* | *rocm*)
+            if [ "$IMAGES_WAITED" -eq 0 ]; then
+                host_only_rows
+                wait_for_images
+                IMAGES_WAITED=1
+            fi
+            ;;
+    esac
     args=(--workspace --all-targets)
     [ -n "$features" ] && args+=(--features "$features")
     run "clippy [$label]" cargo clippy "${args[@]}" -- -D warnings
@@ -81,25 +145,6 @@ for entry in "${MATRIX[@]}"; do
         run "test [$label]" feature_row_tests "$features"
     fi
 done
-
-# Doc tests (--all-targets leaves them out): the README's Rust example among them.
-run "doc tests [host]" cargo test --workspace --doc
-
-# liboxccl_nccl.so (the NCCL C API) from C: a test program built against its nccl.h with
-# gcc, run on the host backend across forked processes (no GPU needed).
-run "nccl-api C test" bash ci/nccl-api-test.sh
-
-# The Python package (python/): the abi3 wheel built by maturin, installed in the venv of
-# ci/install.sh, and its host-backend pytest suite (2 and 3 processes).
-run "python [host]" bash ci/python-test.sh
-
-# Issue #21's faults phase on the host backend: a killed rank, a skipped call, a rank that
-# exits without destroying, mismatched calls, an abort from another thread (issue #17);
-# survivors must error within the bound and the next job must pass (the same script runs
-# on GPUs, ci/gpu/faults.sh).
-run "faults [host]" bash -c 'cargo build -q -p oxccl-gpu-suite -p oxccl-perf && \
-    OXCCL_BACKEND=host BIN="$CARGO_TARGET_DIR/debug" OUT="$CARGO_TARGET_DIR/faults" \
-    OXCCL_TIMEOUT_MS=10000 OXCCL_FAULT_ELEMS=1000000 NEXT_MAX=4M bash ci/gpu/faults.sh'
 
 # The device images the cuda+rocm rows built: sm_90 SASS and the gfx942 ELF flag are there,
 # and both disassemblies show the system-scope release add of the signal path.

@@ -83,13 +83,21 @@ fn run() -> BuildResult<()> {
         .compile("oxccl_abi_check");
 
     let unity = write_unity_source(&sources, &out)?;
-    if env::var_os("CARGO_FEATURE_CUDA").is_some() {
-        build_cuda(&unity, &include, &out, &inputs)?;
-    }
-    if env::var_os("CARGO_FEATURE_ROCM").is_some() {
-        build_rocm(&unity, &include, &out, &manifest, &inputs)?;
-    }
-    Ok(())
+    let cuda = env::var_os("CARGO_FEATURE_CUDA").is_some();
+    let rocm = env::var_os("CARGO_FEATURE_ROCM").is_some();
+    // Each compiler spends most of its minutes in one single-threaded pass over the one
+    // translation unit, so with both features the two images compile side by side.
+    std::thread::scope(|scope| {
+        let cuda_image = cuda.then(|| scope.spawn(|| build_cuda(&unity, &include, &out, &inputs)));
+        if rocm {
+            build_rocm(&unity, &include, &out, &manifest, &inputs)?;
+        }
+        match cuda_image.map(|image| image.join()) {
+            Some(Ok(built)) => built,
+            Some(Err(_)) => Err("the thread compiling the CUDA image panicked".to_owned()),
+            None => Ok(()),
+        }
+    })
 }
 
 fn env_var(name: &str) -> BuildResult<String> {
