@@ -109,6 +109,11 @@ impl Call {
         Ok(call)
     }
 
+    /// The call's element type, op and accumulation type.
+    pub(crate) fn types(&self) -> (DataType, ReduceOp, AccumType) {
+        (self.dtype, self.op, self.accum)
+    }
+
     /// Every rank's registered output as mapped here (`peer_output`, which the direct
     /// kernels store into), or why the call cannot use them: one is missing, or this rank's
     /// is not its output.

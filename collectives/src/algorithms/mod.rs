@@ -9,7 +9,7 @@
 //! | name | collective | kernel | serves |
 //! |---|---|---|---|
 //! | `oneshot_ll` | allreduce | `allreduce_oneshot_ll` | small messages (latency): every rank writes its input as LL16 packets into every peer's scratch, then reduces all ranks' packets locally; one kernel, no barrier |
-//! | `oneshot_ll128` | allreduce | `allreduce_oneshot_ll128` | the one-shot with 128-byte lines (7 data units + a flag) instead of 16-byte packets: 1.75x less NVLink traffic, CUDA only |
+//! | `oneshot_ll128` | allreduce | `allreduce_oneshot_ll128` (bf16, f16 and f32 sums: `allreduce_oneshot_ll128_{bf16,f16,f32}_sum`) | the one-shot with 128-byte lines (7 data units + a flag) instead of 16-byte packets: 1.75x less NVLink traffic, CUDA only |
 //! | `twoshot` | allreduce | `allreduce_twoshot` | medium and large on unregistered buffers: reduce-scatter then all-gather through the staging buffers, per-block barriers between the phases |
 //! | `twoshot_zc` | allreduce | `allreduce_twoshot_zc` | medium and large on registered buffers ([`crate::Communicator::register`]): reduce-scatter reads the peers' inputs, all-gather stores into the peers' outputs; no staging copy, one pass |
 //! | `twoshot_push` | allreduce | `allreduce_twoshot_push` | medium and large, registered or not: the two-shot with peer stores only (inputs pushed into the owner's staging, results pushed into the peers' outputs or staging) |

@@ -8,8 +8,9 @@
 use std::sync::Arc;
 
 use oxccl_backend::{AnyKernel, AnyStream};
-use oxccl_hal::{DevicePtr, Error, Result, Stream};
+use oxccl_hal::{DataType, DevicePtr, Error, ReduceOp, Result, Stream};
 use oxccl_kernels::abi::{self, KernelArgs, OxcclAllreduceArgs, OXCCL_ALLREDUCE_MAX_RANKS};
+use oxccl_kernels::reduce::Accumulator;
 
 use super::{Algorithm, Buffers, Call, Instance, Plan, SetupContext};
 use crate::scratch::{FlagRegion, SharedScratch};
@@ -20,6 +21,9 @@ use crate::scratch::{FlagRegion, SharedScratch};
 pub struct ScratchKernel {
     algorithm: Algorithm,
     kernel: AnyKernel,
+    /// Kernels of the same algorithm for one element type, op and accumulator each, taken
+    /// for the calls they match instead of `kernel` (which dispatches over all of them).
+    typed: Vec<(TypedKernel, AnyKernel)>,
     region: FlagRegion,
     scratch: Arc<SharedScratch>,
     timeout_ns: u64,
@@ -64,12 +68,47 @@ impl ScratchKernel {
         Ok(ScratchKernel {
             algorithm,
             kernel: ctx.kernel_named(algorithm, kernel)?,
+            typed: Vec::new(),
             region,
             scratch: ctx.shared_scratch()?,
             timeout_ns: u64::try_from(ctx.timeout.as_nanos()).unwrap_or(u64::MAX),
             abort_flag: ctx.abort_flag,
             early_launch: ctx.early_launch,
         })
+    }
+
+    /// As [`ScratchKernel::setup`], with the algorithm's kernels for single types (`typed`,
+    /// from the same image or host table) loaded beside its generic one.
+    pub fn setup_typed(
+        ctx: &SetupContext<'_>,
+        algorithm: Algorithm,
+        region: FlagRegion,
+        typed: &[TypedKernel],
+    ) -> Result<Option<Box<dyn Instance>>> {
+        if !ctx.wanted(algorithm) {
+            return Ok(None);
+        }
+        let mut instance = Self::load(ctx, algorithm, region)?;
+        for t in typed {
+            instance
+                .typed
+                .push((*t, ctx.kernel_named(algorithm, t.kernel)?));
+        }
+        Ok(Some(Box::new(instance)))
+    }
+
+    /// The kernel for `call`: the first typed kernel that matches it, else the generic one.
+    fn kernel_for(&self, call: &Call) -> &AnyKernel {
+        self.typed
+            .iter()
+            .find(|(t, _)| {
+                t.matches(
+                    call.dtype,
+                    call.op,
+                    Accumulator::new(call.dtype, call.accum),
+                )
+            })
+            .map_or(&self.kernel, |(_, kernel)| kernel)
     }
 
     /// This rank and the world size of the communicator.
@@ -103,6 +142,30 @@ pub(crate) struct Staging {
     pub(crate) offset: usize,
     /// Its bytes.
     pub(crate) bytes: usize,
+}
+
+/// A kernel of an algorithm built for one element type, op and accumulator: the generic
+/// kernel's body without its dispatch over every reducer (a smaller kernel that starts
+/// sooner). The device kernel refuses any other call as a bad argument block, so a call
+/// takes it only when [`TypedKernel::matches`] says so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TypedKernel {
+    /// Kernel symbol (device image and host table).
+    pub kernel: &'static str,
+    /// The element type it reduces.
+    pub dtype: DataType,
+    /// The op.
+    pub op: ReduceOp,
+    /// The accumulator the call's accumulation type resolves to
+    /// ([`Accumulator::new`], as the device's `resolve_accum`).
+    pub accumulator: Accumulator,
+}
+
+impl TypedKernel {
+    /// Whether a call of `dtype` and `op` with that accumulator is this kernel's.
+    pub fn matches(&self, dtype: DataType, op: ReduceOp, accumulator: Accumulator) -> bool {
+        self.dtype == dtype && self.op == op && self.accumulator == accumulator
+    }
 }
 
 impl ScratchKernel {
@@ -163,6 +226,22 @@ impl ScratchKernel {
         plan: &Plan,
         stream: &AnyStream,
     ) -> Result<()> {
+        // SAFETY: the caller's obligations, passed on; `self.kernel` takes the block.
+        unsafe { self.launch_kernel(&self.kernel, args, plan, stream) }
+    }
+
+    /// As [`ScratchKernel::launch_args`], with `kernel` (this instance's generic kernel or
+    /// one of its typed ones: all take the same argument block).
+    ///
+    /// # Safety
+    /// As [`ScratchKernel::launch_args`].
+    unsafe fn launch_kernel<A: KernelArgs>(
+        &self,
+        kernel: &AnyKernel,
+        args: &A,
+        plan: &Plan,
+        stream: &AnyStream,
+    ) -> Result<()> {
         // Asked for as configured: the backend launches as usual where the device cannot.
         let config = plan.config.with_early_launch(self.early_launch);
         // SAFETY: the argument block matches the kernel (abi_allreduce.h; the caller's
@@ -170,7 +249,7 @@ impl ScratchKernel {
         // abort word its live host-mapped allocation (both kept until it drops, after this
         // instance); input, output and the plan are the caller's obligation. Every scratch kernel waits for the previous grid before it
         // touches memory (`run_call` in allreduce_device.hpp), which an early launch requires.
-        unsafe { stream.launch(&self.kernel, &config, args.as_bytes()) }
+        unsafe { stream.launch(kernel, &config, args.as_bytes()) }
     }
 }
 
@@ -178,8 +257,8 @@ impl Instance for ScratchKernel {
     unsafe fn launch(&self, call: &Call, plan: &Plan, stream: &AnyStream) -> Result<()> {
         let args = self.args(call)?;
         // SAFETY: the caller's obligations (this trait method's contract); the block is
-        // the one every scratch kernel takes.
-        unsafe { self.launch_args(&args, plan, stream) }
+        // the one every scratch kernel takes, typed ones included.
+        unsafe { self.launch_kernel(self.kernel_for(call), &args, plan, stream) }
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
