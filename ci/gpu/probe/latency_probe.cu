@@ -12,6 +12,10 @@
 //   ll128-2poll  the same, with two loads in flight per poll, staggered by half a trip
 //   ll128-fuseK  K calls of ll128 in one kernel: the trip without the kernel boundary
 //   real         allreduce_oneshot_ll128 as oxccl launches it
+//   typed        allreduce_oneshot_ll128_bf16_sum, the same body for bf16 sum only (no
+//                dispatch over the 18 reducers): real - typed is what the dispatch costs
+//   mirror       typed written out here, with parts of it taken away one at a time
+//                (Strip): typed - ll128, placed part by part
 //   barrier      empty + N cross-GPU barriers of block 0 (block_barrier's protocol: a
 //                release add into the peer's inbound word, then polls of this GPU's own),
 //                variants: "sc" = block_barrier until 2026-11-27 (fence.sc.sys before the
@@ -317,6 +321,171 @@ __global__ void __launch_bounds__(512, 1) ll128_kernel(const __grid_constant__ A
   }
 }
 
+
+// ---- mirror: the typed one-shot, rebuilt here so that its parts can be taken away ---------
+// mirror_body is allreduce_oneshot_ll128_bf16_sum (run_call + oneshot_ll128_body for bf16
+// sum) written out; with no Strip bit it must time as "typed". Each bit takes one part of
+// it away (every variant stays correct for 2 ranks and the probe's whole-unit sizes), so
+// typed - minimal (the "ll128" case) is placed part by part.
+enum Strip : uint32_t {
+  kWorldTwo = 1,     // the world size a compile-time 2: the loops over 8 ranks fold away
+  kNoBound = 2,      // polls without the wait bound (no deadline, abort or failure checks)
+  kNoPrologue = 4,   // no argument-block check and no __shared__ failure flag
+  kCountLast = 8,    // the block's epoch barrier after the reads, where "ll128" has it
+  kWholeUnits = 16,  // plain 16-byte loads and stores, no tail path for partial units
+  kSmallArgs = 32,   // the probe's 56-byte argument block instead of the 288-byte real one
+};
+
+// The argument block's fields through one interface: the real block, or the probe's.
+__device__ __forceinline__ const void* in_of(const OxcclAllreduceArgs& a) { return a.input; }
+__device__ __forceinline__ void* out_of(const OxcclAllreduceArgs& a) { return a.output; }
+__device__ __forceinline__ char* scratch_of(const OxcclAllreduceArgs& a, uint32_t r) {
+  return static_cast<char*>(a.scratch[r]);
+}
+__device__ __forceinline__ uint64_t count_of(const OxcclAllreduceArgs& a) { return a.count; }
+__device__ __forceinline__ uint32_t rank_of(const OxcclAllreduceArgs& a) { return a.rank; }
+__device__ __forceinline__ uint32_t world_of(const OxcclAllreduceArgs& a) { return a.world_size; }
+__device__ __forceinline__ uint64_t timeout_of(const OxcclAllreduceArgs& a) { return a.timeout_ns; }
+__device__ __forceinline__ const uint64_t* abort_of(const OxcclAllreduceArgs& a) { return a.abort_flag; }
+__device__ __forceinline__ const void* in_of(const Args& a) { return a.input; }
+__device__ __forceinline__ void* out_of(const Args& a) { return a.output; }
+__device__ __forceinline__ char* scratch_of(const Args& a, uint32_t r) { return r == a.rank ? a.own : a.peer; }
+__device__ __forceinline__ uint64_t count_of(const Args& a) { return a.bytes / 2; }
+__device__ __forceinline__ uint32_t rank_of(const Args& a) { return a.rank; }
+__device__ __forceinline__ uint32_t world_of(const Args& a) { return a.world; }
+__device__ __forceinline__ uint64_t timeout_of(const Args&) { return 10'000'000'000ull; }
+__device__ __forceinline__ const uint64_t* abort_of(const Args&) { return nullptr; }
+
+template <uint32_t kStrip, typename A>
+__device__ __forceinline__ void mirror_body(const A& a) {
+  using namespace oxccl::allreduce;
+  using Fmt = oxccl::Bf16;
+  const StaticReducer<Fmt, oxccl::Acc::Element, OXCCL_OP_SUM> reduce{};
+  oxccl::wait_prior_grid();
+  oxccl::launch_dependents();
+  const uint32_t me = rank_of(a);
+  const uint32_t w = (kStrip & kWorldTwo) != 0 ? 2u : world_of(a);
+  char* own = scratch_of(a, me < OXCCL_ALLREDUCE_MAX_RANKS ? me : 0);
+  __shared__ int failed;
+  if constexpr ((kStrip & kNoPrologue) == 0) {
+    if (!(w >= 1 && w <= OXCCL_ALLREDUCE_MAX_RANKS && me < w && blockDim.x >= w &&
+          gridDim.x <= OXCCL_ALLREDUCE_MAX_BLOCKS && blockDim.x % 32 == 0)) {
+      if (oxccl::thread_index() == 0) report(own, abort_of(a), OXCCL_ALLREDUCE_ERR_ARGS, me);
+      return;
+    }
+    if (threadIdx.x == 0) failed = 0;
+  }
+  uint64_t* failure = sync_word(own, OXCCL_ALLREDUCE_SYNC_ERROR);
+  const CallState call{own, Deadline{timeout_of(a), abort_of(a), failure}, &failed};
+
+  const uint64_t total = count_of(a) * sizeof(typename Fmt::Storage);
+  const uint64_t units = (total + 15) / 16;
+  const uint64_t lines = (units + kLl128Units - 1) / kLl128Units;
+  const uint32_t lane = threadIdx.x & 31;
+  const uint32_t t = lane & 7;
+  const uint64_t warp = oxccl::thread_index() / 32;
+  const uint64_t warps = oxccl::thread_count() / 32;
+  const auto load = [&](uint64_t u) {
+    if constexpr ((kStrip & kWholeUnits) != 0) {
+      return u < units ? oxccl::load16(static_cast<const char*>(in_of(a)) + u * 16) : Vec16{{0, 0, 0, 0}};
+    } else {
+      return load_unit(in_of(a), u * 16, total);
+    }
+  };
+  const auto unit_of = [&](uint64_t first) {
+    const uint64_t line = first + lane / 8;
+    return line < lines && t < kLl128Units ? load(line * kLl128Units + t) : Vec16{{0, 0, 0, 0}};
+  };
+  Vec16 data = unit_of(warp * 4);
+  const uint64_t epoch = read_epoch(call.own);
+  const uint32_t flag = flag_of(epoch);
+  const uint64_t half = kLineOffset + (epoch & 1) * kHalfBytes;
+  const uint64_t slot_bytes = lines * 128;
+  const Vec16 flags{{flag, flag, flag, flag}};
+  for (uint64_t first = warp * 4; first < lines; first += warps * 4) {
+    const uint64_t line = first + lane / 8;
+    const bool active = line < lines;
+    if (first != warp * 4) data = unit_of(first);
+    const Vec16 v = t < kLl128Units ? data : flags;
+    __syncwarp();
+    if (active) {
+      for (uint32_t k = 1; k < w; ++k) {
+        const uint32_t p = me + k < w ? me + k : me + k - w;
+        oxccl::store16_volatile(scratch_of(a, p) + half + me * slot_bytes + line * 128 + t * 16, v);
+      }
+    }
+  }
+  if constexpr ((kStrip & kCountLast) == 0) call.count_block(epoch);
+
+  const char* mine = own + half;
+  uint32_t all_peers = 0;
+  for (uint32_t r = 0; r < w; ++r) {
+    if (r != me) all_peers |= 1u << r;
+  }
+  for (uint64_t first = warp * 4; first < lines; first += warps * 4) {
+    const uint64_t line = first + lane / 8;
+    const bool active = line < lines;
+    const uint64_t u = line * kLl128Units + t;
+    const Vec16 own_unit = load(u);
+    Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
+#pragma unroll
+    for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) in[r] = own_unit;
+    uint32_t pending = active ? all_peers : 0;
+    uint64_t since = 0;
+    for (uint64_t polls = 0;; ++polls) {
+      __syncwarp();
+      Vec16 raw[OXCCL_ALLREDUCE_MAX_RANKS];
+#pragma unroll
+      for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
+        if (pending >> r & 1) raw[r] = oxccl::load16_volatile(mine + r * slot_bytes + line * 128 + t * 16);
+      }
+      uint32_t ok = 0;
+#pragma unroll
+      for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
+        if ((pending >> r & 1) && raw[r].w[0] == flag && raw[r].w[1] == flag && raw[r].w[2] == flag &&
+            raw[r].w[3] == flag) {
+          ok |= 1u << r;
+        }
+      }
+      ok = __shfl_sync(0xffffffffu, ok, lane | 7);
+#pragma unroll
+      for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
+        if (ok >> r & 1) in[r] = raw[r];
+      }
+      pending &= ~ok;
+      if (__all_sync(0xffffffffu, pending == 0)) break;
+      if constexpr ((kStrip & kNoBound) == 0) {
+        if (__any_sync(0xffffffffu, pending != 0 && call.deadline.expired(polls, since))) {
+          if (pending != 0) {
+            report(own, abort_of(a), call.deadline.failure(), static_cast<uint32_t>(__ffs(pending) - 1));
+          }
+          return;
+        }
+      }
+    }
+    if (active && t < kLl128Units) {
+      const Vec16 out = reduce_ranks(reduce, in, w);
+      if constexpr ((kStrip & kWholeUnits) != 0) {
+        if (u < units) oxccl::store16(static_cast<char*>(out_of(a)) + u * 16, out);
+      } else {
+        store_unit(out_of(a), u * 16, out, total);
+      }
+    }
+  }
+  if constexpr ((kStrip & kCountLast) != 0) call.count_block(epoch);
+  finish_call(own, true);
+}
+
+template <uint32_t kStrip>
+__global__ void __launch_bounds__(512) mirror_kernel(const __grid_constant__ OxcclAllreduceArgs param) {
+  mirror_body<kStrip>(param);
+}
+
+template <uint32_t kStrip>
+__global__ void __launch_bounds__(512) mirror_small_kernel(const __grid_constant__ Args a) {
+  mirror_body<kStrip>(a);
+}
+
 // ---- host ----------------------------------------------------------------------------------
 
 uint16_t bf16_bits(float x) {
@@ -340,7 +509,7 @@ struct Gpu {
   std::vector<uint16_t> host_input;
 };
 
-enum class Kind { Empty, Copy, Ping, Ll128, Real, Barrier, BcastBarrier, BcastDirect };
+enum class Kind { Empty, Copy, Ping, Ll128, Real, Typed, Mirror, Barrier, BcastBarrier, BcastDirect };
 
 struct Case {
   std::string name;
@@ -371,6 +540,30 @@ Kernel ll128_for(uint32_t extra) {
   }
 }
 
+// The mirror instantiations the cases use: none, each Strip bit alone, and all.
+using RealKernel = void (*)(OxcclAllreduceArgs);
+RealKernel mirror_for(uint32_t strip) {
+  switch (strip) {
+    case 0: return mirror_kernel<0>;
+    case kWorldTwo: return mirror_kernel<kWorldTwo>;
+    case kNoBound: return mirror_kernel<kNoBound>;
+    case kNoPrologue: return mirror_kernel<kNoPrologue>;
+    case kCountLast: return mirror_kernel<kCountLast>;
+    case kWholeUnits: return mirror_kernel<kWholeUnits>;
+    case kWorldTwo | kNoBound | kNoPrologue | kCountLast | kWholeUnits:
+      return mirror_kernel<kWorldTwo | kNoBound | kNoPrologue | kCountLast | kWholeUnits>;
+    default: std::fprintf(stderr, "latency_probe: no mirror kernel for strip %u\n", strip); std::exit(2);
+  }
+}
+Kernel mirror_small_for(uint32_t strip) {
+  switch (strip) {
+    case kSmallArgs: return mirror_small_kernel<kSmallArgs>;
+    case kWorldTwo | kNoBound | kNoPrologue | kCountLast | kWholeUnits | kSmallArgs:
+      return mirror_small_kernel<kWorldTwo | kNoBound | kNoPrologue | kCountLast | kWholeUnits | kSmallArgs>;
+    default: std::fprintf(stderr, "latency_probe: no small-argument mirror for strip %u\n", strip); std::exit(2);
+  }
+}
+
 Kernel barrier_for(uint32_t variant) {
   switch (variant) {
     case kBarrierSc: return barrier_kernel<kBarrierSc>;
@@ -390,7 +583,12 @@ void launch(const Case& c, Gpu& g, Gpu& peer, uint32_t rank) {
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = c.early ? 1 : 0;
-  if (c.kind == Kind::Real || c.kind == Kind::BcastBarrier || c.kind == Kind::BcastDirect) {
+  if (c.kind == Kind::Mirror && (c.extra & kSmallArgs) != 0) {
+    const Args a{g.input, g.output, g.scratch, peer.scratch, c.bytes, rank, 1, 0, 2};
+    CK(cudaLaunchKernelEx(&cfg, mirror_small_for(c.extra), a));
+    return;
+  }
+  if (c.kind == Kind::Real || c.kind == Kind::Typed || c.kind == Kind::Mirror || c.kind == Kind::BcastBarrier || c.kind == Kind::BcastDirect) {
     OxcclAllreduceArgs r{};
     r.input = g.input;
     r.output = g.output;
@@ -410,6 +608,10 @@ void launch(const Case& c, Gpu& g, Gpu& peer, uint32_t rank) {
     r.root = 0;
     if (c.kind == Kind::Real) {
       CK(cudaLaunchKernelEx(&cfg, allreduce_oneshot_ll128, r));
+    } else if (c.kind == Kind::Typed) {
+      CK(cudaLaunchKernelEx(&cfg, allreduce_oneshot_ll128_bf16_sum, r));
+    } else if (c.kind == Kind::Mirror) {
+      CK(cudaLaunchKernelEx(&cfg, mirror_for(c.extra), r));
     } else if (c.kind == Kind::BcastBarrier) {
       CK(cudaLaunchKernelEx(&cfg, broadcast_barrier, r));
     } else {
@@ -431,7 +633,7 @@ void launch(const Case& c, Gpu& g, Gpu& peer, uint32_t rank) {
   }
 }
 
-bool moves_data(Kind k) { return k == Kind::Copy || k == Kind::Ll128 || k == Kind::Real || k == Kind::BcastDirect; }
+bool moves_data(Kind k) { return k == Kind::Copy || k == Kind::Ll128 || k == Kind::Real || k == Kind::Typed || k == Kind::Mirror || k == Kind::BcastDirect; }
 
 // Runs one case: fresh scratch on both GPUs, poisoned outputs, a graph of `calls` launches
 // per GPU; checks the outputs; returns microseconds per call (median of `reps` replays).
@@ -557,6 +759,7 @@ int main(int argc, char** argv) {
     cases.push_back({"ping 1x32" + sfx, Kind::Ping, 1024, 1, 32, early, 1, 0});
     cases.push_back({"ll128 1K 1x96" + sfx, Kind::Ll128, 1024, 1, 96, early, 1, 0});
     cases.push_back({"real 1K 1x96" + sfx, Kind::Real, 1024, 1, 96, early, 1, 0});
+    cases.push_back({"typed 1K 1x96" + sfx, Kind::Typed, 1024, 1, 96, early, 1, 0});
   }
   cases.push_back({"empty 1x96 (bigger block)", Kind::Empty, 1024, 1, 96, true, 1, 0});
   cases.push_back({"empty 3x64", Kind::Empty, 1024, 3, 64, true, 1, 0});
@@ -585,6 +788,24 @@ int main(int argc, char** argv) {
     const std::string tag = std::to_string(s.bytes / 1024) + "K " + std::to_string(s.blocks) + "x" + std::to_string(s.threads);
     cases.push_back({"ll128 " + tag, Kind::Ll128, s.bytes, s.blocks, s.threads, true, 1, 0});
     cases.push_back({"real " + tag, Kind::Real, s.bytes, s.blocks, s.threads, true, 1, 0});
+    cases.push_back({"typed " + tag, Kind::Typed, s.bytes, s.blocks, s.threads, true, 1, 0});
+  }
+  // The typed kernel part by part (mirror): none taken away must time as "typed"; then each
+  // part alone; then all of them, which leaves "ll128" plus whatever no bit names.
+  const uint32_t all_parts = kWorldTwo | kNoBound | kNoPrologue | kCountLast | kWholeUnits;
+  const std::pair<const char*, uint32_t> parts[] = {
+      {"", 0}, {" -world8", kWorldTwo}, {" -bound", kNoBound}, {" -prologue", kNoPrologue},
+      {" count-last", kCountLast}, {" -tail", kWholeUnits}, {" small-args", kSmallArgs},
+      {" -all", all_parts}, {" -all small-args", all_parts | kSmallArgs}};
+  for (const auto& [tag, strip] : parts) {
+    cases.push_back({std::string("mirror 1K 1x96") + tag, Kind::Mirror, 1024, 1, 96, true, 1, 0, strip});
+  }
+  for (const Size s : {Size{4096, 5, 64}, Size{65536, 74, 64}}) {
+    const std::string tag = std::to_string(s.bytes / 1024) + "K " + std::to_string(s.blocks) + "x" + std::to_string(s.threads);
+    cases.push_back({"ll128 " + tag, Kind::Ll128, s.bytes, s.blocks, s.threads, true, 1, 0});
+    cases.push_back({"typed " + tag, Kind::Typed, s.bytes, s.blocks, s.threads, true, 1, 0});
+    cases.push_back({"mirror " + tag, Kind::Mirror, s.bytes, s.blocks, s.threads, true, 1, 0, 0});
+    cases.push_back({"mirror " + tag + " -all", Kind::Mirror, s.bytes, s.blocks, s.threads, true, 1, 0, all_parts});
   }
   cases.push_back({"ll128 64K 74x64 fuse16", Kind::Ll128, 65536, 74, 64, true, 16, 0});
   cases.push_back({"ll128 2K 3x64 +release-count", Kind::Ll128, 2048, 3, 64, true, 1, 0, kReleaseCount});
