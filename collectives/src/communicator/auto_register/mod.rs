@@ -70,7 +70,8 @@ pub const DEFAULT_MIN_BYTES: usize = 16 << 20;
 /// 512 KiB) never exchange, as they work through the scratch by design, so on 2 ranks every
 /// larger call on PyTorch's buffers is zero-copy (on 4, calls from 512 KiB to 1 MiB still
 /// stage: on 4 H200s zero-copy led staging from 1 MiB to 512 MiB, 15.4 against 16.3 us at
-/// 1 MiB, but staging was not timed below 1 MiB). The exchange is a rendezvous of the ranks' host threads on every call, which
+/// 1 MiB; at 768 KiB zero-copy 14.22 us against staging's 14.76 in one call, but the
+/// floor is every collective's and the others were not timed there). The exchange is a rendezvous of the ranks' host threads on every call, which
 /// an eager loop pays in host time. It was 8 MiB from 2026-11-26, when 20 eager 2 MB
 /// all_reduces through PyTorch took 35.5 us each zero-copy against 28.4 staged (NCCL 28.5).
 /// On 2 H200s on 2026-11-28, with the shared region and buffers looked up in two driver
