@@ -334,6 +334,8 @@ enum Strip : uint32_t {
   kCountLast = 8,    // the block's epoch barrier after the reads, where "ll128" has it
   kWholeUnits = 16,  // plain 16-byte loads and stores, no tail path for partial units
   kSmallArgs = 32,   // the probe's 56-byte argument block instead of the 288-byte real one
+  kOnePeer = 64,     // (2 ranks only) poll the one peer's line and add two units, as "ll128"
+                     // does, instead of the gather into 8-rank arrays under a pending mask
 };
 
 // The argument block's fields through one interface: the real block, or the probe's.
@@ -427,48 +429,66 @@ __device__ __forceinline__ void mirror_body(const A& a) {
     const bool active = line < lines;
     const uint64_t u = line * kLl128Units + t;
     const Vec16 own_unit = load(u);
-    Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
-#pragma unroll
-    for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) in[r] = own_unit;
-    uint32_t pending = active ? all_peers : 0;
-    uint64_t since = 0;
-    for (uint64_t polls = 0;; ++polls) {
-      __syncwarp();
-      Vec16 raw[OXCCL_ALLREDUCE_MAX_RANKS];
-#pragma unroll
-      for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
-        if (pending >> r & 1) raw[r] = oxccl::load16_volatile(mine + r * slot_bytes + line * 128 + t * 16);
+    if constexpr ((kStrip & kOnePeer) != 0) {
+      const char* src = mine + (me ^ 1u) * slot_bytes + line * 128 + t * 16;
+      Vec16 got = own_unit;
+      for (uint64_t polls = 0;; ++polls) {
+        __syncwarp();
+        const Vec16 r = active ? oxccl::load16_volatile(src) : flags;
+        const int ok = __shfl_sync(0xffffffffu, static_cast<int>(line_ok(r, flag)), lane | 7);
+        if (ok) got = r;
+        if (__all_sync(0xffffffffu, ok)) break;
       }
-      uint32_t ok = 0;
-#pragma unroll
-      for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
-        if ((pending >> r & 1) && raw[r].w[0] == flag && raw[r].w[1] == flag && raw[r].w[2] == flag &&
-            raw[r].w[3] == flag) {
-          ok |= 1u << r;
-        }
-      }
-      ok = __shfl_sync(0xffffffffu, ok, lane | 7);
-#pragma unroll
-      for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
-        if (ok >> r & 1) in[r] = raw[r];
-      }
-      pending &= ~ok;
-      if (__all_sync(0xffffffffu, pending == 0)) break;
-      if constexpr ((kStrip & kNoBound) == 0) {
-        if (__any_sync(0xffffffffu, pending != 0 && call.deadline.expired(polls, since))) {
-          if (pending != 0) {
-            report(own, abort_of(a), call.deadline.failure(), static_cast<uint32_t>(__ffs(pending) - 1));
-          }
-          return;
-        }
-      }
-    }
-    if (active && t < kLl128Units) {
-      const Vec16 out = reduce_ranks(reduce, in, w);
-      if constexpr ((kStrip & kWholeUnits) != 0) {
+      if (active && t < kLl128Units) {
+        auto acc = reduce.first(me == 0 ? own_unit : got);
+        reduce.add(acc, me == 0 ? got : own_unit);
+        const Vec16 out = reduce.finish(acc, 2);
         if (u < units) oxccl::store16(static_cast<char*>(out_of(a)) + u * 16, out);
-      } else {
-        store_unit(out_of(a), u * 16, out, total);
+      }
+    } else {
+      Vec16 in[OXCCL_ALLREDUCE_MAX_RANKS];
+#pragma unroll
+      for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) in[r] = own_unit;
+      uint32_t pending = active ? all_peers : 0;
+      uint64_t since = 0;
+      for (uint64_t polls = 0;; ++polls) {
+        __syncwarp();
+        Vec16 raw[OXCCL_ALLREDUCE_MAX_RANKS];
+#pragma unroll
+        for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
+          if (pending >> r & 1) raw[r] = oxccl::load16_volatile(mine + r * slot_bytes + line * 128 + t * 16);
+        }
+        uint32_t ok = 0;
+#pragma unroll
+        for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
+          if ((pending >> r & 1) && raw[r].w[0] == flag && raw[r].w[1] == flag && raw[r].w[2] == flag &&
+              raw[r].w[3] == flag) {
+            ok |= 1u << r;
+          }
+        }
+        ok = __shfl_sync(0xffffffffu, ok, lane | 7);
+#pragma unroll
+        for (uint32_t r = 0; r < OXCCL_ALLREDUCE_MAX_RANKS; ++r) {
+          if (ok >> r & 1) in[r] = raw[r];
+        }
+        pending &= ~ok;
+        if (__all_sync(0xffffffffu, pending == 0)) break;
+        if constexpr ((kStrip & kNoBound) == 0) {
+          if (__any_sync(0xffffffffu, pending != 0 && call.deadline.expired(polls, since))) {
+            if (pending != 0) {
+              report(own, abort_of(a), call.deadline.failure(), static_cast<uint32_t>(__ffs(pending) - 1));
+            }
+            return;
+          }
+        }
+      }
+      if (active && t < kLl128Units) {
+        const Vec16 out = reduce_ranks(reduce, in, w);
+        if constexpr ((kStrip & kWholeUnits) != 0) {
+          if (u < units) oxccl::store16(static_cast<char*>(out_of(a)) + u * 16, out);
+        } else {
+          store_unit(out_of(a), u * 16, out, total);
+        }
       }
     }
   }
@@ -552,6 +572,8 @@ RealKernel mirror_for(uint32_t strip) {
     case kWholeUnits: return mirror_kernel<kWholeUnits>;
     case kWorldTwo | kNoBound | kNoPrologue | kCountLast | kWholeUnits:
       return mirror_kernel<kWorldTwo | kNoBound | kNoPrologue | kCountLast | kWholeUnits>;
+    case kWorldTwo | kNoBound | kNoPrologue | kCountLast | kWholeUnits | kOnePeer:
+      return mirror_kernel<kWorldTwo | kNoBound | kNoPrologue | kCountLast | kWholeUnits | kOnePeer>;
     default: std::fprintf(stderr, "latency_probe: no mirror kernel for strip %u\n", strip); std::exit(2);
   }
 }
@@ -560,6 +582,8 @@ Kernel mirror_small_for(uint32_t strip) {
     case kSmallArgs: return mirror_small_kernel<kSmallArgs>;
     case kWorldTwo | kNoBound | kNoPrologue | kCountLast | kWholeUnits | kSmallArgs:
       return mirror_small_kernel<kWorldTwo | kNoBound | kNoPrologue | kCountLast | kWholeUnits | kSmallArgs>;
+    case kWorldTwo | kNoBound | kNoPrologue | kCountLast | kWholeUnits | kOnePeer | kSmallArgs:
+      return mirror_small_kernel<kWorldTwo | kNoBound | kNoPrologue | kCountLast | kWholeUnits | kOnePeer | kSmallArgs>;
     default: std::fprintf(stderr, "latency_probe: no small-argument mirror for strip %u\n", strip); std::exit(2);
   }
 }
@@ -796,7 +820,8 @@ int main(int argc, char** argv) {
   const std::pair<const char*, uint32_t> parts[] = {
       {"", 0}, {" -world8", kWorldTwo}, {" -bound", kNoBound}, {" -prologue", kNoPrologue},
       {" count-last", kCountLast}, {" -tail", kWholeUnits}, {" small-args", kSmallArgs},
-      {" -all", all_parts}, {" -all small-args", all_parts | kSmallArgs}};
+      {" -all", all_parts}, {" -all small-args", all_parts | kSmallArgs},
+      {" -all one-peer", all_parts | kOnePeer}, {" -all one-peer small-args", all_parts | kOnePeer | kSmallArgs}};
   for (const auto& [tag, strip] : parts) {
     cases.push_back({std::string("mirror 1K 1x96") + tag, Kind::Mirror, 1024, 1, 96, true, 1, 0, strip});
   }
@@ -806,6 +831,10 @@ int main(int argc, char** argv) {
     cases.push_back({"typed " + tag, Kind::Typed, s.bytes, s.blocks, s.threads, true, 1, 0});
     cases.push_back({"mirror " + tag, Kind::Mirror, s.bytes, s.blocks, s.threads, true, 1, 0, 0});
     cases.push_back({"mirror " + tag + " -all", Kind::Mirror, s.bytes, s.blocks, s.threads, true, 1, 0, all_parts});
+    cases.push_back({"mirror " + tag + " -all one-peer", Kind::Mirror, s.bytes, s.blocks, s.threads, true, 1, 0,
+                     all_parts | kOnePeer});
+    cases.push_back({"mirror " + tag + " -all one-peer small-args", Kind::Mirror, s.bytes, s.blocks, s.threads, true,
+                     1, 0, all_parts | kOnePeer | kSmallArgs});
   }
   cases.push_back({"ll128 64K 74x64 fuse16", Kind::Ll128, 65536, 74, 64, true, 16, 0});
   cases.push_back({"ll128 2K 3x64 +release-count", Kind::Ll128, 2048, 3, 64, true, 1, 0, kReleaseCount});
