@@ -70,7 +70,9 @@ OXCCL_DEVICE_INLINE void oneshot_body(const Reducer reduce, const OxcclAllreduce
 #if defined(OXCCL_DEVICE_CUDA)
 constexpr uint32_t kLl128Units = 7;  // data units per line
 
-template <typename Fmt, typename Reducer>
+// kTwoRanks: a path of its own for two ranks (below). Only the typed kernels take it: in
+// the generic kernel, 18 more copies of it pushed the registers past 128 into a 144-byte stack.
+template <typename Fmt, bool kTwoRanks = false, typename Reducer>
 OXCCL_DEVICE_INLINE void oneshot_ll128_body(const Reducer reduce, const OxcclAllreduceArgs& a,
                                                 const CallState call) {
   const uint64_t total = a.count * sizeof(typename Fmt::Storage);
@@ -113,9 +115,45 @@ OXCCL_DEVICE_INLINE void oneshot_ll128_body(const Reducer reduce, const OxcclAll
   }
   call.count_block(epoch);
 
+  const char* mine = static_cast<const char*>(a.scratch[me]) + half;
+  // Two ranks: poll the one peer's line, then add the two units in rank order. The gather
+  // below (every pending peer's line into 8-rank arrays under a mask) took about 0.3 us
+  // more per call at 1-64 KB on 2 H200s (ci/gpu/probe, "mirror ... one-peer").
+  if constexpr (kTwoRanks) {
+    if (w == 2) {
+      const uint32_t peer = me ^ 1u;
+      for (uint64_t first = warp * 4; first < lines; first += warps * 4) {
+        const uint64_t line = first + lane / 8;
+        const bool active = line < lines;
+        const uint64_t u = line * kLl128Units + t;
+        const Vec16 own_unit = load_unit(a.input, u * 16, total);
+        const char* src = mine + peer * slot_bytes + line * 128 + t * 16;
+        Vec16 got = own_unit;
+        uint64_t since = 0;
+        for (uint64_t polls = 0;; ++polls) {
+          __syncwarp();
+          const Vec16 raw = active ? load16_volatile(src) : flags;
+          const bool line_ok = raw.w[0] == flag && raw.w[1] == flag && raw.w[2] == flag && raw.w[3] == flag;
+          const bool ok = __shfl_sync(0xffffffffu, static_cast<int>(line_ok), lane | 7) != 0;
+          if (ok) got = raw;
+          if (__all_sync(0xffffffffu, ok)) break;
+          if (__any_sync(0xffffffffu, !ok && call.deadline.expired(polls, since))) {
+            if (!ok) report(a.scratch[me], a.abort_flag, call.deadline.failure(), peer);
+            return;
+          }
+        }
+        if (active && t < kLl128Units) {
+          typename Reducer::State s = reduce.first(me == 0 ? own_unit : got);
+          reduce.add(s, me == 0 ? got : own_unit);
+          store_unit(a.output, u * 16, reduce.finish(s, 2), total);
+        }
+      }
+      return;
+    }
+  }
+
   // Read: every peer's line from my own half, all pending peers' lines read before any is
   // checked; lane 7 checks the flag and the 8 lanes of the line take its answer.
-  const char* mine = static_cast<const char*>(a.scratch[me]) + half;
   uint32_t all_peers = 0;
   for (uint32_t r = 0; r < w; ++r) {
     if (r != me) all_peers |= 1u << r;
@@ -418,7 +456,8 @@ OXCCL_GLOBAL OXCCL_LAUNCH_BOUNDS(512) void allreduce_oneshot_ll128(const OXCCL_G
 
 // The LL128 one-shot for one element type with the sum and one accumulation: no dispatch
 // over the 18 reducers, whose inlined bodies make the generic kernel about 100,000 SASS
-// instructions. 0.24-0.27 us less per call at 1-64 KB on 2 H200s (ci/gpu/probe, "typed").
+// instructions (0.24-0.27 us less per call at 1-64 KB on 2 H200s; ci/gpu/probe, "typed"),
+// and with the two-rank read loop (`kTwoRanks`: another 0.25-0.3 us).
 // The host launches one for the calls it matches (collectives one_shot_ll128.rs, `TYPED`);
 // any other call's arguments are refused here as a bad argument block.
 namespace oxccl {
@@ -428,7 +467,7 @@ OXCCL_DEVICE_INLINE void oneshot_ll128_typed(const OxcclAllreduceArgs& args) {
 #if defined(OXCCL_DEVICE_CUDA)
   const bool typed = args.dtype == Fmt::kCode && args.op == OXCCL_OP_SUM && resolve_accum<Fmt>(args.accum) == kAcc;
   run_call<true>(args, typed && blockDim.x % 32 == 0, [&](const CallState call) OXCCL_INLINE_LAMBDA {
-    oneshot_ll128_body<Fmt>(StaticReducer<Fmt, kAcc, OXCCL_OP_SUM>{}, args, call);
+    oneshot_ll128_body<Fmt, true>(StaticReducer<Fmt, kAcc, OXCCL_OP_SUM>{}, args, call);
   });
 #else
   if (thread_index() == 0) report(own_scratch(args), args.abort_flag, OXCCL_ALLREDUCE_ERR_ARGS, args.rank);
