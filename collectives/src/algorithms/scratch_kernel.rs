@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use oxccl_backend::{AnyKernel, AnyStream};
-use oxccl_hal::{DataType, DevicePtr, Error, ReduceOp, Result, Stream};
+use oxccl_hal::{AccumType, DataType, DevicePtr, Error, ReduceOp, Result, Stream};
 use oxccl_kernels::abi::{self, KernelArgs, OxcclAllreduceArgs, OXCCL_ALLREDUCE_MAX_RANKS};
 use oxccl_kernels::reduce::Accumulator;
 
@@ -41,10 +41,7 @@ impl ScratchKernel {
         algorithm: Algorithm,
         region: FlagRegion,
     ) -> Result<Option<Box<dyn Instance>>> {
-        if !ctx.wanted(algorithm) {
-            return Ok(None);
-        }
-        Ok(Some(Box::new(Self::load(ctx, algorithm, region)?)))
+        Self::setup_typed(ctx, algorithm, region, &[])
     }
 
     /// The instance itself, for an algorithm whose own instance launches this kernel among
@@ -101,13 +98,7 @@ impl ScratchKernel {
     fn kernel_for(&self, call: &Call) -> &AnyKernel {
         self.typed
             .iter()
-            .find(|(t, _)| {
-                t.matches(
-                    call.dtype,
-                    call.op,
-                    Accumulator::new(call.dtype, call.accum),
-                )
-            })
+            .find(|(t, _)| t.matches(call.dtype, call.op, call.accum))
             .map_or(&self.kernel, |(_, kernel)| kernel)
     }
 
@@ -162,9 +153,10 @@ pub struct TypedKernel {
 }
 
 impl TypedKernel {
-    /// Whether a call of `dtype` and `op` with that accumulator is this kernel's.
-    pub fn matches(&self, dtype: DataType, op: ReduceOp, accumulator: Accumulator) -> bool {
-        self.dtype == dtype && self.op == op && self.accumulator == accumulator
+    /// Whether a call of `dtype` and `op` with accumulation type `accum` is this kernel's
+    /// (`accum` resolved for `dtype` as the device's `resolve_accum` does).
+    pub fn matches(&self, dtype: DataType, op: ReduceOp, accum: AccumType) -> bool {
+        self.dtype == dtype && self.op == op && self.accumulator == Accumulator::new(dtype, accum)
     }
 }
 

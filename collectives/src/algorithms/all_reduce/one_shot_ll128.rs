@@ -145,7 +145,7 @@ pub fn plan(s: &CallShape<'_>) -> Result<Plan> {
 fn typed_host_kernel<const I: usize>(config: &LaunchConfig, bytes: &[u8]) -> Result<()> {
     let typed = &TYPED[I];
     let (dtype, op, accum) = Call::new(bytes, typed.kernel)?.types();
-    if !typed.matches(dtype, op, Accumulator::new(dtype, accum)) {
+    if !typed.matches(dtype, op, accum) {
         return Err(Error::InvalidArgument(format!(
             "{}: launched for a {dtype} {op} call with the {accum} accumulation",
             typed.kernel
@@ -321,7 +321,7 @@ mod tests {
             for dtype in DataType::ALL {
                 for op in ReduceOp::ALL {
                     for accum in AccumType::ALL {
-                        let takes = t.matches(dtype, op, Accumulator::new(dtype, accum));
+                        let takes = t.matches(dtype, op, accum);
                         let default = dtype == t.dtype
                             && op == ReduceOp::Sum
                             && (matches!(accum, AccumType::Auto | AccumType::Native)
