@@ -26,16 +26,24 @@ run() {
     local t0=$SECONDS
     echo
     echo "=== $name: $*"
-    if "$@"; then
-        ROWS+=("$(printf '%-28s %-5s %5ss' "$name" pass $((SECONDS - t0)))")
+    "$@"
+    record "$name" $? "$t0"
+}
+
+# Adds a row of the summary table: name, exit status, start (in $SECONDS).
+record() {
+    if [ "$2" -eq 0 ]; then
+        ROWS+=("$(printf '%-28s %-5s %5ss' "$1" pass $((SECONDS - $3)))")
     else
-        ROWS+=("$(printf '%-28s %-5s %5ss' "$name" FAIL $((SECONDS - t0)))")
+        ROWS+=("$(printf '%-28s %-5s %5ss' "$1" FAIL $((SECONDS - $3)))")
         FAILED=1
     fi
 }
 
-# The feature matrix. "host" is the default build, which is also the no-IB build.
-MATRIX=("host:" "ib:ib" "cuda:cuda" "rocm:rocm" "cuda+rocm:cuda,rocm")
+# The feature matrix. "host" is the default build, which is also the no-IB build. The rows
+# of IMAGE_MATRIX need the device images, which compile beside the others (IMAGE_CACHE below).
+MATRIX=("host:" "ib:ib")
+IMAGE_MATRIX=("cuda:cuda" "rocm:rocm" "cuda+rocm:cuda,rocm")
 
 # Integration tests that pin the host backend (BackendKind::Host, OXCCL_BACKEND=host): the
 # multi-process collective matrices. A feature adds backends they never open, so they run
@@ -90,12 +98,7 @@ wait_for_images() {
     echo
     echo "=== kernel images (built beside the rows above): $IMAGES_LOG"
     cat "$IMAGES_LOG"
-    if [ "$status" -eq 0 ]; then
-        ROWS+=("$(printf '%-28s %-5s %5ss' "kernel images" pass $((SECONDS - IMAGES_T0)))")
-    else
-        ROWS+=("$(printf '%-28s %-5s %5ss' "kernel images" FAIL $((SECONDS - IMAGES_T0)))")
-        FAILED=1
-    fi
+    record "kernel images" "$status" "$IMAGES_T0"
 }
 
 # The rows that need no device image: they run while the images compile.
@@ -120,23 +123,10 @@ host_only_rows() {
         OXCCL_TIMEOUT_MS=10000 OXCCL_FAULT_ELEMS=1000000 NEXT_MAX=4M bash ci/gpu/faults.sh'
 }
 
-run "fmt" cargo fmt --all --check
-# Rows without a device image first (host, ib and the rows of `host_only_rows`), then the
-# image rows once the images exist.
-IMAGES_WAITED=0
-for entry in "${MATRIX[@]}"; do
-    label=${entry%%:*}
-    features=${entry#*:}
-    case "$features" in
-        *cuda* | *rocm*)
-            if [ "$IMAGES_WAITED" -eq 0 ]; then
-                host_only_rows
-                wait_for_images
-                IMAGES_WAITED=1
-            fi
-            ;;
-    esac
-    args=(--workspace --all-targets)
+# clippy and the tests of one "label:features" entry of the matrix.
+matrix_row() {
+    local label=${1%%:*} features=${1#*:}
+    local args=(--workspace --all-targets)
     [ -n "$features" ] && args+=(--features "$features")
     run "clippy [$label]" cargo clippy "${args[@]}" -- -D warnings
     if [ -z "$features" ]; then
@@ -144,7 +134,14 @@ for entry in "${MATRIX[@]}"; do
     else
         run "test [$label]" feature_row_tests "$features"
     fi
-done
+}
+
+run "fmt" cargo fmt --all --check
+# Rows without a device image first, then the image rows once the images exist.
+for entry in "${MATRIX[@]}"; do matrix_row "$entry"; done
+host_only_rows
+wait_for_images
+for entry in "${IMAGE_MATRIX[@]}"; do matrix_row "$entry"; done
 
 # The device images the cuda+rocm rows built: sm_90 SASS and the gfx942 ELF flag are there,
 # and both disassemblies show the system-scope release add of the signal path.
